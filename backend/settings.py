@@ -1,0 +1,46 @@
+"""Settings, read from LANNER_* environment variables (the README has the table)."""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LANNER_", extra="ignore")
+
+    data_dir: Path = Field(default=REPO_ROOT / "data", description="Models, datasets, artifacts, logs, the SQLite file")
+    database_url: str = Field(default="", description="SQLAlchemy URL; empty means SQLite at DATA_DIR/lanner.db")
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Celery broker and event streams")
+    host: str = Field(default="127.0.0.1", description="Address the API listens on")
+    port: int = Field(default=8000, ge=1, le=65535, description="Port the API listens on")
+    frontend_dir: Path = Field(default=REPO_ROOT / "frontend" / "dist", description="Built web UI served at /")
+    log_level: str = Field(default="info", description="debug, info, warning or error")
+
+    @model_validator(mode="after")
+    def _derive(self) -> "Settings":
+        self.data_dir = self.data_dir.expanduser().resolve()
+        if not self.database_url:
+            self.database_url = f"sqlite:///{self.data_dir / 'lanner.db'}"
+        return self
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    def ensure_dirs(self) -> None:
+        for path in (self.data_dir, self.models_dir, self.logs_dir):
+            path.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

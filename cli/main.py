@@ -1,0 +1,77 @@
+"""The `lanner` command: up (the whole studio), api, worker, migrate, import-default-model."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from lanner.backend.settings import get_settings
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="lanner", description="Lanner fine-tuning studio")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("up", help="start the whole studio: Redis if needed, the API, one worker per GPU")
+    commands.add_parser("api", help="run the API server alone (for containers)")
+    worker = commands.add_parser("worker", help="run one Celery worker alone (for containers)")
+    worker.add_argument("--name", default="worker", help="worker name; the host name is appended")
+    worker.add_argument("--gpu", default=None,
+                        help="GPU index or UUID to own, or 'claim' to take the first GPU no other worker holds "
+                             "(default: what CUDA_VISIBLE_DEVICES says)")
+    commands.add_parser("migrate", help="bring the database schema to the latest version")
+    commands.add_parser("import-default-model", help="import the built-in SmolLM2 into the data dir")
+    args = parser.parse_args(argv)
+    settings = get_settings()
+
+    if args.command == "up":
+        from lanner.cli.stack import up
+
+        up(settings)
+    elif args.command == "api":
+        from lanner.backend import db
+
+        settings.ensure_dirs()
+        db.migrate(settings.database_url)
+        os.execv(sys.executable, [sys.executable, "-m", "uvicorn", "lanner.backend.app:create_app", "--factory",
+                                  "--host", settings.host, "--port", str(settings.port)])
+    elif args.command == "worker":
+        from lanner.cli.stack import worker_command
+
+        settings.ensure_dirs()
+        if args.gpu == "claim":
+            os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["LANNER_GPU_CLAIM"] = _claim_a_gpu(settings)
+        elif args.gpu is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu
+        command = worker_command(args.name)
+        os.execv(command[0], command)
+    elif args.command == "migrate":
+        from lanner.backend import db
+
+        settings.ensure_dirs()
+        db.migrate(settings.database_url)
+        print(f"Database at revision {db.head_revision()}.")
+    elif args.command == "import-default-model":
+        from lanner.worker.default_model import imported_model_dir
+
+        settings.ensure_dirs()
+        print(imported_model_dir(settings.models_dir))
+
+
+def _claim_a_gpu(settings) -> str:
+    import socket
+
+    from lanner.backend.redis_client import get_redis
+    from lanner.backend.worker_registry import claim_gpu
+    from lanner.worker.devices import gpu_uuids
+
+    uuids = gpu_uuids()
+    if not uuids:
+        raise SystemExit("--gpu claim: this machine shows no GPU (is the NVIDIA runtime enabled for the container?).")
+    claimed = claim_gpu(get_redis(settings.redis_url), uuids, f"{socket.gethostname()}:{os.getpid()}")
+    if claimed is None:
+        raise SystemExit(f"--gpu claim: all {len(uuids)} GPUs already have a worker; run fewer worker replicas.")
+    return claimed
+
+
+if __name__ == "__main__":
+    main()

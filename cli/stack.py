@@ -1,0 +1,165 @@
+"""`lanner up`: the whole studio on one machine — Redis (found or started), the API, and one Celery
+worker per visible GPU (one CPU worker when there is none). Ctrl-C stops what it started, nothing else."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lanner.backend import db
+from lanner.backend.settings import Settings
+from lanner.cli.redis_server import answers, start_local_redis
+from lanner.worker.devices import gpu_count
+
+READY_TIMEOUT_SECONDS = 180
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen
+    log: Path
+    command: list[str] = field(default_factory=list)
+    extra_env: dict = field(default_factory=dict)
+
+
+def _health(url: str, timeout: float = 2.0) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"{url}/api/health", timeout=timeout) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as error:
+        return json.load(error) if error.code < 500 else None
+    except (OSError, ValueError):
+        return None
+
+
+def _port_taken(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex((host, port)) == 0
+
+
+def worker_command(name: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "lanner.worker.celery_app", "worker",
+            "--concurrency", "1", "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle",
+            "--loglevel", "INFO", "-n", f"{name}@%h"]
+
+
+def worker_envs() -> list[tuple[str, dict]]:
+    """One (name, extra environment) per worker: a GPU each, or the CPU when there is no GPU."""
+    gpus = gpu_count()
+    if gpus == 0:
+        return [("cpu0", {"CUDA_VISIBLE_DEVICES": ""})]
+    return [(f"gpu{index}", {"CUDA_VISIBLE_DEVICES": str(index)}) for index in range(gpus)]
+
+
+class Stack:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.children: list[Child] = []
+        self.url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}"
+
+    def _spawn(self, name: str, command: list[str], extra_env: dict | None = None) -> None:
+        log = self.settings.logs_dir / f"{name}.log"
+        env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1",
+               "LANNER_DATA_DIR": str(self.settings.data_dir), "LANNER_DATABASE_URL": self.settings.database_url,
+               "LANNER_REDIS_URL": self.settings.redis_url}
+        with open(log, "ab") as out:
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                       env=env, start_new_session=True)
+        self.children.append(Child(name, process, log, command, extra_env or {}))
+
+    def start(self) -> None:
+        settings = self.settings
+        settings.ensure_dirs()
+        if _port_taken("127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host, settings.port):
+            if _health(self.url) and "workers" in (_health(self.url) or {}):
+                print(f"Lanner is already running at {self.url}; nothing to start.", flush=True)
+                raise SystemExit(0)
+            raise SystemExit(f"Port {settings.port} is taken by another program: set LANNER_PORT to a free port.")
+
+        print(f"Data directory: {settings.data_dir}", flush=True)
+        db.migrate(settings.database_url)
+        print("Database: migrated to the latest schema.", flush=True)
+
+        if answers(settings.redis_url):
+            print(f"Redis: using {settings.redis_url}", flush=True)
+        else:
+            print(f"Redis: nothing answers at {settings.redis_url}; starting a local redis-server.", flush=True)
+            process = start_local_redis(settings.redis_url, settings.data_dir / "redis", settings.logs_dir / "redis.log")
+            self.children.append(Child("redis", process, settings.logs_dir / "redis.log"))
+
+        self._spawn("api", [sys.executable, "-m", "uvicorn", "lanner.backend.app:create_app", "--factory",
+                            "--host", settings.host, "--port", str(settings.port), "--log-level", settings.log_level])
+        workers = worker_envs()
+        for name, env in workers:
+            self._spawn(f"worker-{name}", worker_command(name), env)
+        self._wait_until_ready(len(workers))
+        print(f"Lanner is up: {self.url}  (logs in {settings.logs_dir}; Ctrl-C stops it)", flush=True)
+
+    def _wait_until_ready(self, expected_workers: int) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        state = None
+        while time.monotonic() < deadline:
+            self.check_children()
+            state = _health(self.url)
+            if state and state["database"]["ok"] and state["redis"]["ok"] and len(state["workers"]) >= expected_workers:
+                return
+            time.sleep(0.5)
+        raise SystemExit(f"Lanner did not come up within {READY_TIMEOUT_SECONDS} s; last health: {state}. "
+                         f"Logs: {self.settings.logs_dir}")
+
+    def check_children(self, restart_workers: bool = False) -> None:
+        """A dead worker is started again (its job goes back to the queue through late acks);
+        a dead API or Redis stops the studio, since nothing works without them."""
+        for index, child in enumerate(self.children):
+            code = child.process.poll()
+            if code is None:
+                continue
+            if restart_workers and child.name.startswith("worker-"):
+                print(f"{child.name} stopped (exit code {code}); starting it again.", flush=True)
+                self.children.pop(index)
+                self._spawn(child.name, child.command, child.extra_env)
+                return
+            tail = child.log.read_text(errors="replace")[-2000:] if child.log.exists() else ""
+            raise SystemExit(f"{child.name} stopped (exit code {code}). End of {child.log}:\n{tail}")
+
+    def stop(self) -> None:
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                os.killpg(child.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for child in reversed(self.children):
+            try:
+                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(child.process.pid, signal.SIGKILL)
+                child.process.wait()
+        self.children.clear()
+
+
+def up(settings: Settings) -> None:
+    stack = Stack(settings)
+
+    def request_stop(_signum, _frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        stack.start()
+        while True:
+            stack.check_children(restart_workers=True)
+            time.sleep(1)
+    except KeyboardInterrupt:
+        print("\nStopping Lanner…", flush=True)
+    finally:
+        stack.stop()
+        print("Stopped.", flush=True)

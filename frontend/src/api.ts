@@ -1,0 +1,91 @@
+import type { Health } from './types'
+
+/** A non-2xx answer from the backend; `message` is the server's `detail` when it sent one. */
+export class ApiError extends Error {
+  readonly status: number
+  /** The `detail` field of the error body, if any. */
+  readonly detail: unknown
+  /** The whole parsed error body (JSON, or text when it was not JSON). */
+  readonly body: unknown
+
+  constructor(status: number, message: string, detail: unknown = null, body: unknown = null) {
+    super(message)
+    this.name = 'ApiError'
+    this.status = status
+    this.detail = detail
+    this.body = body
+  }
+}
+
+/** FastAPI sends `{"detail": "text"}` for HTTPException and a list of issues for 422. */
+function detailMessage(detail: unknown): string | null {
+  if (typeof detail === 'string') return detail
+  if (Array.isArray(detail)) {
+    const parts = detail.map((item: unknown) => {
+      if (item && typeof item === 'object' && 'msg' in item) {
+        const { msg, loc } = item as { msg: unknown; loc?: unknown }
+        const where = Array.isArray(loc) ? loc.filter((p) => p !== 'body').join('.') : ''
+        return where ? `${where}: ${String(msg)}` : String(msg)
+      }
+      return JSON.stringify(item)
+    })
+    return parts.length > 0 ? parts.join('; ') : null
+  }
+  if (detail != null) return JSON.stringify(detail)
+  return null
+}
+
+/**
+ * fetch() for the backend's JSON API. Paths are same-origin (`/api/...`): the backend serves
+ * the app in production and Vite proxies `/api` in development.
+ * Network failures and aborts propagate as fetch raises them.
+ */
+export async function apiFetch<T>(path: string, init: RequestInit = {}): Promise<T> {
+  const headers = new Headers(init.headers)
+  headers.set('Accept', 'application/json')
+  if (init.body != null && typeof init.body === 'string' && !headers.has('Content-Type')) {
+    headers.set('Content-Type', 'application/json')
+  }
+  const response = await fetch(path, { credentials: 'same-origin', ...init, headers })
+  const text = await response.text()
+  let body: unknown = null
+  if (text) {
+    try {
+      body = JSON.parse(text)
+    } catch {
+      body = text
+    }
+  }
+  if (!response.ok) {
+    const detail =
+      body && typeof body === 'object' && 'detail' in body ? (body as { detail: unknown }).detail : null
+    const message =
+      detailMessage(detail) ?? `${response.status} ${response.statusText || 'Request failed'}`.trim()
+    throw new ApiError(response.status, message, detail, body)
+  }
+  return body as T
+}
+
+/** GET a JSON resource. */
+export function getJson<T>(path: string, signal?: AbortSignal): Promise<T> {
+  return apiFetch<T>(path, { method: 'GET', signal })
+}
+
+/** POST a JSON body and read a JSON answer. */
+export function postJson<T>(path: string, payload: unknown, signal?: AbortSignal): Promise<T> {
+  return apiFetch<T>(path, { method: 'POST', body: JSON.stringify(payload), signal })
+}
+
+function isHealth(value: unknown): value is Health {
+  return !!value && typeof value === 'object' && 'status' in value && 'workers' in value
+}
+
+/** GET /api/health. A 503 that still carries a health report is a report, not a failure. */
+export async function fetchHealth(signal?: AbortSignal): Promise<Health> {
+  try {
+    return await getJson<Health>('/api/health', signal)
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 503 && isHealth(error.body)) return error.body
+    throw error
+  }
+}

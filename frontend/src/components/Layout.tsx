@@ -1,0 +1,65 @@
+import { NavLink, Outlet } from 'react-router'
+import { AppHeader } from './AppHeader'
+
+interface NavItem {
+  to: string
+  label: string
+  /** Match the path exactly (otherwise "/" would be active everywhere). */
+  end?: boolean
+}
+
+export const NAV_ITEMS: NavItem[] = [
+  { to: '/', label: 'Queue', end: true },
+  { to: '/jobs/new', label: 'New fine-tune' },
+  { to: '/datasets', label: 'Datasets' },
+  { to: '/models', label: 'Models' },
+  { to: '/artifacts', label: 'Artifacts' },
+  { to: '/compare', label: 'Compare' },
+]
+
+function SkipLink() {
+  return (
+    <a className="skip-link" href="#main">
+      Skip to content
+    </a>
+  )
+}
+
+/** The frame of every signed-in page: header on top, navigation on the left. */
+export function Layout() {
+  return (
+    <div className="app">
+      <SkipLink />
+      <AppHeader />
+      <div className="app-body">
+        <nav className="sidebar" aria-label="Main">
+          <ul>
+            {NAV_ITEMS.map((item) => (
+              <li key={item.to}>
+                <NavLink to={item.to} end={item.end} className="nav-link">
+                  {item.label}
+                </NavLink>
+              </li>
+            ))}
+          </ul>
+        </nav>
+        <main id="main" className="content" tabIndex={-1}>
+          <Outlet />
+        </main>
+      </div>
+    </div>
+  )
+}
+
+/** Pages shown before anyone is signed in (first-run setup, sign-in): no navigation. */
+export function BareLayout() {
+  return (
+    <div className="app">
+      <SkipLink />
+      <AppHeader />
+      <main id="main" className="content content--narrow" tabIndex={-1}>
+        <Outlet />
+      </main>
+    </div>
+  )
+}

@@ -1,0 +1,11 @@
+import { Outlet } from 'react-router'
+import { HealthProvider } from './HealthProvider'
+
+/** Top of the route tree: app-wide state that outlives page changes. */
+export function Root() {
+  return (
+    <HealthProvider>
+      <Outlet />
+    </HealthProvider>
+  )
+}

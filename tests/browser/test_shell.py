@@ -1,0 +1,40 @@
+"""Debian's Chromium opens the studio served by the real stack and finds the app's shell."""
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from conftest import REPO
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def page():
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        yield context.new_page()
+        browser.close()
+
+
+def test_the_shell_shows_the_queue_and_a_healthy_studio(stack, page):
+    page.goto(stack.url + "/")
+    expect(page.get_by_role("heading", name="Queue")).to_be_visible()
+    expect(page.get_by_test_id("health-status")).to_have_text("ok", timeout=15_000)
+    expect(page.get_by_test_id("workers")).to_contain_text("cpu0")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / "queue.png")
+
+
+def test_the_router_navigates_and_survives_a_reload(stack, page):
+    page.goto(stack.url + "/")
+    page.get_by_role("link", name="New fine-tune").first.click()
+    expect(page).to_have_url(stack.url + "/jobs/new")
+    page.goto(stack.url + "/datasets")
+    expect(page.get_by_role("heading", name="Datasets")).to_be_visible()
+    page.goto(stack.url + "/no/such/page")
+    expect(page.get_by_text("not found", exact=False).first).to_be_visible()
+    page.screenshot(path=SCREENSHOTS / "not-found.png")

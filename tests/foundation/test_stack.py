@@ -1,0 +1,96 @@
+"""`lanner up` brings up the real parts (API, a Celery worker process, Redis) and stops only them."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+import psutil
+import pytest
+from redis import Redis
+
+from conftest import LANNER_BIN, SYSTEM_REDIS_URL, RunningStack, free_port, stack_env
+
+
+def test_health_reports_database_redis_and_a_cpu_worker(stack):
+    health = stack.health()
+    assert health["status"] == "ok", health
+    assert health["database"]["ok"] and health["database"]["url"].startswith("sqlite:///")
+    assert health["redis"]["ok"]
+    assert [worker["name"].split("@")[0] for worker in health["workers"]] == ["cpu0"]
+    device = health["workers"][0]["device"]
+    assert device["kind"] == "cpu" and device["memory_total_bytes"] > 2**30
+
+
+def test_a_second_up_on_the_same_port_changes_nothing(stack):
+    second = subprocess.run([LANNER_BIN, "up"], env=stack.env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert "already running" in second.stdout
+    assert stack.process.poll() is None
+    assert stack.health()["status"] == "ok"
+
+
+def test_a_killed_worker_is_started_again(stack):
+    worker = next(p for p in psutil.Process(stack.process.pid).children()
+                  if "celery" in " ".join(p.cmdline()))
+    killed_at = datetime.now(timezone.utc)
+    worker.kill()
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        pids = {p.pid for p in psutil.Process(stack.process.pid).children() if "celery" in " ".join(p.cmdline())}
+        announced = [datetime.fromisoformat(w["last_seen"]) for w in stack.health()["workers"]]
+        if pids and worker.pid not in pids and announced and announced[0] > killed_at:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail("the worker was not restarted:\n" + "".join(stack.output))
+    assert "starting it again" in "".join(stack.output)
+
+
+def test_ctrl_c_stops_what_up_started_and_nothing_else(tmp_path):
+    system_redis = Redis.from_url(SYSTEM_REDIS_URL)
+    assert system_redis.ping(), "the machine's Redis must be running for this test"
+    # Use the machine's Redis (db 13): up must not start a second one, and must leave it running.
+    running = RunningStack(tmp_path / "data", stack_env(tmp_path, SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/13")).wait_up()
+    assert "Redis: using" in "".join(running.output)
+    children = psutil.Process(running.process.pid).children(recursive=True)
+    assert {"api", "celery"} <= {("celery" if "celery" in " ".join(c.cmdline()) else "api") for c in children}
+    assert running.stop(signal.SIGINT) == 0
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]
+    assert system_redis.ping()
+    assert not Redis.from_url(SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/13").keys("lanner:worker:*")
+
+
+def test_up_starts_a_local_redis_and_stops_it(stack):
+    port = int(stack.env["LANNER_REDIS_URL"].rsplit(":", 1)[1].split("/")[0])
+    assert "starting a local redis-server" in "".join(stack.output)
+    assert Redis(port=port).ping()
+
+
+def test_without_redis_server_up_says_what_to_install(tmp_path):
+    env = stack_env(tmp_path, f"redis://127.0.0.1:{free_port()}/0")
+    env["PATH"] = os.path.dirname(sys.executable)  # no redis-server and no apt-get on this PATH
+    result = subprocess.run([LANNER_BIN, "up"], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert "Lanner needs Redis" in message and "install" in message
+    assert "Traceback" not in result.stderr
+
+
+def test_worker_replicas_claim_distinct_gpus():
+    from lanner.backend.worker_registry import GPU_CLAIM_PREFIX, claim_gpu
+
+    redis = Redis.from_url(SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/14")
+    uuids = [f"GPU-test-{i}-{os.getpid()}" for i in range(2)]
+    try:
+        assert claim_gpu(redis, uuids, "a") == uuids[0]
+        assert claim_gpu(redis, uuids, "b") == uuids[1]
+        assert claim_gpu(redis, uuids, "c") is None
+        redis.delete(GPU_CLAIM_PREFIX + uuids[0])  # its worker died and the claim expired
+        assert claim_gpu(redis, uuids, "d") == uuids[0]
+    finally:
+        redis.delete(*(GPU_CLAIM_PREFIX + u for u in uuids))
