@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime, timezone
+from typing import Any
 
-from sqlalchemy import DateTime, Enum, String
+from sqlalchemy import JSON, BigInteger, DateTime, Enum, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from lanner.backend.db import Base
@@ -14,9 +15,27 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def _enum(cls: type[enum.Enum], name: str) -> Enum:
+    # Stored as plain strings (no native enum types), so new values need no ALTER TYPE on PostgreSQL.
+    return Enum(cls, name=name, native_enum=False, length=24, validate_strings=True)
+
+
 class Role(str, enum.Enum):
     admin = "admin"
     member = "member"
+
+
+class JobKind(str, enum.Enum):
+    train = "train"
+    export = "export"
+
+
+class JobStatus(str, enum.Enum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
 
 
 class User(Base):
@@ -28,4 +47,108 @@ class User(Base):
     role: Mapped[Role] = mapped_column(Enum(Role, name="user_role", native_enum=False, length=16))
     password_hash: Mapped[str] = mapped_column(String(255))
     is_active: Mapped[bool] = mapped_column(default=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ApiToken(Base):
+    """A bearer token for scripts; only its SHA-256 is stored, the token itself is shown once."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    filename: Mapped[str] = mapped_column(String(255))
+    path: Mapped[str] = mapped_column(String(1024), doc="relative to LANNER_DATA_DIR")
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    format: Mapped[str | None] = mapped_column(String(32), doc="alpaca, sharegpt, messages, prompt_completion, text, preference, …")
+    rows: Mapped[int] = mapped_column(Integer, default=0)
+    usable_rows: Mapped[int] = mapped_column(Integer, default=0)
+    report: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Job(Base):
+    """A training or export job. The database, not Celery, holds the queue: status, priority, order."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_queue", "status", "priority", "queue_order"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[JobKind] = mapped_column(_enum(JobKind, "job_kind"), default=JobKind.train)
+    name: Mapped[str] = mapped_column(String(200))
+    method: Mapped[str] = mapped_column(String(24), doc="lora, qlora, full, pretrain, dpo, orpo, kto; export: adapter, merged, gguf")
+    model: Mapped[str] = mapped_column(String(1024), doc="hub id, local path, or builtin/SmolLM2-135M-Instruct")
+    dataset_id: Mapped[int | None] = mapped_column(ForeignKey("datasets.id", ondelete="SET NULL"), index=True)
+    parent_job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"),
+                                                      doc="the trained job an export reads, or the job a clone copies")
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, doc="the validated job spec")
+    status: Mapped[JobStatus] = mapped_column(_enum(JobStatus, "job_status"), default=JobStatus.queued, index=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0, doc="higher runs first")
+    queue_order: Mapped[float] = mapped_column(Float, default=0.0, doc="within a priority, lower runs first")
+    memory_estimate_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    gpus: Mapped[int] = mapped_column(Integer, default=1, doc="GPUs the job asks for; 0 means CPU")
+    worker: Mapped[str | None] = mapped_column(String(255))
+    device: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    total_steps: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    resume_from: Mapped[str | None] = mapped_column(String(255), doc="checkpoint name to resume from")
+    last_event_id: Mapped[str | None] = mapped_column(String(32), doc="the last Redis Stream id persisted")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class JobMetric(Base):
+    """One optimizer step's metrics (loss, learning_rate, grad_norm, tokens_per_second, …)."""
+
+    __tablename__ = "job_metrics"
+    __table_args__ = (Index("ix_job_metrics_job_step", "job_id", "step"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    values: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class DeviceSample(Base):
+    """One telemetry sample of the device a job ran on (GPU utilisation, memory, temperature, power)."""
+
+    __tablename__ = "device_samples"
+    __table_args__ = (Index("ix_device_samples_job_time", "job_id", "time"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    values: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class Artifact(Base):
+    """A file or folder a job produced: checkpoint, adapter, merged model, GGUF, Modelfile."""
+
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(String(24))
+    name: Mapped[str] = mapped_column(String(255))
+    path: Mapped[str] = mapped_column(String(1024), doc="relative to LANNER_DATA_DIR")
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    verification: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -10,7 +10,8 @@ def test_migrations_go_up_and_down(database_url):
     assert db.current_revision(database_url) is None
     db.migrate(database_url)
     assert db.current_revision(database_url) == db.head_revision()
-    assert "users" in inspect(db.get_engine(database_url)).get_table_names()
+    assert {"users", "jobs", "datasets", "artifacts", "job_metrics", "device_samples", "api_tokens"} <= set(
+        inspect(db.get_engine(database_url)).get_table_names())
     db.migrate(database_url)  # running it twice is safe
     from alembic import command
 
