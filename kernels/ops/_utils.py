@@ -1,0 +1,56 @@
+"""Helpers shared by the kernels in this package (launch settings, output allocation, tanh)."""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+# Tests set this to True: every output buffer a wrapper allocates is then filled with NaN first,
+# so an element that a kernel forgets to write shows up as a NaN instead of stale memory.
+POISON_OUTPUTS = False
+
+# One program holds at most this many elements of a row in registers.
+MAX_FUSED_SIZE = 65536
+
+
+def new_output(shape, dtype, device):
+    out = torch.empty(shape, dtype=dtype, device=device)
+    if POISON_OUTPUTS:
+        out.fill_(math.nan)
+    return out
+
+
+def num_warps_for(block_size):
+    if block_size >= 32768:
+        return 32
+    if block_size >= 8192:
+        return 16
+    if block_size >= 2048:
+        return 8
+    return 4
+
+
+def program_count(device):
+    """Persistent-style grid size: one program per SM on a GPU, a few under the CPU interpreter."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def has_internal_overlap(t):
+    """True when two elements of t share memory (e.g. an expanded tensor), so it cannot be written in place."""
+    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1)
+    extent = 1
+    for stride, size in dims:
+        if stride < extent:
+            return True
+        extent = stride * size
+    return False
+
+
+@triton.jit
+def tanh(x):
+    # tl.math has no tanh in triton 3.6 and libdevice is not available under the interpreter.
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)

@@ -1,0 +1,39 @@
+import os
+
+import torch
+
+# Without a GPU the kernels run under Triton's interpreter; this must be set before triton is
+# imported (transformers' model modules import it), so it lives at the top of the conftest.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from lanner.kernels.ops import _utils  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_poison_outputs(monkeypatch):
+    """Fresh deterministic random inputs per test, and NaN-filled output buffers (see _utils.POISON_OUTPUTS)."""
+    torch.manual_seed(0)
+    monkeypatch.setattr(_utils, "POISON_OUTPUTS", True)
+
+
+@pytest.fixture
+def device():
+    return DEVICE
+
+
+def _assert_close_scaled(actual, expected, rtol):
+    """Elementwise check with an absolute floor of rtol * max|expected|: right for sums and matmul
+    outputs, whose elements near zero carry the rounding error of the large terms they cancel."""
+    expected = expected.to(actual.device)
+    atol = rtol * expected.abs().max().item()
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=rtol, atol=atol)
+
+
+@pytest.fixture
+def assert_close_scaled():
+    return _assert_close_scaled

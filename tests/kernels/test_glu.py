@@ -1,0 +1,101 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.activations import ACT2FN
+
+from lanner.kernels.ops import geglu, swiglu
+from lanner.kernels.ops import glu as glu_module
+
+# float32: float32 math, one rounding; bfloat16: the activation and the product are each rounded to
+# bf16 (as HF does), so 1-2 bf16 units (2^-8 each), more where the interpreter truncates.
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+# (name, kernel, HF activation name, float64 activation)
+ACTIVATIONS = [
+    ("swiglu", swiglu, "silu", F.silu),
+    ("geglu", geglu, "gelu", lambda g: F.gelu(g)),
+    ("geglu_tanh", lambda g, u: geglu(g, u, approximate="tanh"), "gelu_pytorch_tanh",
+     lambda g: F.gelu(g, approximate="tanh")),
+]
+SHAPES = [(3, 5, 100), (1, 1, 352), (2, 4100), (7,)]
+
+
+def _inputs(shape, dtype, device):
+    # Scaled so that the activation's curved region and both tails are exercised.
+    gate = (torch.randn(shape, device=device) * 3).to(dtype).requires_grad_()
+    up = torch.randn(shape, device=device).to(dtype).requires_grad_()
+    return gate, up
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=[a[0] for a in ACTIVATIONS])
+def test_glu_matches_hf_and_fp64(dtype, shape, activation, device, assert_close_scaled):
+    _, kernel, hf_name, act64 = activation
+    gate_leaf, up_leaf = _inputs(shape, dtype, device)
+    # Non-leaf copies: backward overwrites the saved gate and up with their gradients.
+    gate, up = gate_leaf * 1, up_leaf * 1
+    out = kernel(gate, up)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+
+    out_hf = ACT2FN[hf_name](gate_leaf.detach()) * up_leaf.detach()
+    g64 = gate_leaf.detach().double().requires_grad_()
+    u64 = up_leaf.detach().double().requires_grad_()
+    out64 = act64(g64) * u64
+    out64.backward(dout.double())
+
+    tol = TOL[dtype]
+    assert out.dtype == dtype and out.shape == shape
+    torch.testing.assert_close(out, out_hf, rtol=tol, atol=tol)
+    assert_close_scaled(out, out64, tol)
+    assert_close_scaled(gate_leaf.grad, g64.grad, tol)
+    assert_close_scaled(up_leaf.grad, u64.grad, tol)
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS, ids=[a[0] for a in ACTIVATIONS])
+def test_backward_writes_gradients_into_saved_gate_and_up(activation, device):
+    _, kernel, _, act64 = activation
+    gate_leaf, up_leaf = _inputs((4, 33), torch.float32, device)
+    gate, up = gate_leaf * 1, up_leaf * 1
+    gate_ptr, up_ptr = gate.data_ptr(), up.data_ptr()
+    out = kernel(gate, up)
+    dout = torch.randn_like(out)
+    d_gate, d_up = torch.autograd.grad(out, (gate, up), dout)
+    assert d_gate.data_ptr() == gate_ptr and d_up.data_ptr() == up_ptr
+    g64 = gate_leaf.detach().double().requires_grad_()
+    u64 = up_leaf.detach().double().requires_grad_()
+    ref_g, ref_u = torch.autograd.grad(act64(g64) * u64, (g64, u64), dout.double())
+    torch.testing.assert_close(d_gate.double(), ref_g, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(d_up.double(), ref_u, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_gate_up_chunks_are_used_without_copies(device):
+    # Phi-3 style: gate and up are the two halves of one gate_up projection (non-contiguous views).
+    leaf = (torch.randn(2, 3, 2 * 70, device=device) * 2).requires_grad_()
+    fused = leaf * 1
+    gate, up = fused.chunk(2, dim=-1)
+    out = swiglu(gate, up)
+    dout = torch.randn_like(out)
+    d_gate, d_up = torch.autograd.grad(out, (gate, up), dout)
+    assert d_gate.data_ptr() == gate.data_ptr() and d_up.data_ptr() == up.data_ptr()
+    leaf64 = leaf.detach().double().requires_grad_()
+    g64, u64 = leaf64.chunk(2, dim=-1)
+    torch.testing.assert_close(out.double(), F.silu(g64) * u64, rtol=1e-5, atol=1e-5)
+    ref_g, ref_u = torch.autograd.grad(F.silu(g64) * u64, (g64, u64), dout.double())
+    torch.testing.assert_close(d_gate.double(), ref_g, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(d_up.double(), ref_u, rtol=1e-5, atol=1e-5)
+
+
+def test_column_blocks_cover_wide_rows(monkeypatch, device):
+    # Rows wider than one block are split over several programs along the columns.
+    monkeypatch.setattr(glu_module, "_MAX_BLOCK", 64)
+    gate, up = _inputs((3, 200), torch.float32, device)
+    out = swiglu(gate * 1, up * 1)
+    torch.testing.assert_close(out, F.silu(gate.detach()) * up.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_geglu_rejects_unknown_approximation(device):
+    gate, up = _inputs((2, 8), torch.float32, device)
+    with pytest.raises(ValueError):
+        geglu(gate, up, approximate="sigmoid")
