@@ -33,14 +33,24 @@ def test_a_second_up_on_the_same_port_changes_nothing(stack):
     assert stack.health()["status"] == "ok"
 
 
+def celery_children(pid: int) -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process(pid).children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "celery" in " ".join(child.cmdline()):
+                found.append(child)
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass  # a worker that just died and is not reaped yet
+    return found
+
+
 def test_a_killed_worker_is_started_again(stack):
-    worker = next(p for p in psutil.Process(stack.process.pid).children()
-                  if "celery" in " ".join(p.cmdline()))
+    worker = celery_children(stack.process.pid)[0]
     killed_at = datetime.now(timezone.utc)
     worker.kill()
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        pids = {p.pid for p in psutil.Process(stack.process.pid).children() if "celery" in " ".join(p.cmdline())}
+        pids = {p.pid for p in celery_children(stack.process.pid)}
         announced = [datetime.fromisoformat(w["last_seen"]) for w in stack.health()["workers"]]
         if pids and worker.pid not in pids and announced and announced[0] > killed_at:
             break
