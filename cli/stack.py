@@ -53,12 +53,20 @@ def worker_command(name: str) -> list[str]:
             "--loglevel", "INFO", "-n", f"{name}@%h"]
 
 
+def visible_gpus() -> list[str]:
+    """The GPUs this studio may use: those CUDA_VISIBLE_DEVICES names when it is set, else all of them."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [entry.strip() for entry in visible.split(",") if entry.strip() not in ("", "-1")]
+    return [str(index) for index in range(gpu_count())]
+
+
 def worker_envs() -> list[tuple[str, dict]]:
     """One (name, extra environment) per worker: a GPU each, or the CPU when there is no GPU."""
-    gpus = gpu_count()
-    if gpus == 0:
+    gpus = visible_gpus() if gpu_count() else []
+    if not gpus:
         return [("cpu0", {"CUDA_VISIBLE_DEVICES": ""})]
-    return [(f"gpu{index}", {"CUDA_VISIBLE_DEVICES": str(index)}) for index in range(gpus)]
+    return [(f"gpu{number}", {"CUDA_VISIBLE_DEVICES": gpu}) for number, gpu in enumerate(gpus)]
 
 
 class Stack:

@@ -104,3 +104,14 @@ def test_worker_replicas_claim_distinct_gpus():
         assert claim_gpu(redis, uuids, "d") == uuids[0]
     finally:
         redis.delete(*(GPU_CLAIM_PREFIX + u for u in uuids))
+
+
+def test_one_cpu_worker_without_gpus_and_cuda_visible_devices_is_respected(monkeypatch):
+    from lanner.cli import stack as stack_module
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert stack_module.worker_envs() == [("cpu0", {"CUDA_VISIBLE_DEVICES": ""})]  # this machine has no GPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 5")
+    assert stack_module.visible_gpus() == ["2", "5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert stack_module.visible_gpus() == []
