@@ -1,0 +1,99 @@
+"""Side-by-side LoRA training benchmark: every system on every shape, one process each, one run.
+
+    python benchmarks/run.py                       # 1B and 8B shapes; hf, liger, unsloth, lanner
+    python benchmarks/run.py --models llama-1b --systems hf lanner --steps 5
+
+Each (shape, system) runs `peer_bench.py MODE MODEL` in a fresh process (so no system's patches or
+allocator state leak into another's) and prints one JSON line; this script collects them, prints a
+table with Lanner's ratios and writes all lines to --out. The peers need .peers/site (see
+../shared/tools/peers.sh) on PYTHONPATH; lanner.kernels is made importable from this checkout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().with_name("peer_bench.py")
+SYSTEMS = {"hf": "HF + PEFT", "liger": "HF + PEFT + Liger", "unsloth": "Unsloth", "lanner": "Lanner"}
+
+
+def lanner_import_root() -> Path:
+    """A folder holding lanner/kernels -> this checkout's kernels/, for a machine where lanner is not installed."""
+    root = Path(tempfile.mkdtemp(prefix="lanner-import-"))
+    (root / "lanner").mkdir()
+    (root / "lanner" / "kernels").symlink_to(REPO / "kernels", target_is_directory=True)
+    return root
+
+
+def environment() -> dict:
+    paths = [str(lanner_import_root()), str(REPO / ".peers" / "site"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "PYTHONUNBUFFERED": "1"}
+
+
+def run_one(system: str, model: str, args, env: dict) -> dict:
+    command = [sys.executable, str(BENCH), system, model, "--seq", str(args.seq), "--bs", str(args.bs),
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--rank", str(args.rank)]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return dict(mode=system, model=model, error=f"timed out after {args.timeout} s")
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+    return dict(mode=system, model=model, error=f"exit {done.returncode}: {' | '.join(tail)}")
+
+
+def table(results: list[dict]) -> str:
+    rows = ["| shape | system | tokens/s | step ms | peak GiB | final loss | Lanner tok/s ratio | Lanner memory ratio |",
+            "|---|---|---|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in results):
+        shape = [r for r in results if r["model"] == model]
+        ours = next((r for r in shape if r["mode"] == "lanner" and "error" not in r), None)
+        for r in shape:
+            name = SYSTEMS.get(r["mode"], r["mode"])
+            if "error" in r:
+                rows.append(f"| {model} | {name} | failed: {r['error']} | | | | | |")
+                continue
+            speed = f"{ours['tok_s'] / r['tok_s']:.2f}x" if ours else "-"
+            memory = f"{ours['peak_gib'] / r['peak_gib']:.2f}x" if ours else "-"
+            rows.append(f"| {model} | {name} | {r['tok_s']:,} | {r['step_ms']} | {r['peak_gib']} | {r['loss']} "
+                        f"| {speed} | {memory} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["llama-1b", "llama-8b"])
+    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--bs", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--timeout", type=int, default=400, help="seconds per (shape, system) process")
+    parser.add_argument("--out", type=Path, default=None, help="write every result as one JSON line here")
+    args = parser.parse_args()
+
+    env = environment()
+    results = []
+    for model in args.models:
+        for system in args.systems:
+            result = run_one(system, model, args, env)
+            print(json.dumps(result), flush=True)
+            results.append(result)
+            if args.out:
+                with args.out.open("a") as out:
+                    out.write(json.dumps(result) + "\n")
+    print(table(results), flush=True)
+    return 0 if all("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

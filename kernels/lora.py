@@ -1,0 +1,225 @@
+"""LoRA projections as autograd functions: frozen base matmul plus the rank-r path.
+
+Every function computes, for each projection,
+    out = x @ W^T (+ bias) + scaling * (x @ A^T) @ B^T
+and in backward produces dX and the A/B gradients through rank-r intermediates; the frozen base
+weight W never gets a gradient. W is read through `base_weight(module)` in forward and again in
+backward and is never saved, so a quantised base can hand out a dense weight on demand.
+
+Saved for backward: the block input and the (N, r) products x @ A^T (cheap); the MLP also keeps
+its gate and up projections, from which the activation is recomputed in backward.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .ops.glu import geglu, swiglu
+
+_WEIGHT_READERS: dict[type, Callable[[nn.Module], torch.Tensor]] = {nn.Linear: lambda layer: layer.weight}
+
+
+def register_base_weight(layer_type: type, reader: Callable[[nn.Module], torch.Tensor]) -> None:
+    """Teach `base_weight` a new frozen layer type (e.g. a 4-bit linear that dequantises)."""
+    _WEIGHT_READERS[layer_type] = reader
+
+
+def supports_base_layer(layer: nn.Module) -> bool:
+    return type(layer) in _WEIGHT_READERS
+
+
+def base_weight(layer: nn.Module) -> torch.Tensor:
+    """The dense (out_features, in_features) weight of a frozen base projection."""
+    return _WEIGHT_READERS[type(layer)](layer)
+
+
+@dataclass(frozen=True, eq=False)
+class LoRAProjection:
+    """A frozen linear projection and, when it is adapted, its LoRA factors."""
+
+    base: nn.Module
+    lora_A: torch.Tensor | None = None  # (r, in_features)
+    lora_B: torch.Tensor | None = None  # (out_features, r)
+    scaling: float = 1.0
+
+    @property
+    def lora_weights(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return self.lora_A, self.lora_B
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the matmuls run in: autocast's when it is on (as nn.Linear's would), else the input's.
+
+    Not the base weight's: reading that could mean dequantising it just to learn its dtype.
+    """
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return x.dtype
+
+
+def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1]).to(dtype)
+
+
+def _project(x2: torch.Tensor, p: LoRAProjection) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Forward of one projection on rows x2; returns the output and x2 @ A^T (None when not adapted)."""
+    dtype = x2.dtype
+    weight = base_weight(p.base).to(dtype)
+    bias = p.base.bias
+    out = x2 @ weight.t() if bias is None else torch.addmm(bias.to(dtype), x2, weight.t())
+    if p.lora_A is None:
+        return out, None
+    xa = x2 @ p.lora_A.to(dtype).t()
+    out.addmm_(xa, p.lora_B.to(dtype).t(), alpha=p.scaling)
+    return out, xa
+
+
+def _project_backward(
+    dout: torch.Tensor, x2: torch.Tensor, xa: torch.Tensor | None, p: LoRAProjection, dx: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Adds this projection's share of dX into dx (allocating it when None); returns (dx, dA, dB)."""
+    dtype = dout.dtype
+    weight = base_weight(p.base).to(dtype)
+    dx = dout @ weight if dx is None else dx.addmm_(dout, weight)
+    if p.lora_A is None:
+        return dx, None, None
+    dB = (dout.t() @ xa).mul_(p.scaling)
+    dxa = (dout @ p.lora_B.to(dtype)).mul_(p.scaling)
+    dA = dxa.t() @ x2
+    dx.addmm_(dxa, p.lora_A.to(dtype))
+    return dx, dA.to(p.lora_A.dtype), dB.to(p.lora_B.dtype)
+
+
+def _flat_lora_weights(projections: Sequence[LoRAProjection]) -> list[torch.Tensor | None]:
+    return [w for p in projections for w in p.lora_weights]
+
+
+class LoRALinearFunction(torch.autograd.Function):
+    """One LoRA projection (the attention output projection, or any single adapted linear)."""
+
+    @staticmethod
+    def forward(ctx, x, dtype, projection, lora_A, lora_B):
+        x2 = _rows(x, dtype)
+        out, xa = _project(x2, projection)
+        ctx.save_for_backward(x2, xa)
+        ctx.projection, ctx.x_shape, ctx.x_dtype = projection, x.shape, x.dtype
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dout):
+        x2, xa = ctx.saved_tensors
+        dout2 = dout.reshape(-1, dout.shape[-1]).to(x2.dtype)
+        dx, dA, dB = _project_backward(dout2, x2, xa, ctx.projection, None)
+        return dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, dA, dB
+
+
+class LoRAQKVFunction(torch.autograd.Function):
+    """The query, key and value projections of one attention block, sharing one saved input."""
+
+    @staticmethod
+    def forward(ctx, x, dtype, projections, *lora_weights):
+        x2 = _rows(x, dtype)
+        outs, xas = zip(*(_project(x2, p) for p in projections))
+        ctx.save_for_backward(x2, *xas)
+        ctx.projections, ctx.x_shape, ctx.x_dtype = projections, x.shape, x.dtype
+        return tuple(out.view(*x.shape[:-1], out.shape[-1]) for out in outs)
+
+    @staticmethod
+    def backward(ctx, *douts):
+        x2, *xas = ctx.saved_tensors
+        dx, lora_grads = None, []
+        for dout, xa, p in zip(douts, xas, ctx.projections):
+            dout2 = dout.reshape(-1, dout.shape[-1]).to(x2.dtype)
+            dx, dA, dB = _project_backward(dout2, x2, xa, p, dx)
+            lora_grads += [dA, dB]
+        return dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, *lora_grads
+
+
+GLU_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+
+def gated_activation(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """act(gate) * up on the GLU kernel; activation is one of GLU_ACTIVATIONS."""
+    if activation == "silu":
+        return swiglu(gate, up)
+    return geglu(gate, up, approximate="tanh" if activation == "gelu_tanh" else "none")
+
+
+def _glu_recompute_and_backward(activation, dh, gate, up):
+    """Recomputes act(gate) * up and returns it with the gate/up gradients, through the GLU op's own backward."""
+    with torch.enable_grad():
+        gate_ = gate.detach().requires_grad_()
+        up_ = up.detach().requires_grad_()
+        h = gated_activation(activation, gate_, up_)
+        dgate, dup = torch.autograd.grad(h, (gate_, up_), dh)
+    return h.detach(), dgate, dup
+
+
+class LoRAMLPFunction(torch.autograd.Function):
+    """down(act(gate(x)) * up(x)) with LoRA on any of the three projections."""
+
+    @staticmethod
+    def forward(ctx, x, dtype, activation, projections, *lora_weights):
+        gate_p, up_p, down_p = projections
+        x2 = _rows(x, dtype)
+        gate, xa_gate = _project(x2, gate_p)
+        up, xa_up = _project(x2, up_p)
+        h = gated_activation(activation, gate, up)
+        out, ha_down = _project(h, down_p)
+        ctx.save_for_backward(x2, gate, up, xa_gate, xa_up, ha_down)
+        ctx.projections, ctx.activation, ctx.x_shape, ctx.x_dtype = projections, activation, x.shape, x.dtype
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dout):
+        x2, gate, up, xa_gate, xa_up, ha_down = ctx.saved_tensors
+        gate_p, up_p, down_p = ctx.projections
+        dtype = x2.dtype
+        dout2 = dout.reshape(-1, dout.shape[-1]).to(dtype)
+
+        dh = dout2 @ base_weight(down_p.base).to(dtype)
+        dA_down = dB_down = dha = None
+        if down_p.lora_A is not None:
+            dB_down = (dout2.t() @ ha_down).mul_(down_p.scaling).to(down_p.lora_B.dtype)
+            dha = (dout2 @ down_p.lora_B.to(dtype)).mul_(down_p.scaling)
+            dh.addmm_(dha, down_p.lora_A.to(dtype))
+        del dout2
+
+        h, dgate, dup = _glu_recompute_and_backward(ctx.activation, dh, gate, up)
+        del dh
+        if dha is not None:
+            dA_down = (dha.t() @ h).to(down_p.lora_A.dtype)
+        del h
+
+        dx, dA_gate, dB_gate = _project_backward(dgate, x2, xa_gate, gate_p, None)
+        dx, dA_up, dB_up = _project_backward(dup, x2, xa_up, up_p, dx)
+        return (dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, None,
+                dA_gate, dB_gate, dA_up, dB_up, dA_down, dB_down)
+
+
+def lora_linear(x: torch.Tensor, projection: LoRAProjection) -> torch.Tensor:
+    dtype = compute_dtype(x)
+    return LoRALinearFunction.apply(x, dtype, projection, *projection.lora_weights)
+
+
+def lora_qkv(
+    x: torch.Tensor, q: LoRAProjection, k: LoRAProjection, v: LoRAProjection
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    projections = (q, k, v)
+    dtype = compute_dtype(x)
+    return LoRAQKVFunction.apply(x, dtype, projections, *_flat_lora_weights(projections))
+
+
+def lora_mlp(
+    x: torch.Tensor, gate: LoRAProjection, up: LoRAProjection, down: LoRAProjection, activation: str
+) -> torch.Tensor:
+    """activation: "silu" (SwiGLU), "gelu" (exact GeGLU) or "gelu_tanh" (tanh-approximated GeGLU)."""
+    if activation not in GLU_ACTIVATIONS:
+        raise ValueError(f"unknown GLU activation {activation!r}; expected one of {GLU_ACTIVATIONS}")
+    projections = (gate, up, down)
+    dtype = compute_dtype(x)
+    return LoRAMLPFunction.apply(x, dtype, activation, projections, *_flat_lora_weights(projections))

@@ -1,0 +1,95 @@
+"""Putting a model's hot paths on the kernels, module by module, per instance."""
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from ..peft_projections import fast_path_blocker
+from .attention import patch_attention
+from .binding import is_patched, unbind_forward
+from .families import FAMILIES, Family, family_of
+from .loss import patch_causal_lm_loss
+from .mlp import patch_mlp
+from .norms import is_rms_norm, patch_rms_norm
+
+logger = logging.getLogger("lanner.kernels")
+
+
+@dataclass
+class PatchReport:
+    """What runs on the kernels after patching (module counts per kind), or why nothing does."""
+
+    family: str | None = None
+    patched: Counter = field(default_factory=Counter)
+    fallback_reason: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.fallback_reason is None
+
+
+def _unsupported_reason(model: nn.Module, family: Family | None) -> str | None:
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if family is None:
+        return f"no kernels for model type {model_type!r} (supported: {', '.join(sorted(FAMILIES))})"
+    if not type(model).__name__.endswith("ForCausalLM"):
+        return f"{type(model).__name__} is not a causal LM"
+    device = next(model.parameters()).device
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"the Triton kernels need a CUDA device; the model is on {device.type}"
+    return None
+
+
+def _projection_blocker(model: nn.Module) -> str | None:
+    """A LoRA feature the fast path lacks, found once at patch time (PEFT's projections then run)."""
+    for name, module in model.named_modules():
+        if hasattr(module, "lora_A"):
+            reason = fast_path_blocker(module)
+            if reason is not None:
+                return f"{name}: {reason}"
+    return None
+
+
+def patch_model(model: nn.Module) -> PatchReport:
+    """Puts a (PEFT-wrapped or plain) Hugging Face causal LM's hot paths on the kernels, in place.
+
+    RMSNorms, the decoder layers' attention (q/k/v/o projections and RoPE) and MLP blocks, and the
+    loss. Returns what was patched; an unsupported model is left untouched and logged once.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    family = family_of(base)
+    reason = _unsupported_reason(base, family)
+    if reason is not None:
+        logger.warning("lanner.kernels: %s; training runs on plain PEFT", reason)
+        return PatchReport(fallback_reason=reason)
+
+    report = PatchReport(family=family.name)
+    for module in base.modules():
+        if is_rms_norm(module):
+            patch_rms_norm(module, family.gemma_norm)
+            report.patched["rms_norm"] += 1
+    for layer in getattr(base, base.base_model_prefix).layers:
+        if hasattr(layer, "self_attn") and patch_attention(layer.self_attn):
+            report.patched["attention"] += 1
+        if hasattr(layer, "mlp") and patch_mlp(layer.mlp):
+            report.patched["mlp"] += 1
+    if patch_causal_lm_loss(base):
+        report.patched["loss"] += 1
+
+    blocker = _projection_blocker(base)
+    if blocker is not None:
+        logger.warning("lanner.kernels: LoRA projections run on PEFT's forward (%s); norms, RoPE and loss run on kernels", blocker)
+    logger.info("lanner.kernels: %s patched: %s", family.name, dict(report.patched))
+    return report
+
+
+def unpatch_model(model: nn.Module) -> None:
+    """Restores every forward that patch_model replaced."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for module in base.modules():
+        if is_patched(module):
+            unbind_forward(module)

@@ -1,0 +1,111 @@
+"""Attention blocks: q/k/v and output projections on the LoRA functions, RoPE on the in-place kernel.
+
+Mirrors the families' own attention forward (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3): the
+attention itself stays transformers' (sdpa, flash, eager, ...). With a KV cache (generation), or
+arguments this forward does not expect, the model's own forward runs.
+"""
+import sys
+
+from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ..lora import lora_linear, lora_qkv
+from ..ops.rope import apply_rope
+from ..peft_projections import first_blocker, lora_projection
+from .binding import bind_forward, plain_forward
+
+_ATTENTION_ARGS = ("position_embeddings", "attention_mask", "cache", "past_key_values")
+
+
+def _modeling_module(attention: nn.Module):
+    return sys.modules[type(attention).__module__]
+
+
+def _project(x, projection_modules):
+    """Runs the (one or three) projections on the LoRA kernels, or as PEFT layers when a feature needs that."""
+    if first_blocker(projection_modules) is None:
+        projections = [lora_projection(m) for m in projection_modules]
+        return lora_qkv(x, *projections) if len(projections) == 3 else (lora_linear(x, projections[0]),)
+    return tuple(m(x) for m in projection_modules)
+
+
+def _rotate(attention: nn.Module, q, k, cos, sin):
+    if cos.shape[-1] == q.shape[-1]:
+        return apply_rope(q, k, cos, sin)
+    # Partial rotary (e.g. Phi-4-mini): the model's own function.
+    return _modeling_module(attention).apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def _attend(attention: nn.Module, q, k, v, input_shape, position_embeddings, attention_mask, kwargs):
+    hidden_shape = (*input_shape, -1, attention.head_dim)
+    q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
+    if hasattr(attention, "q_norm"):  # Qwen3, Gemma 3: per-head RMSNorm before RoPE
+        q, k = attention.q_norm(q), attention.k_norm(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    cos, sin = position_embeddings
+    q, k = _rotate(attention, q, k, cos, sin)
+
+    config = attention.config
+    if hasattr(attention, "sliding_window"):
+        kwargs["sliding_window"] = attention.sliding_window
+    elif getattr(config, "sliding_window", None) is not None:
+        kwargs["sliding_window"] = config.sliding_window
+    if hasattr(attention, "attn_logit_softcapping"):
+        kwargs["softcap"] = attention.attn_logit_softcapping
+    interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+        config._attn_implementation, _modeling_module(attention).eager_attention_forward
+    )
+    out, weights = interface(
+        attention, q, k, v, attention_mask,
+        dropout=attention.attention_dropout if attention.training else 0.0,
+        scaling=attention.scaling,
+        **kwargs,
+    )
+    return out.reshape(*input_shape, -1).contiguous(), weights
+
+
+def _can_run(args, kwargs) -> bool:
+    has_cache = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
+    return not args and not has_cache and kwargs.get("position_embeddings") is not None
+
+
+def _split_kwargs(kwargs):
+    rest = {key: value for key, value in kwargs.items() if key not in _ATTENTION_ARGS}
+    return kwargs["position_embeddings"], kwargs.get("attention_mask"), rest
+
+
+def _attention_forward(attention: nn.Module, hidden_states, *args, **kwargs):
+    if not _can_run(args, kwargs):
+        return plain_forward(attention)(hidden_states, *args, **kwargs)
+    position_embeddings, attention_mask, rest = _split_kwargs(kwargs)
+    q, k, v = _project(hidden_states, (attention.q_proj, attention.k_proj, attention.v_proj))
+    out, weights = _attend(attention, q, k, v, hidden_states.shape[:-1], position_embeddings, attention_mask, rest)
+    (out,) = _project(out, (attention.o_proj,))
+    return out, weights
+
+
+def _fused_qkv_attention_forward(attention: nn.Module, hidden_states, *args, **kwargs):
+    """Phi-3: one qkv_proj whose output is split into q, k and v."""
+    if not _can_run(args, kwargs):
+        return plain_forward(attention)(hidden_states, *args, **kwargs)
+    position_embeddings, attention_mask, rest = _split_kwargs(kwargs)
+    (qkv,) = _project(hidden_states, (attention.qkv_proj,))
+    q_size = attention.config.num_attention_heads * attention.head_dim
+    kv_size = attention.num_key_value_heads * attention.head_dim
+    # RoPE rotates q and k in place; copies keep v's storage (a view of qkv) unmodified for autograd.
+    q, k = qkv[..., :q_size].contiguous(), qkv[..., q_size:q_size + kv_size].contiguous()
+    v = qkv[..., q_size + kv_size:]
+    out, weights = _attend(attention, q, k, v, hidden_states.shape[:-1], position_embeddings, attention_mask, rest)
+    (out,) = _project(out, (attention.o_proj,))
+    return out, weights
+
+
+def patch_attention(attention: nn.Module) -> bool:
+    """Patches a family attention module; False when its layout is not one this forward knows."""
+    if all(hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        bind_forward(attention, _attention_forward)
+        return True
+    if hasattr(attention, "qkv_proj") and hasattr(attention, "o_proj"):
+        bind_forward(attention, _fused_qkv_attention_forward)
+        return True
+    return False

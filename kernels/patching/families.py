@@ -1,0 +1,63 @@
+"""The model families the kernels know, and what differs between them."""
+from dataclasses import dataclass
+
+from transformers import activations
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    # Gemma's RMSNorm scales by (1 + w) and rounds once, after the weight.
+    gemma_norm: bool = False
+    # Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj.
+    fused_projections: bool = False
+
+
+FAMILIES = {
+    family.name: family
+    for family in (
+        Family("llama"),
+        Family("mistral"),
+        Family("qwen2"),
+        Family("qwen3"),
+        Family("gemma", gemma_norm=True),
+        Family("gemma2", gemma_norm=True),
+        Family("gemma3_text", gemma_norm=True),
+        Family("phi3", fused_projections=True),
+    )
+}
+
+# The seven LoRA targets under Phi-3's names.
+FUSED_TARGET_NAMES = {
+    "q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj",
+}
+
+
+def family_of(model: nn.Module) -> Family | None:
+    return FAMILIES.get(getattr(model.config, "model_type", None))
+
+
+def family_target_modules(family: Family | None, target_modules):
+    """target_modules in the family's own projection names (Phi-3's fused ones), order kept, no repeats."""
+    if family is None or not family.fused_projections or isinstance(target_modules, str):
+        return target_modules
+    names = [FUSED_TARGET_NAMES.get(name, name) for name in target_modules]
+    return list(dict.fromkeys(names))
+
+
+def _gelu_tanh_classes():
+    names = ("GELUTanh", "PytorchGELUTanh", "NewGELUActivation", "FastGELUActivation")
+    return tuple(getattr(activations, name) for name in names if hasattr(activations, name))
+
+
+def glu_activation(act_fn: nn.Module) -> str | None:
+    """The GLU op's activation name for an MLP's act_fn module; None when the kernels have no such GLU."""
+    if isinstance(act_fn, (nn.SiLU, activations.SiLUActivation)):
+        return "silu"
+    if isinstance(act_fn, _gelu_tanh_classes()):
+        return "gelu_tanh"
+    if type(act_fn) is activations.GELUActivation:
+        return "gelu"
+    return None

@@ -1,0 +1,39 @@
+"""Gated MLP blocks (gate/up/down with SwiGLU or GeGLU) on the fused LoRA MLP function."""
+from torch import nn
+
+from ..lora import gated_activation, lora_linear, lora_mlp
+from ..peft_projections import first_blocker, lora_projection
+from .binding import bind_forward, plain_forward
+from .families import glu_activation
+
+
+def _mlp_forward(mlp: nn.Module, x, *, activation: str):
+    projections = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    if first_blocker(projections) is not None:
+        return plain_forward(mlp)(x)
+    return lora_mlp(x, *(lora_projection(m) for m in projections), activation)
+
+
+def _fused_gate_up_mlp_forward(mlp: nn.Module, x, *, activation: str):
+    """Phi-3: gate and up are the two halves of one gate_up_proj output."""
+    projections = (mlp.gate_up_proj, mlp.down_proj)
+    if first_blocker(projections) is not None:
+        return plain_forward(mlp)(x)
+    gate_up_p, down_p = (lora_projection(m) for m in projections)
+    gate, up = lora_linear(x, gate_up_p).chunk(2, dim=-1)
+    return lora_linear(gated_activation(activation, gate, up), down_p)
+
+
+def patch_mlp(mlp: nn.Module) -> bool:
+    """Patches a family MLP module; False when its layout or activation has no kernel."""
+    act_fn = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
+    activation = glu_activation(act_fn) if act_fn is not None else None
+    if activation is None:
+        return False
+    if all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
+        bind_forward(mlp, _mlp_forward, activation=activation)
+        return True
+    if hasattr(mlp, "gate_up_proj") and hasattr(mlp, "down_proj"):
+        bind_forward(mlp, _fused_gate_up_mlp_forward, activation=activation)
+        return True
+    return False

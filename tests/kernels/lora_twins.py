@@ -1,0 +1,80 @@
+"""Tiny random-init models of each family, as twins: one plain PEFT, one on lanner's kernels, same weights."""
+import copy
+
+import torch
+import transformers as tf
+from peft import PeftModel
+
+from lanner.kernels import get_lora_model
+
+# These models are tiny: one CPU thread is faster than a pool whose threads spin for work, and on a
+# shared 2-core box a spinning pool made each training step several times slower.
+if not torch.cuda.is_available():
+    torch.set_num_threads(1)
+
+TINY = dict(hidden_size=48, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=96, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+# family -> (config class, model class, config overrides); sizes are odd on purpose.
+FAMILIES = {
+    "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {}),
+    "mistral": (tf.MistralConfig, tf.MistralForCausalLM, dict(sliding_window=4)),
+    "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, {}),
+    "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, dict(head_dim=16)),
+    "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM, dict(head_dim=16, hidden_act="gelu_pytorch_tanh")),
+    "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM,
+               dict(head_dim=16, final_logit_softcapping=3.0, attn_logit_softcapping=5.0, sliding_window=4,
+                    query_pre_attn_scalar=16)),
+    "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM,
+               dict(head_dim=16, sliding_window=4, final_logit_softcapping=3.0, query_pre_attn_scalar=16)),
+    "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, {}),
+}
+
+
+def tiny_model(family: str, dtype=torch.float32, device="cpu", seed=0, **overrides):
+    config_cls, model_cls, extra = FAMILIES[family]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**{**TINY, **extra, **overrides}))
+    with torch.no_grad():  # norms start at 1 (or 0 for Gemma's 1 + w): perturb them so they matter
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    return model.to(device=device, dtype=dtype)
+
+
+def randomise_lora(model: PeftModel, seed=1, std=0.05):
+    """Nonzero B (PEFT starts it at zero) so the very first step already exercises the whole LoRA path."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+
+
+def twins(family: str, dtype=torch.float32, device="cpu", gradient_checkpointing=False, **lora_kwargs):
+    """(plain PEFT model, kernels model) with identical base and LoRA weights."""
+    base = tiny_model(family, dtype, device)
+    plain = get_lora_model(copy.deepcopy(base), use_kernels=False, gradient_checkpointing=False, **lora_kwargs)
+    fast = get_lora_model(base, use_kernels=True, gradient_checkpointing=gradient_checkpointing, **lora_kwargs)
+    randomise_lora(plain)
+    randomise_lora(fast)
+    return plain, fast
+
+
+def lora_grads(model):
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def lora_weights(model):
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def max_relative_error(actual: dict, expected: dict) -> float:
+    """Worst over tensors of max|a - e| / max|e|."""
+    assert actual.keys() == expected.keys() and actual
+    return max(((actual[k] - expected[k]).abs().max() / expected[k].abs().max()).item() for k in actual)
+
+
+def token_batches(steps, batch, seq, vocab, seed=2, device="cpu"):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (batch, seq), generator=generator).to(device) for _ in range(steps)]
