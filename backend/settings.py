@@ -20,6 +20,12 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535, description="Port the API listens on")
     frontend_dir: Path = Field(default=REPO_ROOT / "frontend" / "dist", description="Built web UI served at /")
     log_level: str = Field(default="info", description="debug, info, warning or error")
+    max_upload_bytes: int = Field(default=20 * 1024**3, ge=1, description="Largest dataset file one upload may send")
+    user_quota_bytes: int = Field(default=100 * 1024**3, ge=0, description="Total dataset bytes one user may keep")
+    max_body_bytes: int = Field(default=1024**2, ge=1024, description="Largest JSON request body")
+    session_days: int = Field(default=14, ge=1, description="How long a browser stays signed in")
+    hub_url: str = Field(default="https://huggingface.co", description="Model hub searched by /api/models/search")
+    hub_timeout_s: float = Field(default=5.0, gt=0, description="How long a hub search waits before answering offline")
 
     @model_validator(mode="after")
     def _derive(self) -> "Settings":
@@ -31,6 +37,14 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return self.data_dir / "models"
+
+    @property
+    def datasets_dir(self) -> Path:
+        return self.data_dir / "datasets"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.data_dir / "artifacts"
 
     @property
     def logs_dir(self) -> Path:

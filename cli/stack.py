@@ -81,8 +81,10 @@ class Stack:
                "LANNER_DATA_DIR": str(self.settings.data_dir), "LANNER_DATABASE_URL": self.settings.database_url,
                "LANNER_REDIS_URL": self.settings.redis_url}
         with open(log, "ab") as out:
+            # cwd is the data dir, not the checkout: from the checkout's root, `python -m` would make
+            # backend/, worker/ and kernels/ importable as top-level names that shadow other packages.
             process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                       env=env, start_new_session=True)
+                                       env=env, cwd=self.settings.data_dir, start_new_session=True)
         self.children.append(Child(name, process, log, command, extra_env or {}))
 
     def start(self) -> None:

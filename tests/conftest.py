@@ -2,36 +2,12 @@
 whole studio started the way `./lanner up` starts it."""
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-TEST_CACHE = Path(os.environ.get("LANNER_TEST_CACHE", Path.home() / ".cache" / "lanner-tests"))
-POSTGRES_ADMIN_URL = os.environ.get("LANNER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-SYSTEM_REDIS_URL = os.environ.get("LANNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-LANNER_BIN = str(Path(sys.executable).with_name("lanner"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def get_json(url: str, timeout: float = 5.0) -> dict:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return json.load(response)
+from support import POSTGRES_ADMIN_URL, TEST_CACHE, RunningStack, free_port, stack_env
 
 
 @pytest.fixture(scope="session")
@@ -69,48 +45,6 @@ def database_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'lanner.db'}"
     return request.getfixturevalue("postgres_url")
-
-
-class RunningStack:
-    """`lanner up` in a subprocess, with its own data dir and port."""
-
-    def __init__(self, data_dir: Path, env: dict):
-        self.data_dir = data_dir
-        self.env = env
-        self.output: list[str] = []
-        self.url: str | None = None
-        self.process = subprocess.Popen([LANNER_BIN, "up"], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        start_new_session=True)
-        self._up = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.output.append(line)
-            if line.startswith("Lanner is up: "):
-                self.url = line.split()[3]
-                self._up.set()
-
-    def wait_up(self, timeout: float = 240) -> "RunningStack":
-        if not self._up.wait(timeout):
-            self.stop()
-            raise AssertionError("lanner up did not come up:\n" + "".join(self.output))
-        return self
-
-    def health(self) -> dict:
-        return get_json(f"{self.url}/api/health")
-
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 60) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        return self.process.wait(timeout)
-
-
-def stack_env(tmp: Path, redis_url: str) -> dict:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("LANNER_")}
-    env.update(LANNER_DATA_DIR=str(tmp / "data"), LANNER_PORT=str(free_port()), LANNER_REDIS_URL=redis_url)
-    return env
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import subprocess
 
 import yaml
 
-from conftest import REPO
+from support import REPO
 
 
 def compose_config() -> dict:

@@ -8,7 +8,7 @@ from lanner.backend import db
 from lanner.backend.app import create_app
 from lanner.backend.settings import get_settings
 
-from conftest import free_port
+from support import free_port
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from importlib.metadata import distribution
 
-from conftest import REPO
+from support import REPO
 
 
 def test_import_names_live_under_lanner(tmp_path):

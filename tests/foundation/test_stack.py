@@ -12,7 +12,7 @@ import psutil
 import pytest
 from redis import Redis
 
-from conftest import LANNER_BIN, SYSTEM_REDIS_URL, RunningStack, free_port, stack_env
+from support import LANNER_BIN, SYSTEM_REDIS_URL, RunningStack, free_port, stack_env
 
 
 def test_health_reports_database_redis_and_a_cpu_worker(stack):

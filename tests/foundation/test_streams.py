@@ -7,7 +7,7 @@ from redis import Redis
 
 from lanner.backend.streams import publish, read_after
 
-from conftest import SYSTEM_REDIS_URL
+from support import SYSTEM_REDIS_URL
 
 
 def test_events_replay_after_the_last_seen_id():

@@ -1,0 +1,115 @@
+"""What a model learns from a dataset: rows rendered through the model's chat template with the
+trained tokens marked, and token-length statistics. The rendering follows the training process:
+chat rows split into prompt and completion, loss on the completion only; plain text trains on
+every token; preference rows render the chosen and the rejected answer."""
+from __future__ import annotations
+
+import statistics
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from lanner.backend.settings import Settings
+from lanner.worker.default_model import DEFAULT_MODEL_ID
+
+BUILTIN_DIR_NAME = "SmolLM2-135M-Instruct"
+BUILTIN_COMPLETE_MARK = ".lanner-import-complete"  # written by lanner.worker.default_model's import
+MAX_ROWS_MEASURED = 2000
+
+
+class TokenizerUnavailable(Exception):
+    pass
+
+
+def tokenizer_dir(model: str, settings: Settings) -> str:
+    """Where the model's tokenizer is on this machine; the hub is never asked."""
+    if model == DEFAULT_MODEL_ID:
+        folder = settings.models_dir / BUILTIN_DIR_NAME
+        if not (folder / BUILTIN_COMPLETE_MARK).exists():
+            raise TokenizerUnavailable("the built-in model is not imported yet: run `lanner import-default-model` "
+                                       "(the first job does it too)")
+        return str(folder)
+    path = Path(model)
+    if not path.is_absolute():
+        path = settings.models_dir / model
+    if (path / "tokenizer.json").is_file():
+        return str(path)
+    raise TokenizerUnavailable(f"no tokenizer of {model} on this machine (a hub model is readable once a "
+                               "job has downloaded it into DATA_DIR/models)")
+
+
+@lru_cache(maxsize=4)
+def load_tokenizer(folder: str):
+    # The fast tokenizer class straight from tokenizer.json: the same tokens as AutoTokenizer, but
+    # without importing torch into the API process.
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(folder)
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _rendered(tokenizer, prompt: list[dict] | None, answer: list[dict] | None, text: str | None = None):
+    """(token ids, trained mask) of one sequence."""
+    if text is not None:
+        ids = _ids(tokenizer, text + (tokenizer.eos_token or ""))
+        return ids, [True] * len(ids)
+    prompt_text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    full_text = tokenizer.apply_chat_template(prompt + answer, tokenize=False)
+    ids = _ids(tokenizer, full_text)
+    if not full_text.startswith(prompt_text):  # a template that rewrites earlier turns: mark it all
+        return ids, [True] * len(ids)
+    prompt_len = len(_ids(tokenizer, prompt_text))
+    return ids, [index >= prompt_len for index in range(len(ids))]
+
+
+def _sequences(row: dict[str, Any], task: str):
+    """(label, prompt, answer, text) for each sequence a row trains."""
+    if task == "text":
+        yield "text", None, None, row["text"]
+    elif task == "preference":
+        yield "chosen", row["prompt"], row["chosen"], None
+        yield "rejected", row["prompt"], row["rejected"], None
+    else:  # sft and kto: a prompt and its completion
+        yield "completion", row["prompt"], row["completion"], None
+
+
+def _segments(tokenizer, ids: list[int], mask: list[bool]) -> list[dict]:
+    segments: list[dict] = []
+    start = 0
+    for index in range(1, len(ids) + 1):
+        if index == len(ids) or mask[index] != mask[start]:
+            segments.append({"text": tokenizer.decode(ids[start:index]), "trained": mask[start]})
+            start = index
+    return segments
+
+
+def preview(tokenizer, rows: list[dict], task: str, max_seq_len: int) -> list[dict]:
+    shown = []
+    for number, row in enumerate(rows, start=1):
+        for label, prompt, answer, text in _sequences(row, task):
+            ids, mask = _rendered(tokenizer, prompt, answer, text)
+            kept, kept_mask = ids[:max_seq_len], mask[:max_seq_len]
+            shown.append({"row": number, "sequence": label, "tokens": len(ids), "trained_tokens": sum(kept_mask),
+                          "truncated": len(ids) > max_seq_len, "segments": _segments(tokenizer, kept, kept_mask)})
+    return shown
+
+
+def token_stats(tokenizer, rows: list[dict], task: str, max_seq_len: int) -> dict[str, Any]:
+    measured = rows[:MAX_ROWS_MEASURED]
+    lengths, trained = [], 0
+    for row in measured:
+        for _, prompt, answer, text in _sequences(row, task):
+            ids, mask = _rendered(tokenizer, prompt, answer, text)
+            lengths.append(len(ids))
+            trained += sum(mask[:max_seq_len])
+    if not lengths:
+        return {"rows_measured": 0, "sequences": 0}
+    ordered = sorted(lengths)
+    return {"rows_measured": len(measured), "rows_total": len(rows), "sequences": len(lengths),
+            "min": ordered[0], "max": ordered[-1], "mean": round(statistics.fmean(ordered), 1),
+            "p50": ordered[len(ordered) // 2], "p95": ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))],
+            "total_tokens": sum(ordered), "trained_tokens": trained, "max_seq_len": max_seq_len,
+            "over_max_seq_len": sum(length > max_seq_len for length in ordered)}

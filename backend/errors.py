@@ -1,0 +1,61 @@
+"""Every error is JSON {"detail": …}; request bodies are capped before any route reads them."""
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+log = logging.getLogger(__name__)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse({"detail": "Internal server error; the API log has the details"}, status_code=500)
+
+
+class BodyLimit:
+    """Refuses request bodies over `limit` bytes with 413, whether the size is announced
+    (Content-Length) or not (chunked). Streaming uploads (`exempt` paths) enforce their own limit."""
+
+    def __init__(self, app, limit: int, exempt: tuple[str, ...] = ()):
+        self.app, self.limit, self.exempt = app, limit, exempt
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in self.exempt:
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await self._too_large(send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await self._too_large(send)
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+    async def _too_large(self, send):
+        payload = json.dumps({"detail": f"Request body over {self.limit} bytes"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})

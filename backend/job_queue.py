@@ -1,0 +1,148 @@
+"""The queue as the database holds it: order, positions, rough start estimates, moves; and the
+Redis side the worker reads (queue events, the cancel flag).
+
+Order: priority descending, then queue_order ascending, then id. Moves stay inside a job's
+priority band (only admins change priorities), so a member can reorder their own job among the
+jobs of its band but never jump a higher-priority one."""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from redis import Redis
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from lanner.backend.models import Job, JobStatus
+from lanner.backend.streams import QUEUE_STREAM, SHARED_STREAM_MAXLEN, job_stream, publish
+from lanner.backend.worker_registry import live_workers
+
+log = logging.getLogger(__name__)
+CANCEL_FLAG_SECONDS = 7 * 86400
+
+
+def cancel_key(job_id: int) -> str:
+    """Set to "1" when someone cancels a running job; the worker polls it and stops the run."""
+    return f"lanner:job:{job_id}:cancel"
+
+
+QUEUE_ORDER = (Job.priority.desc(), Job.queue_order.asc(), Job.id.asc())
+
+
+def queued_jobs(session: Session) -> list[Job]:
+    return list(session.scalars(select(Job).where(Job.status == JobStatus.queued).order_by(*QUEUE_ORDER)))
+
+
+def next_queue_order(session: Session) -> float:
+    last = session.scalar(select(func.max(Job.queue_order)).where(Job.status == JobStatus.queued))
+    return (last or 0.0) + 1.0
+
+
+def move(session: Session, job: Job, where: str | None, position: int | None, priority: int | None) -> None:
+    """Moves a queued job: up/down/top/bottom inside its band, or to a 1-based queue position
+    (clamped to its band); a new priority first puts it at the end of its new band."""
+    if priority is not None and priority != job.priority:
+        job.priority = priority
+        session.flush()
+        band = [other for other in queued_jobs(session) if other.priority == priority and other.id != job.id]
+        band.append(job)
+    else:
+        band = [other for other in queued_jobs(session) if other.priority == job.priority]
+    index = band.index(job)
+    if where == "up":
+        target = max(index - 1, 0)
+    elif where == "down":
+        target = min(index + 1, len(band) - 1)
+    elif where == "top":
+        target = 0
+    elif where == "bottom":
+        target = len(band) - 1
+    elif position is not None:
+        ahead = sum(1 for other in queued_jobs(session) if other.priority > job.priority)
+        target = min(max(position - 1 - ahead, 0), len(band) - 1)
+    else:
+        target = index
+    band.remove(job)
+    band.insert(target, job)
+    for order, member in enumerate(band, start=1):
+        member.queue_order = float(order)
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    if moment is not None and moment.tzinfo is None:  # SQLite hands back naive UTC datetimes
+        return moment.replace(tzinfo=timezone.utc)
+    return moment
+
+
+def _typical_duration(session: Session) -> timedelta | None:
+    recent = session.execute(select(Job.started_at, Job.finished_at).where(
+        Job.status == JobStatus.succeeded, Job.started_at.is_not(None), Job.finished_at.is_not(None)
+    ).order_by(Job.finished_at.desc()).limit(20)).all()
+    if not recent:
+        return None
+    seconds = [(_aware(end) - _aware(start)).total_seconds() for start, end in recent]
+    return timedelta(seconds=sorted(seconds)[len(seconds) // 2])
+
+
+def queue_view(session: Session, redis: Redis | None) -> dict[int, tuple[int, datetime | None]]:
+    """Each queued job's position and a rough start time: the work ahead of it (what running jobs
+    still need, judged by their step rate, plus a typical duration per queued job ahead) spread over
+    the live workers. None when there is no finished job to judge by."""
+    now = datetime.now(timezone.utc)
+    typical = _typical_duration(session)
+    running_left: list[timedelta] = []
+    for job in session.scalars(select(Job).where(Job.status == JobStatus.running)):
+        started = _aware(job.started_at)
+        if started and job.step and job.total_steps:
+            elapsed = now - started
+            running_left.append(elapsed * max(job.total_steps - job.step, 0) / job.step)
+        elif typical is not None:
+            running_left.append(typical)
+    try:
+        workers = max(len(live_workers(redis)), 1) if redis is not None else 1
+    except Exception:  # the estimate is a nicety; Redis trouble must not break the listing
+        workers = 1
+    view: dict[int, tuple[int, datetime | None]] = {}
+    for position, job in enumerate(queued_jobs(session), start=1):
+        if typical is None:
+            view[job.id] = (position, None)
+            continue
+        ahead = sum(running_left, timedelta()) + typical * (position - 1)
+        view[job.id] = (position, now + ahead / workers)
+    return view
+
+
+def job_summary(job: Job) -> dict[str, Any]:
+    return {"job_id": job.id, "owner_id": job.owner_id, "name": job.name, "status": job.status.value,
+            "priority": job.priority}
+
+
+def publish_queue_event(redis: Redis, event_type: str, data: dict[str, Any]) -> None:
+    """Queue events: added, started, finished, reordered, cancelled, deleted. Best effort: the
+    database already holds the truth, and a Redis hiccup must not fail the request that changed it."""
+    try:
+        publish(redis, QUEUE_STREAM, event_type, data, maxlen=SHARED_STREAM_MAXLEN)
+    except Exception:
+        log.warning("could not publish %s on %s", event_type, QUEUE_STREAM, exc_info=True)
+
+
+def publish_job_event(redis: Redis, job_id: int, event_type: str, data: dict[str, Any]) -> None:
+    try:
+        publish(redis, job_stream(job_id), event_type, data)
+    except Exception:
+        log.warning("could not publish %s on job %s", event_type, job_id, exc_info=True)
+
+
+def wake_workers_safely(settings) -> None:
+    """Tells the workers there is work. The worker issue writes lanner.backend.queue.wake_workers;
+    until it exists (and whenever it fails, e.g. no worker runs) the job simply waits in the
+    database, where workers look on start."""
+    try:
+        from lanner.backend.queue import wake_workers
+    except ImportError:
+        return
+    try:
+        wake_workers(settings)
+    except Exception:
+        log.warning("could not wake the workers; the job waits in the database", exc_info=True)

@@ -1,0 +1,111 @@
+"""How much device memory a training job needs, estimated from its config and the model's shape.
+
+Deliberately simple (refine it against measured peaks on the GPU box):
+- weights: parameters × bytes of the dtype (float32 4, bfloat16/float16 2); QLoRA stores the
+  decoder's linear weights in NF4 (0.5 byte + one float32 absmax per 64 weights) and keeps the
+  embeddings, lm_head and norms in 16 bits;
+- LoRA: r × (in + out) per targeted projection per layer, trained in float32;
+- trainable parameters (the LoRA ones, or all for a full fine-tune) carry a gradient of their own
+  dtype and Adam's two float32 moments (8 bytes);
+- activations per token per decoder layer follow Korthikanti et al. (2022) without the attention
+  score term (SDPA/flash attention does not store it): 34 × hidden bytes at 16-bit activations
+  (scaled for float32); with gradient checkpointing only each layer's input (hidden × activation
+  bytes) is kept, plus one layer's activations while it is recomputed;
+- logits: float32 logits and their gradient (2 × tokens × vocab × 4 bytes), which lanner.kernels'
+  fused linear + cross-entropy avoids (then one chunk, counted as the overhead);
+- overhead: 5% of the rest plus a fixed 512 MiB on a GPU (CUDA context, allocator slack).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64
+ADAM_BYTES = 8
+CUDA_OVERHEAD_BYTES = 512 * 2**20
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _shape(model: dict[str, Any]) -> dict[str, int]:
+    hidden = int(model["hidden_size"])
+    heads = int(model.get("num_attention_heads") or 1)
+    head_dim = int(model.get("head_dim") or hidden // heads)
+    kv = int(model.get("num_key_value_heads") or heads) * head_dim
+    return {"hidden": hidden, "q": heads * head_dim, "kv": kv, "intermediate": int(model["intermediate_size"]),
+            "layers": int(model["num_hidden_layers"]), "vocab": int(model["vocab_size"]),
+            "tied": bool(model.get("tie_word_embeddings", False))}
+
+
+def _projections(s: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each decoder-layer projection, under Llama's names."""
+    h, i = s["hidden"], s["intermediate"]
+    return {"q_proj": (h, s["q"]), "k_proj": (h, s["kv"]), "v_proj": (h, s["kv"]), "o_proj": (s["q"], h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def count_parameters(model: dict[str, Any]) -> dict[str, int]:
+    """Parameters of a Llama-style causal LM from its config: in the decoder's linear layers, and
+    elsewhere (embeddings, lm_head, norms)."""
+    s = _shape(model)
+    linear = s["layers"] * sum(i * o for i, o in _projections(s).values())
+    embeddings = s["vocab"] * s["hidden"] * (1 if s["tied"] else 2)
+    norms = (2 * s["layers"] + 1) * s["hidden"]
+    return {"total": linear + embeddings + norms, "linear": linear, "other": embeddings + norms}
+
+
+def lora_parameters(model: dict[str, Any], r: int, target_modules=DEFAULT_TARGETS) -> int:
+    s = _shape(model)
+    projections = _projections(s)
+    return s["layers"] * sum(r * (i + o) for name, (i, o) in projections.items() if name in target_modules)
+
+
+def estimate_memory(config: dict[str, Any], model: dict[str, Any], device_kind: str = "cuda") -> dict[str, int]:
+    """Bytes a job needs. config: the job's config (method, dtype, lora_r, target_modules,
+    per_device_train_batch_size, max_seq_length, gradient_checkpointing, use_kernels); model: the
+    model's config.json as a dict (hidden_size, intermediate_size, num_hidden_layers, vocab_size,
+    num_attention_heads, num_key_value_heads, head_dim, tie_word_embeddings) or {"parameters": N}
+    when only the count is known (then activations are not estimated). Returns the parts and
+    "total_bytes"."""
+    method = config.get("method", "lora")
+    dtype = config.get("dtype", "auto")
+    weight_bytes = DTYPE_BYTES.get(dtype, 2 if device_kind == "cuda" else 4)
+    act_bytes = weight_bytes
+    if "hidden_size" not in model:
+        total = int(model["parameters"])
+        parts = {"total": total, "linear": total, "other": 0}
+    else:
+        parts = count_parameters(model)
+    if method == "qlora":
+        weights = int(parts["linear"] * NF4_BYTES_PER_WEIGHT + parts["other"] * 2)
+    else:
+        weights = parts["total"] * weight_bytes
+
+    if method == "full":
+        trainable, trainable_bytes = parts["total"], weight_bytes
+        lora = 0
+    else:
+        targets = config.get("target_modules") or DEFAULT_TARGETS
+        lora = lora_parameters(model, int(config.get("lora_r", 16)), targets) if "hidden_size" in model else 0
+        trainable, trainable_bytes = lora, 4
+    adapter = lora * 4
+    gradients = trainable * trainable_bytes
+    optimizer = trainable * ADAM_BYTES
+
+    activations = logits = 0
+    if "hidden_size" in model:
+        s = _shape(model)
+        tokens = int(config.get("per_device_train_batch_size", 4)) * int(config.get("max_seq_length", 1024))
+        per_layer = 34 * s["hidden"] * act_bytes // 2 * tokens
+        if config.get("gradient_checkpointing", True):
+            activations = s["layers"] * s["hidden"] * act_bytes * tokens + per_layer
+        else:
+            activations = s["layers"] * per_layer
+        if not (config.get("use_kernels", True) and device_kind == "cuda"):
+            logits = 2 * tokens * s["vocab"] * 4
+
+    subtotal = weights + adapter + gradients + optimizer + activations + logits
+    overhead = subtotal // 20 + (CUDA_OVERHEAD_BYTES if device_kind == "cuda" else 0)
+    return {"parameters": parts["total"], "trainable_parameters": trainable, "lora_parameters": lora,
+            "weights_bytes": weights + adapter, "gradients_bytes": gradients, "optimizer_bytes": optimizer,
+            "activations_bytes": activations, "logits_bytes": logits, "overhead_bytes": overhead,
+            "total_bytes": subtotal + overhead}

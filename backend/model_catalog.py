@@ -1,0 +1,98 @@
+"""The models a job can start from: the built-in default, a curated list of common bases, and
+checkpoints already on this machine."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lanner.worker.default_model import DEFAULT_MODEL_ID  # a plain constant; that module imports no torch
+
+# (hub id, family, parameters in billions, needs an access request on the hub)
+CURATED: list[tuple[str, str, float, bool]] = [
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "SmolLM2", 0.135, False),
+    ("HuggingFaceTB/SmolLM2-360M-Instruct", "SmolLM2", 0.36, False),
+    ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "SmolLM2", 1.7, False),
+    ("meta-llama/Llama-3.2-1B-Instruct", "Llama 3.2", 1.24, True),
+    ("meta-llama/Llama-3.2-3B-Instruct", "Llama 3.2", 3.21, True),
+    ("meta-llama/Llama-3.1-8B-Instruct", "Llama 3.1", 8.03, True),
+    ("meta-llama/Llama-3.3-70B-Instruct", "Llama 3.3", 70.6, True),
+    ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen 2.5", 0.49, False),
+    ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen 2.5", 1.54, False),
+    ("Qwen/Qwen2.5-7B-Instruct", "Qwen 2.5", 7.62, False),
+    ("Qwen/Qwen2.5-14B-Instruct", "Qwen 2.5", 14.7, False),
+    ("Qwen/Qwen2.5-32B-Instruct", "Qwen 2.5", 32.8, False),
+    ("Qwen/Qwen3-0.6B", "Qwen 3", 0.6, False),
+    ("Qwen/Qwen3-1.7B", "Qwen 3", 1.7, False),
+    ("Qwen/Qwen3-4B", "Qwen 3", 4.0, False),
+    ("Qwen/Qwen3-8B", "Qwen 3", 8.2, False),
+    ("Qwen/Qwen3-14B", "Qwen 3", 14.8, False),
+    ("Qwen/Qwen3-32B", "Qwen 3", 32.8, False),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "Mistral", 7.25, True),
+    ("mistralai/Mistral-Nemo-Instruct-2407", "Mistral", 12.2, True),
+    ("google/gemma-2-2b-it", "Gemma 2", 2.61, True),
+    ("google/gemma-2-9b-it", "Gemma 2", 9.24, True),
+    ("google/gemma-2-27b-it", "Gemma 2", 27.2, True),
+    ("google/gemma-3-1b-it", "Gemma 3", 1.0, True),
+    ("google/gemma-3-4b-it", "Gemma 3", 4.3, True),
+    ("google/gemma-3-12b-it", "Gemma 3", 12.2, True),
+    ("google/gemma-3-27b-it", "Gemma 3", 27.4, True),
+    ("microsoft/Phi-3-mini-4k-instruct", "Phi-3", 3.82, False),
+    ("microsoft/Phi-3-medium-4k-instruct", "Phi-3", 14.0, False),
+    ("microsoft/Phi-4-mini-instruct", "Phi-4", 3.84, False),
+    ("microsoft/phi-4", "Phi-4", 14.7, False),
+]
+
+
+def catalog_entries() -> list[dict]:
+    return [{"id": hub_id, "family": family, "parameters": int(billions * 1e9), "gated": gated, "source": "hub"}
+            for hub_id, family, billions, gated in CURATED]
+
+
+def local_models(models_dir: Path) -> list[dict]:
+    """Folders under DATA_DIR/models holding a Hugging Face checkpoint (a config.json)."""
+    if not models_dir.is_dir():
+        return []
+    found = []
+    for config in sorted(models_dir.glob("*/config.json")) + sorted(models_dir.glob("*/*/config.json")):
+        folder = config.parent
+        found.append({"id": str(folder), "name": str(folder.relative_to(models_dir)), "source": "local"})
+    return found
+
+
+BUILTIN_PARAMETERS = 134_515_008
+
+
+def model_shape(model: str, models_dir: Path) -> dict | None:
+    """The model's config.json when it is on this machine, else its parameter count when the
+    catalog knows it, else None (an unknown hub model: no estimate)."""
+    if model == DEFAULT_MODEL_ID:
+        folder = models_dir / "SmolLM2-135M-Instruct"
+        fallback = {"parameters": BUILTIN_PARAMETERS}
+    else:
+        folder = Path(model) if model.startswith("/") else models_dir / model
+        known = {hub_id: billions for hub_id, _, billions, _ in CURATED}
+        fallback = {"parameters": int(known[model] * 1e9)} if model in known else None
+    config = folder / "config.json"
+    if config.is_file():
+        try:
+            shape = json.loads(config.read_text())
+            if isinstance(shape, dict) and "hidden_size" in shape:
+                return shape
+        except (OSError, ValueError):
+            pass
+    return fallback
+
+
+def estimate_job_memory(config: dict, model: str, gpus: int, models_dir: Path) -> dict | None:
+    """lanner.backend.memory_estimate's estimate for a job config (the flat training options);
+    None when the model's size is unknown. Whole-model methods, and preference methods without
+    LoRA, train every weight: estimated as "full"."""
+    from lanner.backend.memory_estimate import estimate_memory
+
+    shape = model_shape(model, models_dir)
+    if shape is None:
+        return None
+    method = config.get("method")
+    if method == "pretrain" or (method in ("dpo", "orpo", "kto") and config.get("lora") is None):
+        config = {**config, "method": "full"}
+    return estimate_memory(config, shape, "cuda" if gpus else "cpu")

@@ -1,0 +1,19 @@
+"""Paths a request may touch: always inside the data dir, after resolving '..' and symlinks."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def inside(root: Path, candidate: Path | str) -> bool:
+    root = Path(root).resolve()
+    resolved = (root / candidate).resolve()
+    return resolved != root and resolved.is_relative_to(root)
+
+
+def safe_filename(name: str, default: str = "file") -> str:
+    """A file name with no directories, no leading dots and only plain characters."""
+    base = SAFE_NAME.sub("_", Path(name.replace("\\", "/")).name).lstrip("._")
+    return base[:200] or default

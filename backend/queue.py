@@ -1,0 +1,114 @@
+"""The job queue lives in the database; Celery only wakes the workers.
+
+The API commits a queued job and calls `wake_workers`; an idle worker's "lanner.dispatch" task then
+takes jobs with `claim_next_job` until none fits. A lost wake-up costs nothing but latency: every
+worker also looks at the queue when it starts and every few seconds while idle.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from functools import lru_cache
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session
+
+from lanner.backend.models import Job, JobKind, JobStatus
+from lanner.backend.settings import Settings
+
+DISPATCH_TASK = "lanner.dispatch"
+CANCEL_KEY = "lanner:job:{job_id}:cancel"
+
+log = logging.getLogger(__name__)
+
+
+def cancel_key(job_id: int) -> str:
+    return CANCEL_KEY.format(job_id=job_id)
+
+
+@lru_cache
+def _celery(broker_url: str):
+    from celery import Celery
+
+    # Built from the broker URL alone so the API never imports lanner.worker (and torch with it).
+    app = Celery("lanner-api", broker=broker_url)
+    app.conf.update(broker_connection_retry=False, broker_connection_max_retries=0,
+                    broker_transport_options={"max_retries": 1, "socket_timeout": 5, "socket_connect_timeout": 2})
+    return app
+
+
+def wake_workers(settings: Settings) -> bool:
+    """Ask an idle worker to look at the queue. Returns False (and logs) when the broker cannot be
+    reached; the job stays queued in the database and is taken when a worker next looks."""
+    try:
+        _celery(settings.redis_url).send_task(DISPATCH_TASK, retry=False)
+        return True
+    except Exception as error:  # any broker failure: the queue itself is safe in the database
+        log.warning("Could not wake the workers through %s: %s", settings.redis_url, error)
+        return False
+
+
+def _runnable(device: dict, kinds: tuple[JobKind, ...]):
+    conditions = [Job.status == JobStatus.queued, Job.kind.in_(kinds), Job.gpus <= 1]
+    capacity = device.get("memory_total_bytes")
+    if capacity:
+        conditions.append(or_(Job.memory_estimate_bytes.is_(None), Job.memory_estimate_bytes <= capacity))
+    return conditions
+
+
+def has_runnable_job(session: Session, device: dict, kinds: tuple[JobKind, ...] = (JobKind.train,)) -> bool:
+    """Whether a queued job that this device could take is waiting."""
+    return session.execute(select(Job.id).where(*_runnable(device, kinds)).limit(1)).first() is not None
+
+
+def claim_next_job(session: Session, worker_name: str, device: dict,
+                   kinds: tuple[JobKind, ...] = (JobKind.train,)) -> Job | None:
+    """Take the highest-priority queued job (priority desc, queue_order asc, id asc) whose memory
+    estimate fits the device, mark it running on this worker, commit, and return it.
+
+    Safe when workers race: on PostgreSQL the row is locked with FOR UPDATE SKIP LOCKED, so a second
+    worker skips to the next job; elsewhere (SQLite) the update only applies while the row is still
+    queued, and a worker that loses the race tries the next candidate. Jobs asking for more than one
+    GPU are not taken (multi-GPU runs are not implemented yet).
+    """
+    order = (Job.priority.desc(), Job.queue_order.asc(), Job.id.asc())
+    postgres = session.get_bind().dialect.name == "postgresql"
+    for _attempt in range(50):
+        query = select(Job.id).where(*_runnable(device, kinds)).order_by(*order).limit(1)
+        if postgres:
+            query = query.with_for_update(skip_locked=True)
+        job_id = session.execute(query).scalar_one_or_none()
+        if job_id is None:
+            session.rollback()
+            return None
+        taken = session.execute(
+            update(Job).where(Job.id == job_id, Job.status == JobStatus.queued)
+            .values(status=JobStatus.running, worker=worker_name, device=device, error=None,
+                    started_at=datetime.now(timezone.utc), finished_at=None)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        session.commit()
+        if taken == 1:
+            job = session.get(Job, job_id, populate_existing=True)
+            return job
+    return None
+
+
+def fail_orphaned_jobs(session: Session, live_workers: set[str], reason: str | None = None,
+                       only_worker: str | None = None) -> list[int]:
+    """Mark failed the running jobs whose worker is not alive (or, with only_worker, the running jobs
+    of that worker, which has just started and so cannot be running them). Returns their ids."""
+    query = select(Job).where(Job.status == JobStatus.running)
+    if only_worker is not None:
+        query = query.where(Job.worker == only_worker)
+    failed = []
+    for job in session.execute(query).scalars():
+        if only_worker is None and job.worker in live_workers:
+            continue
+        job.status = JobStatus.failed
+        job.error = reason or (f"The worker {job.worker} stopped while running this job "
+                               f"(killed or crashed); the job did not finish.")
+        job.finished_at = datetime.now(timezone.utc)
+        failed.append(job.id)
+    session.commit()
+    return failed

@@ -1,0 +1,115 @@
+"""Artifacts: list per job, download (one HTTP range at a time, so large files resume), delete.
+Every path is resolved (symlinks and '..' included) and must stay inside the data dir."""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.responses import FileResponse
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from lanner.backend.deps import current_user, get_db, require_owner_or_admin
+from lanner.backend.models import Artifact, Job, User
+from lanner.backend.paths import inside
+from lanner.backend.schemas.common import PathId
+from lanner.backend.schemas.artifacts import ArtifactOut
+from lanner.backend.settings import Settings, get_settings
+
+router = APIRouter(tags=["artifacts"])
+SINGLE_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
+MAX_LISTED_FILES = 1000
+
+
+def _artifact(session: Session, artifact_id: int) -> Artifact:
+    artifact = session.get(Artifact, artifact_id)
+    if artifact is None:
+        raise HTTPException(404, f"No artifact {artifact_id}")
+    return artifact
+
+
+def _location(settings: Settings, artifact: Artifact) -> Path | None:
+    """The artifact's path on disk, or None if it points outside the data dir."""
+    if not artifact.path or not inside(settings.data_dir, artifact.path):
+        return None
+    return (settings.data_dir / artifact.path).resolve()
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*")
+                  if path.is_file() and not path.is_symlink())[:MAX_LISTED_FILES]
+
+
+@router.get("/api/jobs/{job_id}/artifacts", response_model=list[ArtifactOut])
+def list_artifacts(job_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db),
+                   settings: Settings = Depends(get_settings)) -> list[ArtifactOut]:
+    if session.get(Job, job_id) is None:
+        raise HTTPException(404, f"No job {job_id}")
+    found = []
+    for artifact in session.scalars(select(Artifact).where(Artifact.job_id == job_id).order_by(Artifact.id)):
+        out = ArtifactOut.model_validate(artifact)
+        location = _location(settings, artifact)
+        if location is not None and location.is_dir():
+            out.files = _files(location)
+        found.append(out)
+    return found
+
+
+def _check_range(header: str, size: int) -> None:
+    match = SINGLE_RANGE.match(header)
+    unsatisfiable = HTTPException(416, f"Range {header!r} cannot be served: the file has {size} bytes; "
+                                       "ask for one range, bytes=start-end, bytes=start- or bytes=-suffix",
+                                  headers={"Content-Range": f"bytes */{size}"})
+    if match is None or match.groups() == ("", ""):
+        raise unsatisfiable
+    start, end = match.groups()
+    if start and (int(start) >= size or (end and int(end) < int(start))):
+        raise unsatisfiable
+    if not start and int(end) == 0:
+        raise unsatisfiable
+
+
+@router.get("/api/artifacts/{artifact_id}/download",
+            responses={206: {"description": "The requested range"}, 416: {"description": "Invalid range"}})
+def download_artifact(artifact_id: PathId, request: Request,
+                      file: str | None = Query(default=None, max_length=1024,
+                                               description="For a folder artifact: the file inside it"),
+                      _: User = Depends(current_user), session: Session = Depends(get_db),
+                      settings: Settings = Depends(get_settings)) -> FileResponse:
+    artifact = _artifact(session, artifact_id)
+    location = _location(settings, artifact)
+    if location is None:
+        raise HTTPException(404, f"Artifact {artifact_id} has no file inside the data directory")
+    if location.is_dir():
+        if not file:
+            raise HTTPException(422, f"Artifact {artifact_id} is a folder: name one of its files with ?file=")
+        if not inside(location, file):
+            raise HTTPException(404, f"No file {file!r} in artifact {artifact_id}")
+        location = (location / file).resolve()
+    elif file:
+        raise HTTPException(422, f"Artifact {artifact_id} is a single file: leave out ?file=")
+    if not location.is_file():
+        raise HTTPException(404, f"The file of artifact {artifact_id} is missing")
+    if request.headers.get("range"):
+        _check_range(request.headers["range"], location.stat().st_size)
+    return FileResponse(location, filename=location.name, media_type="application/octet-stream")
+
+
+@router.delete("/api/artifacts/{artifact_id}", status_code=204)
+def delete_artifact(artifact_id: PathId, user: User = Depends(current_user), session: Session = Depends(get_db),
+                    settings: Settings = Depends(get_settings)) -> Response:
+    artifact = _artifact(session, artifact_id)
+    job = session.get(Job, artifact.job_id)
+    require_owner_or_admin(user, job.owner_id, "delete this artifact")
+    location = _location(settings, artifact)
+    session.delete(artifact)
+    session.commit()
+    if location is not None:  # never touch anything outside the data dir, whatever the row says
+        unresolved = settings.data_dir / artifact.path
+        if unresolved.is_symlink() or unresolved.is_file():
+            unresolved.unlink(missing_ok=True)
+        elif unresolved.is_dir():
+            shutil.rmtree(unresolved, ignore_errors=True)
+    return Response(status_code=204)

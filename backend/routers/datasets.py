@@ -1,0 +1,188 @@
+"""Datasets: streaming upload with a size limit and a per-user quota, the validation report,
+list, detail, delete. The file is the raw request body (fetch(url, {method: "POST", body: file})):
+it streams straight to disk, where multipart would be spooled and parsed first."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from lanner.backend import dataset_preview, dataset_store
+from lanner.backend.deps import current_user, get_db, require_owner_or_admin
+from lanner.backend.models import Dataset, Job, JobStatus, User
+from lanner.backend.paths import inside, safe_filename
+from lanner.backend.schemas.common import Offset, PathId, QueryId
+from lanner.backend.schemas.datasets import DatasetOut, DatasetPage, UsageOut
+from lanner.backend.settings import Settings, get_settings
+
+router = APIRouter(tags=["datasets"])
+log = logging.getLogger(__name__)
+MAX_PAGE = 200
+
+
+def _used_bytes(session: Session, user_id: int) -> int:
+    return session.scalar(select(func.coalesce(func.sum(Dataset.size_bytes), 0)).where(Dataset.owner_id == user_id))
+
+
+@router.get("/api/datasets/usage", response_model=UsageOut)
+def usage(user: User = Depends(current_user), session: Session = Depends(get_db),
+          settings: Settings = Depends(get_settings)) -> UsageOut:
+    return UsageOut(used_bytes=_used_bytes(session, user.id), quota_bytes=settings.user_quota_bytes,
+                    max_upload_bytes=settings.max_upload_bytes)
+
+
+@router.post("/api/datasets", response_model=DatasetOut, status_code=201,
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+             responses={413: {"description": "Over the upload limit or the owner's quota"},
+                        415: {"description": "Not jsonl, json, csv or parquet"},
+                        422: {"description": "Empty, unreadable or without a usable row"}})
+async def upload_dataset(request: Request, filename: str = Query(min_length=1, max_length=255),
+                         name: str | None = Query(default=None, max_length=200),
+                         user: User = Depends(current_user), session: Session = Depends(get_db),
+                         settings: Settings = Depends(get_settings)):
+    """Uploads one dataset file as the raw body; `filename`'s extension gives its type."""
+    clean = safe_filename(filename, default="dataset")
+    file_format = dataset_store.EXTENSIONS.get(Path(clean).suffix.lower())
+    if file_format is None:
+        raise HTTPException(415, f"{filename}: upload a .jsonl, .json, .csv or .parquet file")
+    room = settings.user_quota_bytes - await run_in_threadpool(_used_bytes, session, user.id)
+    limit = min(settings.max_upload_bytes, max(room, 0))
+    too_large = (f"Over the upload limit of {settings.max_upload_bytes} bytes" if limit == settings.max_upload_bytes
+                 else f"Over your dataset quota: {max(room, 0)} of {settings.user_quota_bytes} bytes left")
+    announced = request.headers.get("content-length")
+    if announced and announced.isdigit() and int(announced) > limit:
+        raise HTTPException(413, too_large)
+
+    temporary = dataset_store.incoming_path(settings.datasets_dir, Path(clean).suffix.lower())
+    final_dir: Path | None = None
+    try:
+        try:
+            size = await dataset_store.receive_into(temporary, request.stream(), limit)
+        except dataset_store.UploadTooLarge:
+            raise HTTPException(413, too_large) from None
+        if size == 0:
+            raise HTTPException(422, f"{filename} is empty")
+        report = await run_in_threadpool(dataset_store.inspect, temporary, file_format, clean)
+        if not report.get("usable_rows"):
+            detail = report.get("error") or f"{clean}: no usable row"
+            return JSONResponse({"detail": detail, "report": report}, status_code=422)
+
+        def store() -> Dataset:
+            nonlocal final_dir
+            dataset = Dataset(owner_id=user.id, name=name or Path(clean).stem, filename=clean, path="",
+                              size_bytes=size, format=report.get("format"), rows=report.get("rows", 0),
+                              usable_rows=report.get("usable_rows", 0), report=report)
+            session.add(dataset)
+            session.flush()
+            final_dir = settings.datasets_dir / str(dataset.id)
+            final = dataset_store.move_into_place(temporary, final_dir, clean)
+            dataset.path = str(final.relative_to(settings.data_dir))
+            session.commit()
+            return dataset
+
+        return DatasetOut.model_validate(await run_in_threadpool(store))
+    except BaseException:  # refused, failed or disconnected: leave nothing behind
+        if final_dir is not None:
+            session.rollback()
+            dataset_store.remove_tree(final_dir)
+        raise
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+@router.get("/api/datasets", response_model=DatasetPage)
+def list_datasets(owner_id: QueryId = None, mine: bool = False, offset: Offset = 0,
+                  limit: int = Query(default=50, ge=1, le=MAX_PAGE), user: User = Depends(current_user),
+                  session: Session = Depends(get_db)) -> DatasetPage:
+    """The team's datasets, newest first."""
+    query = select(Dataset)
+    if mine:
+        owner_id = user.id
+    if owner_id is not None:
+        query = query.where(Dataset.owner_id == owner_id)
+    total = session.scalar(select(func.count()).select_from(query.subquery()))
+    items = session.scalars(query.order_by(Dataset.id.desc()).offset(offset).limit(limit))
+    return DatasetPage(items=list(items), total=total, offset=offset, limit=limit)
+
+
+def _dataset(session: Session, dataset_id: int) -> Dataset:
+    dataset = session.get(Dataset, dataset_id)
+    if dataset is None:
+        raise HTTPException(404, f"No dataset {dataset_id}")
+    return dataset
+
+
+@router.get("/api/datasets/{dataset_id}", response_model=DatasetOut)
+def get_dataset(dataset_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db)) -> Dataset:
+    return _dataset(session, dataset_id)
+
+
+@router.delete("/api/datasets/{dataset_id}", status_code=204,
+               responses={409: {"description": "A queued or running job uses it"}})
+def delete_dataset(dataset_id: PathId, user: User = Depends(current_user), session: Session = Depends(get_db),
+                   settings: Settings = Depends(get_settings)) -> Response:
+    dataset = _dataset(session, dataset_id)
+    require_owner_or_admin(user, dataset.owner_id, "delete this dataset")
+    busy = session.scalar(select(func.count()).select_from(Job).where(
+        Job.dataset_id == dataset.id, Job.status.in_([JobStatus.queued, JobStatus.running])))
+    if busy:
+        raise HTTPException(409, f"{busy} queued or running job(s) use dataset {dataset_id}: cancel them first")
+    session.delete(dataset)
+    session.commit()
+    folder = settings.datasets_dir / str(dataset_id)
+    if inside(settings.data_dir, folder):
+        dataset_store.remove_tree(folder)
+    return Response(status_code=204)
+
+
+def _rows_and_tokenizer(dataset: Dataset, model: str, settings: Settings):
+    from lanner.backend.dataset_formats import DatasetError, load_rows, task_of
+
+    try:
+        folder = dataset_preview.tokenizer_dir(model, settings)
+    except dataset_preview.TokenizerUnavailable as exc:
+        raise HTTPException(409, str(exc)) from None
+    path = settings.data_dir / dataset.path
+    if not inside(settings.data_dir, dataset.path) or not path.is_file():
+        raise HTTPException(404, f"The file of dataset {dataset.id} is missing")
+    try:
+        fmt, rows, _ = load_rows(path)
+    except DatasetError as exc:
+        raise HTTPException(422, str(exc)) from None
+    try:
+        tokenizer = dataset_preview.load_tokenizer(folder)
+    except Exception as exc:  # a broken or foreign tokenizer folder
+        raise HTTPException(409, f"cannot load the tokenizer of {model}: {exc}") from None
+    return rows, task_of(fmt), tokenizer
+
+
+ModelQuery = Query(default="builtin/SmolLM2-135M-Instruct", min_length=1, max_length=1024,
+                   description="Whose tokenizer and chat template to use")
+
+
+@router.get("/api/datasets/{dataset_id}/preview", responses={409: {"description": "No tokenizer of that model here"}})
+def preview_dataset(dataset_id: PathId, model: str = ModelQuery, rows: int = Query(default=3, ge=1, le=20),
+                    max_seq_len: int = Query(default=2048, ge=16, le=131_072), _: User = Depends(current_user),
+                    session: Session = Depends(get_db), settings: Settings = Depends(get_settings)) -> dict:
+    """The first rows as the model sees them: segments of text, each marked trained or not."""
+    dataset = _dataset(session, dataset_id)
+    all_rows, task, tokenizer = _rows_and_tokenizer(dataset, model, settings)
+    return {"model": model, "task": task,
+            "rows": dataset_preview.preview(tokenizer, all_rows[:rows], task, max_seq_len)}
+
+
+@router.get("/api/datasets/{dataset_id}/token-stats", responses={409: {"description": "No tokenizer of that model here"}})
+def dataset_token_stats(dataset_id: PathId, model: str = ModelQuery,
+                        max_seq_len: int = Query(default=2048, ge=16, le=131_072), _: User = Depends(current_user),
+                        session: Session = Depends(get_db), settings: Settings = Depends(get_settings)) -> dict:
+    """Token lengths of the rendered rows (the first 2000): min, max, mean, p50, p95, how many
+    exceed max_seq_len, and how many tokens are trained on."""
+    dataset = _dataset(session, dataset_id)
+    all_rows, task, tokenizer = _rows_and_tokenizer(dataset, model, settings)
+    return {"model": model, "task": task, **dataset_preview.token_stats(tokenizer, all_rows, task, max_seq_len)}

@@ -1,0 +1,117 @@
+"""Live streams over WebSocket: /ws/jobs/{id}, /ws/queue, /ws/hardware. Each replays its Redis
+Stream after `?after=<event id>` (everything with 0-0, only new events with $ or when left out for
+the shared streams), then sends live events as they come, one JSON message each:
+{"id": "<stream id>", "type": …, "data": …}. A client that reconnects with the last id it saw gets
+the gap in order and nothing twice."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from redis.asyncio import Redis as AsyncRedis
+
+from lanner.backend import db
+from lanner.backend.deps import websocket_user
+from lanner.backend.models import Job
+from lanner.backend.redis_client import get_redis
+from lanner.backend.settings import get_settings
+from lanner.backend.streams import HARDWARE_STREAM, QUEUE_STREAM, job_stream
+
+router = APIRouter(tags=["live"])
+log = logging.getLogger(__name__)
+STREAM_ID = re.compile(r"^(\d+(-\d+)?|\$)$")
+BLOCK_MS = 1000
+BATCH = 500
+# WebSocket close codes: 4401 not signed in, 4404 no such job, 4422 bad `after` id.
+UNAUTHORISED, NOT_FOUND, BAD_REQUEST = 4401, 4404, 4422
+
+
+def _signed_in(websocket: WebSocket) -> bool:
+    settings = get_settings()
+    with db.session_factory(settings.database_url)() as session:
+        return websocket_user(websocket, session, get_redis(settings.redis_url)) is not None
+
+
+def _job_exists(job_id: int) -> bool:
+    with db.session_factory(get_settings().database_url)() as session:
+        return session.get(Job, job_id) is not None
+
+
+async def _until_disconnect(websocket: WebSocket) -> None:
+    while (await websocket.receive())["type"] != "websocket.disconnect":
+        pass  # clients have nothing to say on these streams; whatever they send is ignored
+
+
+async def _relay(websocket: WebSocket, stream: str, after: str) -> None:
+    redis = AsyncRedis.from_url(get_settings().redis_url, decode_responses=True, socket_connect_timeout=2)
+    # Reading the client's side at the same time is how a disconnect is noticed between events.
+    closed = asyncio.ensure_future(_until_disconnect(websocket))
+    try:
+        while not closed.done():
+            answer = await redis.xread({stream: after}, count=BATCH, block=BLOCK_MS)
+            for _, entries in answer or []:
+                for event_id, fields in entries:
+                    # data is JSON already, as the publisher wrote it: passed on without a re-parse
+                    await websocket.send_text(
+                        f'{{"id": {json.dumps(event_id)}, "type": {json.dumps(fields["type"])}, "data": {fields["data"]}}}')
+                    after = event_id
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+    finally:
+        closed.cancel()
+        await redis.aclose()
+
+
+def _starting_id(websocket: WebSocket, stream: str, default_after: str) -> str | None:
+    """The id to read after; "$" (only new events) is pinned to the stream's last id now, before
+    the handshake completes, so an event published as soon as the client is connected is not lost."""
+    after = websocket.query_params.get("after") or default_after
+    if not STREAM_ID.match(after):
+        return None
+    if after == "$":
+        redis = get_redis(get_settings().redis_url)
+        after = redis.xinfo_stream(stream)["last-generated-id"] if redis.exists(stream) else "0-0"
+    return after
+
+
+async def _start(websocket: WebSocket, stream: str, default_after: str) -> str | None:
+    """Accepts, then checks the user and the `after` id; closes with a reason code on failure."""
+    after = await asyncio.to_thread(_starting_id, websocket, stream, default_after)
+    await websocket.accept()
+    if not await asyncio.to_thread(_signed_in, websocket):
+        await websocket.close(UNAUTHORISED, "Sign in first (session cookie or ?token=<API token>)")
+        return None
+    if after is None:
+        await websocket.close(BAD_REQUEST, "after must be a stream id like 1700000000000-0, 0-0 or $")
+    return after
+
+
+@router.websocket("/ws/jobs/{job_id}")
+async def job_events(websocket: WebSocket, job_id: int) -> None:
+    """Metrics, device samples, logs and status changes of one job, from the start by default."""
+    after = await _start(websocket, job_stream(job_id), "0-0")
+    if after is None:
+        return
+    if not await asyncio.to_thread(_job_exists, job_id):
+        await websocket.close(NOT_FOUND, f"No job {job_id}")
+        return
+    await _relay(websocket, job_stream(job_id), after)
+
+
+@router.websocket("/ws/queue")
+async def queue_events(websocket: WebSocket) -> None:
+    """Jobs added, started, finished, reordered, cancelled, deleted; only new ones by default."""
+    after = await _start(websocket, QUEUE_STREAM, "$")
+    if after is not None:
+        await _relay(websocket, QUEUE_STREAM, after)
+
+
+@router.websocket("/ws/hardware")
+async def hardware_events(websocket: WebSocket) -> None:
+    """Each worker's device telemetry; only new samples by default."""
+    after = await _start(websocket, HARDWARE_STREAM, "$")
+    if after is not None:
+        await _relay(websocket, HARDWARE_STREAM, after)

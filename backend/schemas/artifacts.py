@@ -1,0 +1,20 @@
+"""Artifacts a job produced."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ArtifactOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    job_id: int
+    kind: str
+    name: str
+    size_bytes: int
+    verification: dict[str, Any] | None
+    created_at: datetime
+    files: list[str] | None = None

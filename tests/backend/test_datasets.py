@@ -1,0 +1,136 @@
+"""Dataset uploads: streamed to disk, limited, checked; nothing half-uploaded is left behind."""
+from __future__ import annotations
+
+import io
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from backend_helpers import CHAT_ROWS, PREFERENCE_ROWS, upload
+
+
+def leftovers(api) -> list:
+    incoming = api.settings.datasets_dir / ".incoming"
+    return list(incoming.iterdir()) if incoming.exists() else []
+
+
+def test_upload_stores_the_file_and_its_report(team_on_each_database):
+    team = team_on_each_database
+    content = CHAT_ROWS + "not json\n"
+    response = upload(team.alice, "my chats.jsonl", content, name="Chats")
+    assert response.status_code == 201, response.text
+    dataset = response.json()
+    assert dataset["name"] == "Chats" and dataset["filename"] == "my_chats.jsonl"
+    assert dataset["format"] == "messages" and dataset["rows"] == 6 and dataset["usable_rows"] == 5
+    assert dataset["report"]["bad_rows"][0]["line"] == 6 and dataset["size_bytes"] == len(content)
+    stored = team.api.settings.datasets_dir / str(dataset["id"]) / "my_chats.jsonl"
+    assert stored.read_text() == content and leftovers(team.api) == []
+    assert team.bob.get(f"/api/datasets/{dataset['id']}").json()["id"] == dataset["id"]
+    listed = team.bob.get("/api/datasets").json()
+    assert listed["total"] == 1 and team.bob.get("/api/datasets", params={"mine": True}).json()["total"] == 0
+    assert team.alice.get("/api/datasets/usage").json()["used_bytes"] == len(content)
+
+
+def test_csv_json_and_parquet_uploads(team):
+    csv = "prompt,chosen,rejected\nq1,good,bad\nq2,good,bad\n"
+    assert upload(team.alice, "pairs.csv", csv).json()["format"] == "preference"
+    assert upload(team.alice, "rows.json", '[{"text": "a"}, {"text": "b"}]').json()["usable_rows"] == 2
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"instruction": ["a", "b", "c"], "output": ["x", "y", "z"]}), buffer)
+    parquet = upload(team.alice, "alpaca.parquet", buffer.getvalue())
+    assert parquet.status_code == 201 and parquet.json()["format"] == "alpaca" and parquet.json()["rows"] == 3
+
+
+@pytest.mark.parametrize("filename, content, status, words", [
+    ("empty.jsonl", b"", 422, "empty"),
+    ("garbage.jsonl", b"{{{{\nnot json at all\n", 422, ""),
+    ("latin1.jsonl", '{"text": "caf\u00e9"}\n'.encode("latin-1"), 422, ""),
+    ("binary.parquet", b"PAR1 this is not parquet", 422, ""),
+    ("unknown.jsonl", b'{"foo": 1}\n{"foo": 2}\n', 422, "format"),
+    ("notes.txt", b"hello", 415, ".jsonl"),
+    ("noext", b"hello", 415, ".jsonl"),
+])
+def test_malformed_and_unsupported_uploads_are_refused_and_leave_nothing(team, filename, content, status, words):
+    response = upload(team.alice, filename, content)
+    assert response.status_code == status, response.text
+    assert words in response.json()["detail"]
+    assert team.alice.get("/api/datasets").json()["total"] == 0
+    folder = team.api.settings.datasets_dir
+    assert leftovers(team.api) == [] and (not folder.exists() or [p.name for p in folder.iterdir()] == [".incoming"])
+
+
+def test_path_like_filenames_are_flattened(team):
+    dataset = upload(team.alice, "../../etc/evil.jsonl", CHAT_ROWS).json()
+    assert dataset["filename"] == "evil.jsonl"
+    assert (team.api.settings.datasets_dir / str(dataset["id"]) / "evil.jsonl").is_file()
+
+
+def test_too_large_uploads_are_refused_whether_announced_or_streamed(team_with):
+    team = team_with(LANNER_MAX_UPLOAD_BYTES="100")
+    announced = upload(team.alice, "big.jsonl", "x" * 500)
+    assert announced.status_code == 413 and "upload limit" in announced.json()["detail"]
+
+    def chunks():  # no Content-Length: the limit is found while streaming
+        for _ in range(10):
+            yield b'{"text": "0123456789"}\n'
+
+    streamed = team.alice.post("/api/datasets", params={"filename": "big.jsonl"}, content=chunks())
+    assert streamed.status_code == 413
+    assert leftovers(team.api) == [] and team.alice.get("/api/datasets").json()["total"] == 0
+
+
+def test_the_per_user_quota_counts_what_one_already_keeps(team_with):
+    team = team_with(LANNER_USER_QUOTA_BYTES=str(len(CHAT_ROWS) + 10))
+    assert upload(team.alice, "one.jsonl", CHAT_ROWS).status_code == 201
+    second = upload(team.alice, "two.jsonl", CHAT_ROWS)
+    assert second.status_code == 413 and "quota" in second.json()["detail"]
+    assert upload(team.bob, "bobs.jsonl", CHAT_ROWS).status_code == 201  # the quota is per user
+
+
+def test_delete_is_for_the_owner_or_an_admin_and_not_while_a_job_needs_it(team, wakes):
+    dataset = upload(team.alice, "pairs.jsonl", PREFERENCE_ROWS).json()
+    folder = team.api.settings.datasets_dir / str(dataset["id"])
+    job = team.alice.post("/api/jobs", json={"method": "dpo", "model": "builtin/SmolLM2-135M-Instruct",
+                                             "dataset_id": dataset["id"]}).json()
+    assert team.anonymous.delete(f"/api/datasets/{dataset['id']}").status_code == 401
+    assert team.bob.delete(f"/api/datasets/{dataset['id']}").status_code == 403
+    busy = team.alice.delete(f"/api/datasets/{dataset['id']}")
+    assert busy.status_code == 409 and "cancel" in busy.json()["detail"]
+    team.alice.post(f"/api/jobs/{job['id']}/cancel")
+    assert team.alice.delete(f"/api/datasets/{dataset['id']}").status_code == 204
+    assert not folder.exists() and team.alice.get(f"/api/datasets/{dataset['id']}").status_code == 404
+    other = upload(team.bob, "b.jsonl", CHAT_ROWS).json()
+    assert team.admin.delete(f"/api/datasets/{other['id']}").status_code == 204
+    assert team.admin.delete("/api/datasets/999").status_code == 404
+
+
+def test_preview_marks_the_trained_tokens_and_stats_count_them(team, smollm2_dir):
+    dataset = upload(team.alice, "chat.jsonl", CHAT_ROWS).json()
+    model = str(smollm2_dir)
+    shown = team.bob.get(f"/api/datasets/{dataset['id']}/preview", params={"model": model, "rows": 2})
+    assert shown.status_code == 200, shown.text
+    first = shown.json()["rows"][0]
+    assert shown.json()["task"] == "sft" and len(shown.json()["rows"]) == 2
+    trained = "".join(s["text"] for s in first["segments"] if s["trained"])
+    untrained = "".join(s["text"] for s in first["segments"] if not s["trained"])
+    assert "hello 0" in trained and "hi 0" in untrained and "hi 0" not in trained
+    assert 0 < first["trained_tokens"] < first["tokens"]
+    stats = team.bob.get(f"/api/datasets/{dataset['id']}/token-stats", params={"model": model}).json()
+    assert stats["sequences"] == 5 and stats["min"] <= stats["p50"] <= stats["max"] < 2048
+    assert stats["over_max_seq_len"] == 0 and 0 < stats["trained_tokens"] < stats["total_tokens"]
+    cut = team.bob.get(f"/api/datasets/{dataset['id']}/token-stats", params={"model": model, "max_seq_len": 16}).json()
+    assert cut["over_max_seq_len"] == 5 and cut["trained_tokens"] == 0  # truncation leaves nothing to learn
+    pairs = upload(team.alice, "pairs.jsonl", PREFERENCE_ROWS).json()
+    both = team.bob.get(f"/api/datasets/{pairs['id']}/preview", params={"model": model, "rows": 1}).json()
+    assert [row["sequence"] for row in both["rows"]] == ["chosen", "rejected"]
+
+
+def test_preview_needs_a_tokenizer_on_this_machine(team):
+    dataset = upload(team.alice, "chat.jsonl", CHAT_ROWS).json()
+    builtin = team.bob.get(f"/api/datasets/{dataset['id']}/preview")
+    assert builtin.status_code == 409 and "import-default-model" in builtin.json()["detail"]
+    hub = team.bob.get(f"/api/datasets/{dataset['id']}/token-stats", params={"model": "Qwen/Qwen3-8B"})
+    assert hub.status_code == 409 and "on this machine" in hub.json()["detail"]
+    assert team.bob.get("/api/datasets/999/preview").status_code == 404
+    assert team.anonymous.get(f"/api/datasets/{dataset['id']}/preview").status_code == 401

@@ -1,0 +1,48 @@
+"""Fixtures for the worker's tests (the helpers they use are in worker_helpers.py)."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from redis import Redis
+
+from worker_helpers import WORKER_REDIS_URL, CeleryWorker, Studio
+
+
+def _clean_redis() -> Redis:
+    redis = Redis.from_url(WORKER_REDIS_URL, decode_responses=True)
+    redis.flushdb()
+    return redis
+
+
+@pytest.fixture
+def studio(tmp_path, smollm2_dir) -> Studio:
+    from lanner.backend import db
+    from lanner.backend.models import User
+
+    data_dir = tmp_path / "data"
+    (data_dir / "models").mkdir(parents=True)
+    (data_dir / "models" / "SmolLM2-135M-Instruct").symlink_to(smollm2_dir)
+    url = f"sqlite:///{data_dir / 'lanner.db'}"
+    db.migrate(url)
+    with db.session_factory(url)() as session:
+        user = User(email=f"{uuid.uuid4().hex}@example.com", display_name="T", role="member", password_hash="x")
+        session.add(user)
+        session.commit()
+        owner = user.id
+    redis = _clean_redis()
+    yield Studio(data_dir, url, redis, owner)
+    redis.flushdb()
+
+
+@pytest.fixture
+def celery_worker(studio):
+    workers: list[CeleryWorker] = []
+
+    def start(name: str = "cpu0") -> CeleryWorker:
+        workers.append(CeleryWorker(studio, name))
+        return workers[-1].wait_ready()
+
+    yield start
+    for worker in workers:
+        worker.stop()

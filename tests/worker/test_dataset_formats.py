@@ -1,0 +1,200 @@
+"""Dataset files of every supported type and format: detected, normalised, bad rows reported with
+their line and reason, and empty or unusable files refused with a clear error."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lanner.backend.dataset_formats import DatasetError, inspect_dataset, load_rows
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+ASSISTANT = {"role": "assistant", "content": "Paris."}
+USER = {"role": "user", "content": "Capital of France?"}
+
+EXAMPLES = {
+    "alpaca": ({"instruction": "Capital of France?", "input": "", "output": "Paris."},
+               {"prompt": [USER], "completion": [ASSISTANT]}),
+    "sharegpt": ({"conversations": [{"from": "human", "value": "Capital of France?"}, {"from": "gpt", "value": "Paris."}]},
+                 {"prompt": [USER], "completion": [ASSISTANT]}),
+    "messages": ({"messages": [USER, ASSISTANT]}, {"prompt": [USER], "completion": [ASSISTANT]}),
+    "prompt_completion": ({"prompt": "Capital of France?", "completion": "Paris."},
+                          {"prompt": [USER], "completion": [ASSISTANT]}),
+    "text": ({"text": "Paris is the capital of France."}, {"text": "Paris is the capital of France."}),
+    "preference": ({"prompt": "Capital of France?", "chosen": "Paris.", "rejected": "Lyon."},
+                   {"prompt": [USER], "chosen": [ASSISTANT], "rejected": [{"role": "assistant", "content": "Lyon."}]}),
+    "kto": ({"prompt": "Capital of France?", "completion": "Paris.", "label": True},
+            {"prompt": [USER], "completion": [ASSISTANT], "label": True}),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(EXAMPLES))
+def test_each_format_is_detected_and_normalised(tmp_path, fmt):
+    raw, canonical = EXAMPLES[fmt]
+    path = write_jsonl(tmp_path / "data.jsonl", [raw, raw])
+    report = inspect_dataset(path)
+    assert report["format"] == fmt
+    assert (report["rows"], report["usable_rows"], report["bad_rows"], report["bad_row_count"]) == (2, 2, [], 0)
+    assert report["columns"] == sorted(raw)
+    assert load_rows(path) == (fmt, [canonical, canonical], [])
+
+
+def test_alpaca_input_and_multi_turn_conversations(tmp_path):
+    path = write_jsonl(tmp_path / "data.jsonl", [
+        {"instruction": "Translate.", "input": "bonjour", "output": "hello", "system": "Be brief."}])
+    assert load_rows(path)[1] == [{"prompt": [{"role": "system", "content": "Be brief."},
+                                              {"role": "user", "content": "Translate.\n\nbonjour"}],
+                                   "completion": [{"role": "assistant", "content": "hello"}]}]
+    turns = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+             {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": turns}])
+    assert load_rows(path)[1] == [{"prompt": turns[:3], "completion": turns[3:]}]
+
+
+def test_broken_rows_are_reported_with_line_and_reason(tmp_path):
+    good = {"instruction": "Say hi.", "output": "Hi!"}
+    path = write_jsonl(tmp_path / "data.jsonl", [
+        good,                                     # 1
+        '{"instruction": "unterminated',          # 2
+        {"instruction": "No answer."},            # 3
+        good,                                     # 4
+        "[1, 2]",                                 # 5
+        {"instruction": "Blank.", "output": " "},  # 6
+        {"instruction": 7, "output": "x"},        # 7
+    ])
+    report = inspect_dataset(path)
+    assert (report["format"], report["rows"], report["usable_rows"], report["bad_row_count"]) == ("alpaca", 7, 2, 5)
+    reasons = {item["line"]: item["reason"] for item in report["bad_rows"]}
+    assert sorted(reasons) == [2, 3, 5, 6, 7]
+    assert reasons[2].startswith("malformed JSON")
+    assert "'output'" in reasons[3]
+    assert "list" in reasons[5]
+    assert "blank" in reasons[6]
+    assert "'instruction' is a int" in reasons[7]
+    fmt, rows, bad = load_rows(path)
+    assert len(rows) == 2 and [item["line"] for item in bad] == [2, 3, 5, 6, 7]
+
+
+def test_conversation_problems_are_explained(tmp_path):
+    path = write_jsonl(tmp_path / "data.jsonl", [
+        {"messages": [USER, ASSISTANT]},
+        {"messages": [USER]},
+        {"messages": [{"role": "wizard", "content": "hi"}, ASSISTANT]},
+        {"messages": "not a list"},
+        {"messages": [ASSISTANT]},
+    ])
+    reasons = [item["reason"] for item in inspect_dataset(path)["bad_rows"]]
+    assert "no assistant message" in reasons[0]
+    assert "'wizard'" in reasons[1]
+    assert "not a non-empty list" in reasons[2]
+    assert "nothing prompts it" in reasons[3]
+
+
+def test_empty_and_unusable_datasets_fail_clearly(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(DatasetError, match="empty"):
+        inspect_dataset(empty)
+    with pytest.raises(DatasetError, match="empty"):
+        load_rows(empty)
+
+    all_bad = write_jsonl(tmp_path / "bad.jsonl", [{"instruction": "x"}, {"instruction": "y", "output": ""}])
+    with pytest.raises(DatasetError, match="none of its 2 rows can be used") as caught:
+        load_rows(all_bad)
+    assert caught.value.report["bad_row_count"] == 2 and caught.value.report["usable_rows"] == 0
+
+    unknown = write_jsonl(tmp_path / "unknown.jsonl", [{"question": "q", "answer": "a"}])
+    with pytest.raises(DatasetError, match="no known format.*answer, question"):
+        inspect_dataset(unknown)
+
+    garbage = write_jsonl(tmp_path / "garbage.jsonl", ["{oops", "nope"])
+    with pytest.raises(DatasetError) as caught:
+        inspect_dataset(garbage)
+    assert [item["line"] for item in caught.value.report["bad_rows"]] == [1, 2]
+
+    with pytest.raises(DatasetError, match="unsupported file type .txt"):
+        inspect_dataset(tmp_path / "data.txt")
+
+
+def test_encodings(tmp_path):
+    row = {"instruction": "Café?", "output": "Oui, café."}
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(row, ensure_ascii=False).encode() + b"\n")
+    assert inspect_dataset(bom)["usable_rows"] == 1
+    utf16 = tmp_path / "utf16.jsonl"
+    utf16.write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-16")
+    assert load_rows(utf16)[1][0]["prompt"][0]["content"] == "Café?"
+
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(json.dumps(row, ensure_ascii=False).encode() + b"\n" +
+                       json.dumps(row, ensure_ascii=False).encode("latin-1") + b"\n")
+    report = inspect_dataset(latin1)
+    assert report["usable_rows"] == 1
+    assert report["bad_rows"] == [{"line": 2, "reason": "not UTF-8 text (byte 0xe9 at column 21)"}]
+
+    latin1_csv = tmp_path / "latin1.csv"
+    latin1_csv.write_bytes("instruction,output\nhi,ok\nCafé?,oui\n".encode("latin-1"))
+    with pytest.raises(DatasetError, match="not UTF-8 text: byte 0xe9 on line 3"):
+        inspect_dataset(latin1_csv)
+
+
+def test_json_csv_and_parquet(tmp_path):
+    rows = [{"prompt": "Capital of France?", "completion": "Paris."}, {"prompt": "", "completion": "x"},
+            {"prompt": "2+2?", "completion": "4"}]
+    as_json = tmp_path / "data.json"
+    as_json.write_text(json.dumps(rows, indent=2))
+    report = inspect_dataset(as_json)
+    assert (report["format"], report["usable_rows"]) == ("prompt_completion", 2)
+    # The bad row is the second element, which starts on line 6 of the indented file.
+    assert report["bad_rows"] == [{"line": 6, "reason": "'prompt' is blank"}]
+
+    wrapped = tmp_path / "wrapped.json"
+    wrapped.write_text(json.dumps({"data": rows}))
+    assert inspect_dataset(wrapped)["usable_rows"] == 2
+
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"prompt": "a",\n "completion": }]')
+    with pytest.raises(DatasetError, match="not valid JSON.*line 2"):
+        inspect_dataset(broken)
+
+    as_csv = tmp_path / "data.csv"
+    with as_csv.open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["prompt", "completion"])
+        writer.writerows([[row["prompt"], row["completion"]] for row in rows])
+        writer.writerow(["a", "b", "extra"])
+    report = inspect_dataset(as_csv)
+    assert (report["format"], report["rows"], report["usable_rows"]) == ("prompt_completion", 4, 2)
+    assert [item["line"] for item in report["bad_rows"]] == [3, 5]
+
+    chats = tmp_path / "chats.csv"
+    with chats.open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(["messages"])
+        writer.writerow([json.dumps([USER, ASSISTANT])])
+    assert load_rows(chats)[1] == [{"prompt": [USER], "completion": [ASSISTANT]}]
+
+    as_parquet = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), as_parquet)
+    report = inspect_dataset(as_parquet)
+    assert (report["usable_rows"], report["bad_rows"]) == (2, [{"line": 2, "reason": "'prompt' is blank"}])
+
+    kto_csv = tmp_path / "kto.csv"
+    kto_csv.write_text("prompt,completion,label\nq,a,true\nq,b,0\nq,c,maybe\n")
+    fmt, kto_rows, bad = load_rows(kto_csv)
+    assert fmt == "kto" and [row["label"] for row in kto_rows] == [True, False]
+    assert bad == [{"line": 4, "reason": "'label' is 'maybe'; expected true or false"}]
+
+    not_parquet = tmp_path / "fake.parquet"
+    not_parquet.write_text("hello")
+    with pytest.raises(DatasetError, match="not a readable Parquet file"):
+        inspect_dataset(not_parquet)

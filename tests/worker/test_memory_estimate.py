@@ -1,0 +1,39 @@
+"""The memory estimate: exact parameter counts for SmolLM2, and parts that move the right way."""
+from __future__ import annotations
+
+import json
+import math
+
+from lanner.backend.memory_estimate import estimate_memory
+
+
+def test_counts_match_the_real_model(smollm2_dir):
+    # Shapes from the checkpoint's header: no need to load 135M parameters to count them.
+    from safetensors import safe_open
+
+    shape = json.loads((smollm2_dir / "config.json").read_text())
+    with safe_open(smollm2_dir / "model.safetensors", framework="np") as weights:
+        shapes = {name: weights.get_slice(name).get_shape() for name in weights.keys()}
+    estimate = estimate_memory({"method": "lora", "lora_r": 4, "target_modules": ["q_proj", "v_proj"]}, shape, "cpu")
+    assert estimate["parameters"] == sum(math.prod(s) for s in shapes.values())
+    lora = sum(4 * sum(s) for name, s in shapes.items() if name.endswith(("q_proj.weight", "v_proj.weight")))
+    assert estimate["lora_parameters"] == lora == 230_400  # what PEFT reported for this config
+    assert estimate["weights_bytes"] == 4 * (estimate["parameters"] + lora)
+
+
+def test_parts_follow_the_config(smollm2_dir):
+    shape = json.loads((smollm2_dir / "config.json").read_text())
+    base = {"method": "lora", "dtype": "bfloat16", "per_device_train_batch_size": 4, "max_seq_length": 1024}
+    lora = estimate_memory(base, shape)
+    full = estimate_memory({**base, "method": "full"}, shape)
+    qlora = estimate_memory({**base, "method": "qlora"}, shape)
+    no_checkpointing = estimate_memory({**base, "gradient_checkpointing": False}, shape)
+    double_batch = estimate_memory({**base, "per_device_train_batch_size": 8}, shape)
+    assert qlora["weights_bytes"] < lora["weights_bytes"] and full["weights_bytes"] == 2 * full["parameters"]
+    assert full["optimizer_bytes"] == 8 * full["parameters"] and full["trainable_parameters"] == full["parameters"]
+    assert no_checkpointing["activations_bytes"] > 5 * lora["activations_bytes"]
+    assert double_batch["activations_bytes"] == 2 * lora["activations_bytes"]
+    assert lora["logits_bytes"] == 0 and estimate_memory({**base, "use_kernels": False}, shape)["logits_bytes"] > 0
+    assert all(value >= 0 for value in lora.values())
+    assert lora["total_bytes"] == sum(v for k, v in lora.items() if k.endswith("_bytes") and k != "total_bytes")
+    assert estimate_memory(base, {"parameters": 1_000_000})["weights_bytes"] == 2_000_000

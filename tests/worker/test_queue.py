@@ -1,0 +1,121 @@
+"""The database queue on SQLite and PostgreSQL: order, memory fit, racing workers, orphans, and the
+Celery wake-up sent by name."""
+from __future__ import annotations
+
+import threading
+import uuid
+
+from redis import Redis
+from sqlalchemy import select
+
+from lanner.backend import db
+from lanner.backend.models import Job, JobKind, JobStatus, Role, User
+from lanner.backend.queue import DISPATCH_TASK, claim_next_job, fail_orphaned_jobs, has_runnable_job, wake_workers
+from lanner.backend.settings import Settings
+
+from worker_helpers import WORKER_REDIS_URL
+
+GIB = 1024 ** 3
+CPU = {"kind": "cpu", "name": "test cpu", "memory_total_bytes": 8 * GIB, "index": None}
+
+
+def make_db(url: str):
+    db.migrate(url)
+    factory = db.session_factory(url)
+    with factory() as session:
+        user = User(email=f"{uuid.uuid4().hex}@example.com", display_name="T", role=Role.member, password_hash="x")
+        session.add(user)
+        session.commit()
+        return factory, user.id
+
+
+def add_job(session, owner_id: int, name: str, **fields) -> int:
+    job = Job(owner_id=owner_id, name=name, method="lora", model="builtin/SmolLM2-135M-Instruct", **fields)
+    session.add(job)
+    session.commit()
+    return job.id
+
+
+def test_claims_in_priority_then_queue_order_and_skips_what_does_not_fit(database_url):
+    factory, owner = make_db(database_url)
+    with factory() as session:
+        low = add_job(session, owner, "low", priority=0, queue_order=1)
+        high_late = add_job(session, owner, "high late", priority=5, queue_order=2)
+        high_early = add_job(session, owner, "high early", priority=5, queue_order=1)
+        too_big = add_job(session, owner, "too big", priority=9, memory_estimate_bytes=64 * GIB)
+        add_job(session, owner, "export", priority=9, kind=JobKind.export)
+        add_job(session, owner, "two gpus", priority=9, gpus=2)
+        tie = add_job(session, owner, "tie", priority=0, queue_order=1)
+        fits = add_job(session, owner, "fits", priority=0, queue_order=0, memory_estimate_bytes=2 * GIB)
+
+    with factory() as session:
+        assert has_runnable_job(session, CPU)
+        claimed = []
+        while (job := claim_next_job(session, "cpu0@test", CPU)) is not None:
+            assert job.status == JobStatus.running and job.worker == "cpu0@test" and job.device == CPU
+            assert job.started_at is not None
+            claimed.append(job.id)
+    assert claimed == [high_early, high_late, fits, low, tie]
+    with factory() as session:
+        assert session.get(Job, too_big).status == JobStatus.queued
+        assert not has_runnable_job(session, CPU)
+        big = {**CPU, "memory_total_bytes": 80 * GIB}
+        assert has_runnable_job(session, big)
+        assert claim_next_job(session, "gpu0@test", big).id == too_big
+        assert claim_next_job(session, "gpu0@test", big) is None
+
+
+def test_racing_workers_never_take_the_same_job(database_url):
+    factory, owner = make_db(database_url)
+    with factory() as session:
+        ids = [add_job(session, owner, f"job {i}", queue_order=i) for i in range(24)]
+    taken: dict[str, list[int]] = {}
+    start = threading.Barrier(4)
+
+    def worker(name: str) -> None:
+        mine = taken.setdefault(name, [])
+        with factory() as session:
+            start.wait()
+            while (job := claim_next_job(session, name, CPU)) is not None:
+                mine.append(job.id)
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    everything = [job_id for jobs in taken.values() for job_id in jobs]
+    assert sorted(everything) == ids, taken
+    with factory() as session:
+        rows = session.execute(select(Job.id, Job.worker)).all()
+        assert all(worker_name in taken and job_id in taken[worker_name] for job_id, worker_name in rows)
+
+
+def test_orphaned_running_jobs_are_failed(database_url):
+    factory, owner = make_db(database_url)
+    with factory() as session:
+        alive = add_job(session, owner, "alive", status=JobStatus.running, worker="gpu0@a")
+        dead = add_job(session, owner, "dead", status=JobStatus.running, worker="gpu1@a")
+        restarted = add_job(session, owner, "restarted", status=JobStatus.running, worker="cpu0@b")
+        queued = add_job(session, owner, "queued")
+        assert fail_orphaned_jobs(session, {"gpu0@a", "cpu0@b"}) == [dead]
+        assert fail_orphaned_jobs(session, {"gpu0@a", "cpu0@b"}, only_worker="cpu0@b") == [restarted]
+    with factory() as session:
+        status = {job.id: job.status for job in session.execute(select(Job)).scalars()}
+        assert status == {alive: JobStatus.running, dead: JobStatus.failed, restarted: JobStatus.failed,
+                          queued: JobStatus.queued}
+        assert "gpu1@a stopped" in session.get(Job, dead).error
+
+
+def test_wake_workers_sends_the_dispatch_task_by_name(tmp_path):
+    redis_url = WORKER_REDIS_URL
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    redis.delete("celery")
+    try:
+        assert wake_workers(Settings(data_dir=tmp_path, redis_url=redis_url)) is True
+        message = redis.lpop("celery")
+        assert message and DISPATCH_TASK in message
+    finally:
+        redis.delete("celery")
+    # Nothing listening at all: the API carries on, the job stays queued in the database.
+    assert wake_workers(Settings(data_dir=tmp_path, redis_url="redis://127.0.0.1:1/0")) is False

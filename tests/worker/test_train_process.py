@@ -1,0 +1,119 @@
+"""The training process on its own (no Celery): a real LoRA SFT of SmolLM2-135M on the CPU."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from sqlalchemy import select
+
+from lanner.backend.models import Artifact, JobMetric
+from lanner.backend.streams import job_stream, read_after
+
+from worker_helpers import REPO, qa_rows
+
+
+def run_train_process(studio, job_id: int, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lanner.worker.train_process", str(job_id)], cwd=REPO,
+                          env=studio.env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_lora_sft_trains_streams_and_saves(studio):
+    rows = qa_rows(24) + ['{"instruction": "broken', {"instruction": "no answer"}]
+    job_id = studio.job(studio.dataset("qa.jsonl", rows), {"eval_steps": 4})
+    done = run_train_process(studio, job_id)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    events = read_after(studio.redis, job_stream(job_id), count=10_000)
+    metrics = [data for _, kind, data in events if kind == "metric" and "loss" in data]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    for m in metrics:
+        assert m["loss"] > 0 and m["learning_rate"] >= 0 and m["grad_norm"] >= 0 and m["epoch"] > 0
+        assert m["step_time"] > 0 and m["samples_per_second"] > 0 and m["tokens_per_second"] > 0
+        assert m["total_steps"] == 4
+    evals = [data for _, kind, data in events if kind == "metric" and "eval_loss" in data]
+    assert [e["step"] for e in evals] == [4]
+    dataset = next(data for _, kind, data in events if kind == "dataset")
+    assert (dataset["format"], dataset["rows"], dataset["usable_rows"], dataset["bad_row_count"]) == ("alpaca", 26, 24, 2)
+    assert [bad["line"] for bad in dataset["bad_rows"]] == [25, 26]
+    logs = [data["message"] for _, kind, data in events if kind == "log"]
+    assert any("2 skipped (first: line 25: malformed JSON" in line for line in logs), logs
+    assert any(line.startswith("lanner.kernels: ") for line in logs), logs
+
+    job = studio.get_job(job_id)
+    assert (job.step, job.total_steps) == (4, 4)
+    with studio.sessions() as session:
+        stored = session.execute(select(JobMetric).where(JobMetric.job_id == job_id).order_by(JobMetric.id)).scalars().all()
+        assert [m.values["loss"] for m in stored if "loss" in m.values] == [m["loss"] for m in metrics]
+        artifacts = {a.name: a for a in session.execute(select(Artifact).where(Artifact.job_id == job_id)).scalars()}
+    assert set(artifacts) == {"checkpoint-2", "checkpoint-4", "adapter"}
+    adapter = studio.data_dir / artifacts["adapter"].path
+    assert (adapter / "adapter_model.safetensors").is_file() and artifacts["adapter"].size_bytes > 0
+    assert (studio.data_dir / artifacts["checkpoint-2"].path / "optimizer.pt").is_file()
+
+    # Resume: a job continuing this one from checkpoint-2 reproduces steps 3 and 4 exactly (weights,
+    # optimizer, scheduler, RNG and data position all restored).
+    resumed = studio.job(studio.job_dataset_id(job_id), {"eval_steps": 4}, parent_job_id=job_id,
+                         resume_from="checkpoint-2")
+    done = run_train_process(studio, resumed)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    again = [data for _, kind, data in read_after(studio.redis, job_stream(resumed), count=10_000)
+             if kind == "metric" and "loss" in data]
+    assert [m["step"] for m in again] == [3, 4]
+    assert [m["loss"] for m in again] == [m["loss"] for m in metrics[2:]]
+    assert [m["grad_norm"] for m in again] == [m["grad_norm"] for m in metrics[2:]]
+    assert [m["learning_rate"] for m in again] == [m["learning_rate"] for m in metrics[2:]]
+
+
+def test_empty_dataset_fails_clearly(studio):
+    job_id = studio.job(studio.dataset("empty.jsonl", []))
+    done = run_train_process(studio, job_id)
+    assert done.returncode == 1
+    assert studio.get_job(job_id).error == "Dataset: empty.jsonl is empty: it has no rows."
+
+
+def test_an_exception_in_training_fails_the_job_with_its_reason(studio):
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(4)), {"lora_r": 0})
+    done = run_train_process(studio, job_id)
+    assert done.returncode == 1
+    error = studio.get_job(job_id).error
+    assert error.startswith("Training failed: ValueError: ") and "r" in error
+
+
+def test_a_sweep_fails_running_jobs_whose_worker_has_no_heartbeat(studio):
+    from lanner.backend.models import JobStatus
+    from lanner.backend.settings import Settings
+    from lanner.backend.worker_registry import announce_worker
+    from lanner.worker.runner import sweep_orphans
+
+    from worker_helpers import WORKER_REDIS_URL
+
+    dataset = studio.dataset("qa.jsonl", qa_rows(2))
+    alive = studio.job(dataset, status=JobStatus.running, worker="cpu0@alive")
+    dead = studio.job(dataset, status=JobStatus.running, worker="gpu3@gone")
+    announce_worker(studio.redis, "cpu0@alive", {"kind": "cpu"})
+    settings = Settings(data_dir=studio.data_dir, database_url=studio.database_url, redis_url=WORKER_REDIS_URL)
+    assert sweep_orphans(settings) == [dead]
+    assert studio.get_job(alive).status == JobStatus.running
+    job = studio.get_job(dead)
+    assert job.status == JobStatus.failed and "gpu3@gone stopped while running this job" in job.error
+    last = read_after(studio.redis, job_stream(dead))[-1]
+    assert last[1:] == ("status", {"status": "failed", "error": job.error})
+
+
+def test_dpo_trains_on_preference_pairs(studio):
+    pairs = [{"prompt": f"What is {i} plus {i}?", "chosen": f"{2 * i}.", "rejected": f"{2 * i + 1}."} for i in range(6)]
+    job_id = studio.job(studio.dataset("pairs.jsonl", pairs), {"max_steps": 2, "max_seq_length": 48},
+                        method="dpo")
+    done = run_train_process(studio, job_id)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    metrics = [data for _, kind, data in read_after(studio.redis, job_stream(job_id), count=10_000)
+               if kind == "metric" and "loss" in data]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["loss"] > 0 and "rewards/margins" in m and m["samples_per_second"] > 0 for m in metrics)
+    assert (studio.data_dir / "artifacts" / str(job_id) / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_a_dataset_of_the_wrong_kind_for_the_method_fails_clearly(studio):
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(4)), method="dpo")
+    assert run_train_process(studio, job_id).returncode == 1
+    assert studio.get_job(job_id).error == "Dataset: its rows are alpaca (sft); this method needs preference rows."

@@ -1,0 +1,128 @@
+"""Jobs through a real Celery worker process (started as `lanner up` starts one), real Redis, a real
+database and real training of SmolLM2-135M on the CPU: completion with ordered events, clear
+failures, cancel within 10 s, and recovery from a worker killed with SIGKILL."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from lanner.backend.models import DeviceSample, JobStatus
+from lanner.backend.queue import cancel_key, wake_workers
+from lanner.backend.settings import Settings
+from lanner.backend.streams import job_stream, read_after
+
+from worker_helpers import WORKER_REDIS_URL, pid_gone, qa_rows, training_pid
+
+FINAL = (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+
+
+def wake(studio) -> None:
+    assert wake_workers(Settings(data_dir=studio.data_dir, database_url=studio.database_url,
+                                 redis_url=WORKER_REDIS_URL))
+
+
+def test_jobs_run_in_priority_order_with_ordered_events_and_clear_failures(studio, celery_worker):
+    good = studio.job(studio.dataset("qa.jsonl", qa_rows(8) + ["not json"]), {"max_steps": 2}, name="good")
+    empty = studio.job(studio.dataset("empty.jsonl", []), name="empty", priority=5)
+    all_bad = studio.job(studio.dataset("bad.jsonl", [{"instruction": "x", "output": ""}, "{oops"]), name="all bad", priority=5)
+    worker = celery_worker()  # queued before any worker ran: a starting worker looks at the queue itself
+
+    for job_id in (empty, all_bad):
+        studio.wait_for(job_id, lambda j: j.status in FINAL, 60, "a final status")
+    job = studio.wait_for(good, lambda j: j.status in FINAL, 240, "a final status")
+    assert job.status == JobStatus.succeeded, job.error
+    assert job.worker == worker.hostname and job.device["kind"] == "cpu"
+    assert (job.step, job.total_steps) == (2, 2) and job.finished_at is not None
+
+    empty_job, bad_job = studio.get_job(empty), studio.get_job(all_bad)
+    assert empty_job.status == bad_job.status == JobStatus.failed
+    assert empty_job.error == "Dataset: empty.jsonl is empty: it has no rows."
+    assert bad_job.error == ("Dataset: bad.jsonl: none of its 2 rows can be used "
+                             "(line 1: missing or empty 'output'; "
+                             "line 2: malformed JSON: Expecting property name enclosed in double quotes at column 2).")
+    assert empty_job.finished_at < job.started_at and bad_job.finished_at < job.started_at  # priority first
+
+    events = read_after(studio.redis, job_stream(good), count=10_000)
+    kinds = [kind for _, kind, _ in events]
+    assert events[0][1:] == ("status", {"status": "running", "error": None, "worker": worker.hostname,
+                                        "device": job.device})
+    assert events[-1][1:] == ("status", {"status": "succeeded", "error": None})
+    assert {"dataset", "log", "metric", "checkpoint", "device"} <= set(kinds)
+    sample = next(data for _, kind, data in events if kind == "device")
+    assert sample["kind"] == "cpu" and 0 < sample["memory_used_bytes"] < sample["memory_total_bytes"]
+    assert sample["process_rss_bytes"] > 0
+    with studio.sessions() as session:
+        assert session.query(DeviceSample).filter(DeviceSample.job_id == good).count() >= 1
+    steps = [data["step"] for _, kind, data in events if kind == "metric" and "loss" in data]
+    assert steps == [1, 2]
+    ids = [event_id for event_id, _, _ in events]
+    assert ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
+    dataset = next(data for _, kind, data in events if kind == "dataset")
+    assert dataset["bad_rows"] == [{"line": 9, "reason": "malformed JSON: Expecting value at column 1"}]
+
+    failed = read_after(studio.redis, job_stream(empty), count=100)
+    assert failed[-1][1:] == ("status", {"status": "failed", "error": empty_job.error})
+
+
+def test_cancel_stops_the_job_within_10_seconds_and_keeps_its_checkpoint(studio, celery_worker):
+    celery_worker()
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)), {"max_steps": 500, "save_steps": 1})
+    wake(studio)
+    studio.wait_for(job_id, lambda j: j.step >= 1, 180, "its first step")
+    pid = training_pid(studio, job_id)
+
+    asked = time.monotonic()
+    studio.redis.set(cancel_key(job_id), "1")
+    job = studio.wait_for(job_id, lambda j: j.status in FINAL, 10, "a final status within 10 s")
+    assert time.monotonic() - asked <= 10
+    assert job.status == JobStatus.cancelled and job.error is None
+    assert pid_gone(pid, 2)
+    checkpoints = sorted((studio.data_dir / "artifacts" / str(job_id) / "checkpoints").glob("checkpoint-*"))
+    assert checkpoints and (checkpoints[-1] / "adapter_model.safetensors").is_file()
+    assert not studio.redis.exists(cancel_key(job_id))
+    events = read_after(studio.redis, job_stream(job_id), count=10_000)
+    assert events[-1][2]["status"] == "cancelled"
+
+
+def test_a_worker_killed_with_sigkill_fails_its_job_within_60_seconds(studio, celery_worker):
+    worker = celery_worker()
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)), {"max_steps": 500})
+    wake(studio)
+    studio.wait_for(job_id, lambda j: j.step >= 1, 180, "its first step")
+    pid = training_pid(studio, job_id)
+
+    os.kill(worker.process.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    worker.process.wait()
+    assert pid_gone(pid, 5), "the training process outlived its worker"
+    assert studio.get_job(job_id).status == JobStatus.running
+
+    celery_worker()  # restarted under the same name, as `lanner up` does
+    job = studio.wait_for(job_id, lambda j: j.status in FINAL, 60 - (time.monotonic() - killed), "failed")
+    assert time.monotonic() - killed <= 60
+    assert job.status == JobStatus.failed and "stopped while running this job" in job.error
+    assert read_after(studio.redis, job_stream(job_id), count=10_000)[-1][2]["status"] == "failed"
+
+
+def test_a_job_that_asked_for_it_resumes_from_its_checkpoint_after_a_sigkill(studio, celery_worker):
+    worker = celery_worker()
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)),
+                        {"max_steps": 4, "save_steps": 1, "requeue_on_worker_loss": True})
+    wake(studio)
+    studio.wait_for(job_id, lambda j: j.step >= 2, 180, "its second step")
+    os.kill(worker.process.pid, signal.SIGKILL)
+    worker.process.wait()
+
+    celery_worker()
+    job = studio.wait_for(job_id, lambda j: j.status in FINAL, 180, "a final status")
+    assert job.status == JobStatus.succeeded, job.error
+    # The newest complete checkpoint: one being written at the kill is skipped.
+    assert job.resume_from.startswith("checkpoint-") and int(job.resume_from.split("-")[1]) >= 1
+    events = read_after(studio.redis, job_stream(job_id), count=10_000)
+    statuses = [data["status"] for _, kind, data in events if kind == "status"]
+    assert statuses == ["running", "queued", "running", "succeeded"]
+    resumed_at = int(job.resume_from.split("-")[1])
+    after = [data["step"] for _, kind, data in events if kind == "metric" and "loss" in data]
+    assert after[-(4 - resumed_at):] == list(range(resumed_at + 1, 5))
+    assert (studio.data_dir / "artifacts" / str(job_id) / "adapter" / "adapter_model.safetensors").is_file()

@@ -1,0 +1,166 @@
+"""Helpers for the worker's tests: a studio (data dir with the built-in model, migrated database,
+Redis database /12 of their own), jobs made directly in the database, and a real Celery worker."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from redis import Redis
+
+REPO = Path(__file__).resolve().parents[2]
+SYSTEM_REDIS_URL = os.environ.get("LANNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# A Redis database of the worker tests' own, emptied before each test (other suites use 11, 13, 14;
+# 12 turned out to be written by other tests on this machine).
+WORKER_REDIS_URL = SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/" + os.environ.get("LANNER_TEST_WORKER_REDIS_DB", "15")
+
+# Small enough for two shared CPU cores: a few steps of SmolLM2-135M at sequence length 64.
+TINY = {"max_steps": 4, "per_device_train_batch_size": 2, "max_seq_length": 64, "learning_rate": 1e-3,
+        "lora_r": 4, "lora_alpha": 8, "save_steps": 2, "gradient_checkpointing": False, "dtype": "float32",
+        "target_modules": ["q_proj", "v_proj"]}
+
+
+def qa_rows(count: int) -> list[dict]:
+    return [{"instruction": f"What is {i} plus {i}?", "output": f"{i} plus {i} is {2 * i}."} for i in range(count)]
+
+
+@dataclass
+class Studio:
+    """What a worker sees: settings through the environment, a database and a Redis."""
+    data_dir: Path
+    database_url: str
+    redis: Redis
+    owner_id: int
+
+    @property
+    def env(self) -> dict:
+        env = {key: value for key, value in os.environ.items()
+               if not key.startswith("LANNER_") and key != "TRITON_INTERPRET"}
+        env.update(LANNER_DATA_DIR=str(self.data_dir), LANNER_DATABASE_URL=self.database_url,
+                   LANNER_REDIS_URL=WORKER_REDIS_URL, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1",
+                   # One thread: the two cores are shared, and competing OpenMP threads cost 3x here.
+                   OMP_NUM_THREADS="1")
+        return env
+
+    def sessions(self):
+        from lanner.backend.db import session_factory
+
+        return session_factory(self.database_url)()
+
+    def dataset(self, name: str, lines: list) -> int:
+        from lanner.backend.models import Dataset
+
+        path = self.data_dir / "datasets" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+        with self.sessions() as session:
+            dataset = Dataset(owner_id=self.owner_id, name=name, filename=name, path=f"datasets/{name}",
+                              size_bytes=path.stat().st_size)
+            session.add(dataset)
+            session.commit()
+            return dataset.id
+
+    def job(self, dataset_id: int, config: dict | None = None, **fields) -> int:
+        from lanner.backend.models import Job
+
+        with self.sessions() as session:
+            job = Job(owner_id=self.owner_id, name=fields.pop("name", "test job"), method=fields.pop("method", "lora"),
+                      model="builtin/SmolLM2-135M-Instruct", dataset_id=dataset_id,
+                      config={**TINY, **(config or {})}, gpus=0, **fields)
+            session.add(job)
+            session.commit()
+            return job.id
+
+    def job_dataset_id(self, job_id: int) -> int:
+        return self.get_job(job_id).dataset_id
+
+    def get_job(self, job_id: int):
+        from lanner.backend.models import Job
+
+        with self.sessions() as session:
+            return session.get(Job, job_id)
+
+    def wait_for(self, job_id: int, condition, timeout: float, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.get_job(job_id)
+            if condition(job):
+                return job
+            time.sleep(0.3)
+        job = self.get_job(job_id)
+        tails = "".join(f"\n--- {path.name}:\n{path.read_text()[-2500:]}"
+                        for path in sorted((self.data_dir / "logs").glob("*.log")))
+        raise AssertionError(f"job {job_id} never reached {what}: status={job.status} step={job.step} "
+                             f"error={job.error}{tails}")
+
+
+class CeleryWorker:
+    """A real Celery worker process, started the way `lanner up` starts one."""
+
+    def __init__(self, studio: Studio, name: str = "cpu0"):
+        from lanner.cli.stack import worker_command
+
+        self.studio = studio
+        self.name = name
+        self.log = studio.data_dir / "logs" / f"worker-{name}.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(worker_command(name), cwd=REPO, env=studio.env, stdin=subprocess.DEVNULL,
+                                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def hostname(self) -> str:
+        import socket
+
+        return f"{self.name}@{socket.gethostname()}"
+
+    def wait_ready(self, timeout: float = 60) -> "CeleryWorker":
+        from lanner.backend.worker_registry import live_workers
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(record["name"] == self.hostname for record in live_workers(self.studio.redis)):
+                return self
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            time.sleep(0.3)
+        raise AssertionError(f"worker did not come up:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+
+
+def training_pid(studio: Studio, job_id: int) -> int:
+    from lanner.backend.streams import job_stream, read_after
+
+    events = read_after(studio.redis, job_stream(job_id), count=10_000)
+    for _, kind, data in events:
+        if kind == "log" and data["message"].startswith("Training process started (pid "):
+            return int(data["message"].split("(pid ")[1].split(")")[0])
+    raise AssertionError(f"no training process started: {events}")
+
+
+def pid_gone(pid: int, timeout: float) -> bool:
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return False

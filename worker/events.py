@@ -1,0 +1,84 @@
+"""A job's events: each goes to the job's Redis Stream (live, replayable) and, where it is part of the
+run's record, to the database (per-step metrics, device samples, step counters, status)."""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from typing import Any
+
+from redis import Redis
+from sqlalchemy.orm import Session, sessionmaker
+
+from lanner.backend.models import DeviceSample, Job, JobMetric, JobStatus
+from lanner.backend.streams import job_stream, publish
+
+log = logging.getLogger(__name__)
+
+
+class JobEvents:
+    def __init__(self, job_id: int, redis: Redis, sessions: sessionmaker[Session]):
+        self.job_id = job_id
+        self.redis = redis
+        self.sessions = sessions
+        self.stream = job_stream(job_id)
+
+    def _publish(self, event_type: str, data: dict[str, Any]) -> str | None:
+        try:
+            return publish(self.redis, self.stream, event_type, data)
+        except Exception as error:  # Redis away: the database record still gets written
+            log.warning("Could not publish a %s event of job %s: %s", event_type, self.job_id, error)
+            return None
+
+    def log(self, message: str, level: str = "info") -> None:
+        getattr(log, level if level in ("debug", "info", "warning", "error") else "info")("job %s: %s", self.job_id, message)
+        self._publish("log", {"level": level, "message": message, "time": _now()})
+
+    def event(self, event_type: str, data: dict[str, Any]) -> None:
+        """An event for the live view only (dataset report, checkpoint saved, …)."""
+        self._publish(event_type, data)
+
+    def metric(self, step: int, values: dict[str, Any], total_steps: int | None = None) -> None:
+        event_id = self._publish("metric", {"step": step, **values})
+        with self.sessions() as session:
+            session.add(JobMetric(job_id=self.job_id, step=step, values=values))
+            job = session.get(Job, self.job_id)
+            job.step = max(job.step or 0, step)
+            if total_steps:
+                job.total_steps = total_steps
+            if event_id:
+                job.last_event_id = event_id
+            session.commit()
+
+    def total_steps(self, total: int) -> None:
+        with self.sessions() as session:
+            session.get(Job, self.job_id).total_steps = total
+            session.commit()
+
+    def device(self, values: dict[str, Any]) -> None:
+        self._publish("device", values)
+        with self.sessions() as session:
+            session.add(DeviceSample(job_id=self.job_id, values=values))
+            session.commit()
+
+    def status(self, status: JobStatus, error: str | None = None, **extra: Any) -> None:
+        """Publishes a status change; the database row is written by whoever decides the status."""
+        self._publish("status", {"status": status.value, "error": error, **extra})
+
+
+def finish_job(sessions: sessionmaker[Session], job_id: int, worker: str, status: JobStatus,
+               error: str | None) -> bool:
+    """Writes the final status, unless the job is no longer running on this worker (a sweep already
+    failed it). Returns whether it wrote."""
+    with sessions() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.status != JobStatus.running or job.worker != worker:
+            return False
+        job.status = status
+        job.error = error
+        job.finished_at = datetime.now(timezone.utc)
+        session.commit()
+        return True
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()

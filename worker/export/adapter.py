@@ -1,0 +1,125 @@
+"""LoRA adapter export in PEFT's layout (adapter_config.json + adapter_model.safetensors), with the
+base model recorded and the config normalised for vLLM's LoRA loader.
+
+What vLLM's loader (vllm/lora: PEFTHelper + LoRAModel.from_local_checkpoint) rejects or misreads,
+and what we do about each:
+- `use_dora: true` -> vLLM raises ("does not yet support DoRA"): refused here.
+- `bias` other than "none" -> vLLM raises unless bias is enabled server-side: refused here.
+- `modules_to_save` (full copies of embed_tokens/lm_head/...) -> not loaded by vLLM, its tensors
+  are "unexpected modules": refused here.
+- `rank_pattern` / `alpha_pattern` -> vLLM ignores them and would scale those layers wrongly:
+  refused here when non-empty (written as {}).
+- `layers_to_transform`, `layer_replication`, `megatron_config` -> not understood: refused when set.
+- `target_modules` -> written as a sorted list of module names (never a regex string), derived from
+  the tensors actually present so it names exactly what the file holds.
+- tensor names -> `base_model.model.<module>.lora_A.weight` / `.lora_B.weight` only (PEFT's saved
+  form without the adapter name); anything else is refused.
+- `r` is reported: vLLM's server needs `--max-lora-rank` >= r (its default is 16).
+Unknown extra keys are harmless: vLLM keeps only the fields it knows.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from .files import ExportError, ProgressFn, atomic_dir, ensure_free_space, no_progress, tree_size
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "tokenizer.model")
+_LORA_KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
+
+
+def adapter_weights_size(adapter_dir: Path) -> int:
+    return (Path(adapter_dir) / WEIGHTS_FILE).stat().st_size
+
+
+def vllm_problems(config: dict, tensor_names: list[str]) -> list[str]:
+    """Reasons vLLM's LoRA loader would reject or misread this adapter (empty when it is fine)."""
+    problems = []
+    if config.get("peft_type", "LORA") != "LORA":
+        problems.append(f"peft_type {config.get('peft_type')!r} is not LORA")
+    if config.get("use_dora"):
+        problems.append("DoRA adapters (use_dora) are not supported by vLLM")
+    if config.get("bias", "none") != "none":
+        problems.append(f"bias={config['bias']!r}: vLLM loads only bias='none' adapters by default")
+    if config.get("modules_to_save"):
+        problems.append(f"modules_to_save={config['modules_to_save']} (full module copies) is not loadable by vLLM")
+    for key in ("rank_pattern", "alpha_pattern"):
+        if config.get(key):
+            problems.append(f"{key} is ignored by vLLM, which would scale those layers wrongly")
+    for key in ("layers_to_transform", "layer_replication", "megatron_config"):
+        if config.get(key):
+            problems.append(f"{key} is not understood by vLLM")
+    bad = [name for name in tensor_names if not _LORA_KEY.match(name)]
+    if bad:
+        problems.append(f"tensors vLLM does not expect: {bad[:5]}{' ...' if len(bad) > 5 else ''}")
+    return problems
+
+
+def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str,
+                   progress: ProgressFn = no_progress, check_space: bool = True) -> dict:
+    """Write a clean PEFT adapter into out_dir (created atomically; replaced if it exists).
+
+    adapter_dir: a PEFT adapter as saved by the trainer (save_pretrained).
+    base_model: the base model's name or path, recorded as base_model_name_or_path.
+    Returns facts for the artifact record (rank, target modules, vLLM compatibility, bytes).
+    Raises ExportError if the adapter uses a feature vLLM cannot load (see module doc).
+    """
+    adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
+    progress("adapter", 0.0)
+    config = json.loads((adapter_dir / CONFIG_FILE).read_text())
+    weights = adapter_dir / WEIGHTS_FILE
+    if not weights.is_file():
+        raise ExportError(f"{adapter_dir} has no {WEIGHTS_FILE} (was the adapter saved with safetensors?)")
+    with safe_open(str(weights), framework="pt") as handle:
+        names = list(handle.keys())
+    problems = vllm_problems(config, names)
+    if problems:
+        raise ExportError("This adapter cannot be exported for PEFT + vLLM: " + "; ".join(problems))
+    if check_space:
+        ensure_free_space(out_dir.parent, tree_size(weights))
+
+    modules = sorted({_LORA_KEY.match(name)["module"].rsplit(".", 1)[-1] for name in names})
+    config.update(
+        base_model_name_or_path=str(base_model),
+        target_modules=modules,
+        use_dora=False,
+        rank_pattern={},
+        alpha_pattern={},
+        modules_to_save=None,
+        layers_to_transform=None,
+        layer_replication=None,
+        inference_mode=True,
+    )
+    with atomic_dir(out_dir) as temp:
+        tensors = load_file(str(weights))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(temp / WEIGHTS_FILE),
+                  metadata={"format": "pt"})
+        progress("adapter", 0.8)
+        (temp / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        for name in TOKENIZER_FILES:
+            if (adapter_dir / name).is_file():
+                shutil.copy2(adapter_dir / name, temp / name)
+    progress("adapter", 1.0)
+    return {
+        "format": "peft-lora",
+        "path": str(out_dir),
+        "bytes": tree_size(out_dir),
+        "base_model_name_or_path": str(base_model),
+        "r": config.get("r"),
+        "lora_alpha": config.get("lora_alpha"),
+        "target_modules": modules,
+        "tensors": len(names),
+        "vllm": {"compatible": True, "checked": [
+            "peft_type LORA", "no DoRA", "bias none", "no modules_to_save", "no rank/alpha patterns",
+            "no layers_to_transform/layer_replication", "target_modules is a list",
+            "only lora_A/lora_B weights under base_model.model.*"],
+            "needs_max_lora_rank": config.get("r")},
+    }

@@ -1,0 +1,209 @@
+"""Our Hugging Face -> GGUF converter, written on the gguf package's GGUFWriter (no llama.cpp script).
+
+It streams: tensor infos are planned from the safetensors headers, then each tensor is read,
+transformed (q/k permutation for llama.cpp's LLAMA rope), converted to the output type and written,
+one at a time, so memory stays at about one tensor. Output types: f16, bf16, q8_0 (numpy, from the
+gguf package's quants module). Norms and biases stay f32, as llama.cpp's converter keeps them.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import quants
+
+from .files import ExportError, ProgressFn, atomic_file, ensure_free_space, no_progress
+from .gguf_arch import ArchSpec, arch_for, llama3_rope_factors, model_shape, permute_for_llama_rope, rope_settings
+from .gguf_tokenizer import read_tokenizer, write_tokenizer
+
+OUT_TYPES = {
+    "f16": (QT.F16, gguf.LlamaFileType.MOSTLY_F16),
+    "bf16": (QT.BF16, gguf.LlamaFileType.MOSTLY_BF16),
+    "q8_0": (QT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+}
+
+
+@dataclass
+class PlannedTensor:
+    hf_name: str
+    file: Path
+    gguf_name: str
+    shape: tuple[int, ...]
+    qtype: QT
+    permute_heads: int | None
+    data: np.ndarray | None = None  # a tensor the converter makes (not read from the checkpoint)
+
+
+def _tensor_type(shape: tuple[int, ...], wanted: QT) -> QT:
+    if len(shape) < 2:
+        return QT.F32
+    if wanted == QT.Q8_0 and shape[-1] % 32:
+        return QT.F16  # Q8_0 needs rows in blocks of 32
+    return wanted
+
+
+def _nbytes(shape: tuple[int, ...], qtype: QT) -> int:
+    if qtype == QT.F32:
+        return int(np.prod(shape)) * 4
+    if qtype == QT.F16:
+        return int(np.prod(shape)) * 2
+    return int(np.prod(quants.quant_shape_to_byte_shape(shape, qtype)))
+
+
+def _sort_key(name: str):
+    match = re.match(r"blk\.(\d+)\.", name)
+    if name.startswith("token_embd"):
+        return (-1, name)
+    return (int(match.group(1)), name) if match else (10**9, name)
+
+
+def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) -> list[PlannedTensor]:
+    from safetensors import safe_open
+
+    shape_info = model_shape(config)
+    name_map = gguf.get_tensor_name_map(spec.arch, shape_info.n_layers)
+    allowed = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[spec.arch]}
+    tied = bool(config.get("tie_word_embeddings"))
+    planned = []
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise ExportError(f"{model_dir} has no safetensors weights")
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for hf_name in handle.keys():
+                if hf_name.endswith(spec.skip_suffixes):
+                    continue
+                if tied and hf_name == "lm_head.weight":
+                    continue  # llama.cpp reuses token_embd when output.weight is absent
+                gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+                if gguf_name is None:
+                    raise ExportError(f"No GGUF name for tensor {hf_name!r} of a {spec.name} model.")
+                base = gguf_name.rsplit(".", 1)[0]
+                generic = re.sub(r"^blk\.\d+\.", "blk.{bid}.", base)
+                if generic not in allowed:
+                    raise ExportError(f"Tensor {gguf_name} is not part of llama.cpp's {spec.name} graph.")
+                shape = tuple(handle.get_slice(hf_name).get_shape())
+                heads = None
+                if spec.permute_qk and base.endswith(".attn_q"):
+                    heads = shape_info.n_head
+                elif spec.permute_qk and base.endswith(".attn_k"):
+                    heads = shape_info.n_head_kv
+                planned.append(PlannedTensor(hf_name, file, gguf_name, shape,
+                                             _tensor_type(shape, out_type), heads))
+    rope = rope_settings(config)
+    if rope["type"] == "llama3":
+        if spec.arch != gguf.MODEL_ARCH.LLAMA:
+            raise ExportError(f"llama3 RoPE scaling on a {spec.name} model is not supported")
+        factors = llama3_rope_factors(rope, shape_info.head_dim)
+        planned.append(PlannedTensor("", Path(), gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight",
+                                     factors.shape, QT.F32, None, data=factors))
+    planned.sort(key=lambda t: _sort_key(t.gguf_name))
+    return planned
+
+
+def expected_gguf_bytes(model_dir: Path, out_type: str = "f16") -> int:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    planned = plan_tensors(model_dir, config, arch_for(config), OUT_TYPES[out_type][0])
+    return sum(_nbytes(t.shape, t.qtype) for t in planned) + (4 << 20)  # + header and vocab
+
+
+def _convert(data: np.ndarray, qtype: QT) -> np.ndarray:
+    if qtype == QT.F32:
+        return data.astype(np.float32)
+    if qtype == QT.F16:
+        return data.astype(np.float16)
+    return quants.quantize(data, qtype).view(np.uint8)
+
+
+def _write_metadata(writer: gguf.GGUFWriter, config: dict, spec: ArchSpec, file_type: int,
+                    name: str, vocab_size: int) -> None:
+    shape = model_shape(config)
+    writer.add_name(name)
+    for method, key in spec.hparams:
+        if config.get(key) is None:
+            if key == "num_key_value_heads":
+                continue
+            raise ExportError(f"config.json lacks {key}, needed for the GGUF metadata")
+        getattr(writer, method)(config[key])
+    writer.add_vocab_size(vocab_size)
+    writer.add_rope_dimension_count(shape.head_dim)
+    if shape.head_dim * shape.n_head != shape.hidden:
+        writer.add_key_length(shape.head_dim)
+        writer.add_value_length(shape.head_dim)
+    rope = rope_settings(config)
+    writer.add_rope_freq_base(rope["theta"])
+    if rope["type"] == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(rope["factor"]))
+    elif rope["type"] == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(float(rope["factor"]))
+        if rope["original_max_position_embeddings"]:
+            writer.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+    writer.add_file_type(int(file_type))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def convert_to_gguf(model_dir: Path, out_path: Path, *, out_type: str = "f16", name: str | None = None,
+                    progress: ProgressFn = no_progress, check_space: bool = True) -> dict:
+    """Convert a Hugging Face checkpoint (safetensors + tokenizer.json) into one GGUF file.
+
+    out_type: "f16", "bf16" or "q8_0". Written to a temporary name beside out_path and renamed
+    at the end; nothing is left behind on failure."""
+    model_dir, out_path = Path(model_dir), Path(out_path)
+    if out_type not in OUT_TYPES:
+        raise ExportError(f"GGUF type {out_type!r} is written by quantize_gguf, not the converter "
+                          f"(the converter writes {', '.join(OUT_TYPES)})")
+    qtype, file_type = OUT_TYPES[out_type]
+    config = json.loads((model_dir / "config.json").read_text())
+    spec = arch_for(config)
+    planned = plan_tensors(model_dir, config, spec, qtype)
+    total = sum(_nbytes(t.shape, t.qtype) for t in planned)
+    if check_space:
+        ensure_free_space(out_path.parent, total)
+    vocab_size = config.get("vocab_size") or next(t.shape[0] for t in planned if t.gguf_name == "token_embd.weight")
+    tokenizer = read_tokenizer(model_dir, vocab_size)
+
+    from safetensors import safe_open
+
+    progress(f"gguf-{out_type}", 0.0)
+    with atomic_file(out_path) as temp:
+        writer = gguf.GGUFWriter(path=None, arch=spec.name)
+        try:
+            _write_metadata(writer, config, spec, file_type, name or model_dir.name, len(tokenizer.tokens))
+            write_tokenizer(writer, tokenizer)
+            for t in planned:
+                nbytes = _nbytes(t.shape, t.qtype)
+                if t.qtype in (QT.F32, QT.F16):
+                    writer.add_tensor_info(t.gguf_name, t.shape, np.dtype(np.float32 if t.qtype == QT.F32 else np.float16), nbytes)
+                else:
+                    writer.add_tensor_info(t.gguf_name, quants.quant_shape_to_byte_shape(t.shape, t.qtype),
+                                           np.dtype(np.uint8), nbytes, raw_dtype=t.qtype)
+            writer.write_header_to_file(path=temp)
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            handles: dict[Path, object] = {}
+            written = 0
+            for t in planned:
+                if t.data is not None:
+                    writer.write_tensor_data(t.data)
+                    continue
+                if t.file not in handles:
+                    handles[t.file] = safe_open(str(t.file), framework="pt")
+                data = handles[t.file].get_tensor(t.hf_name).float().numpy()
+                if t.permute_heads:
+                    data = permute_for_llama_rope(data, t.permute_heads)
+                writer.write_tensor_data(_convert(data, t.qtype))
+                written += _nbytes(t.shape, t.qtype)
+                progress(f"gguf-{out_type}", written / total)
+            writer.flush()
+        finally:
+            writer.close()
+    return {"format": "gguf", "type": out_type, "path": str(out_path), "bytes": out_path.stat().st_size,
+            "architecture": spec.name, "tensors": len(planned), "tokenizer_pre": tokenizer.pre,
+            "chat_template": bool(tokenizer.chat_template)}

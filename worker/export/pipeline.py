@@ -1,0 +1,195 @@
+"""One export job: adapter, merged model, GGUF files (+ Ollama Modelfiles), verification and a
+manifest, built in a temporary directory beside `out_dir` and renamed into place only when all of it
+succeeded. The free disk is checked for the whole export before anything is written.
+
+Layout of out_dir:
+    adapter/                      PEFT adapter (adapter_config.json, adapter_model.safetensors, tokenizer)
+    merged/                       merged 16-bit safetensors + tokenizer + chat template
+    gguf/<name>-<type>.gguf       one per requested type; <name>-<type>.Modelfile beside each,
+    gguf/Modelfile                and Modelfile for the smallest type
+    export.json                   the manifest: artifacts (relative paths, bytes) and verification
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .adapter import adapter_weights_size, export_adapter
+from .files import ExportError, ProgressFn, atomic_dir, ensure_free_space, no_progress, remove_partials, tree_size
+from .gguf_convert import OUT_TYPES, convert_to_gguf, expected_gguf_bytes
+from .gguf_quantize import QUANT_TYPES, expected_quant_bytes, quantize_gguf
+from .gguf_tokenizer import read_chat_template
+from .merge import DTYPES, expected_merged_bytes, export_merged
+from .modelfile import write_modelfile
+from .verify import F16_KL_BOUND, Q8_0_KL_BOUND, merged_reference, tokenizer_texts, verify_gguf, verify_merged
+
+MANIFEST = "export.json"
+# progress(stage, fraction) is called with these stages, in this order, each from 0.0 to 1.0
+# ("gguf-<type>" for f16/bf16/q8_0 from our converter, "quantize-<type>" for llama.cpp's types).
+STAGES = ("check", "adapter", "merge", "verify-merged", "gguf-<type>", "quantize-<type>", "verify-gguf", "done")
+
+
+@dataclass
+class ExportRequest:
+    base_model_dir: Path           # the 16/32-bit base checkpoint the adapter was trained on
+    adapter_dir: Path              # the trainer's PEFT adapter
+    out_dir: Path                  # e.g. LANNER_DATA_DIR/artifacts/<job>/export
+    base_model_name: str | None = None   # recorded in adapter_config.json (default: base_model_dir)
+    name: str = "model"            # file stem of the GGUFs
+    adapter: bool = True
+    merged: bool = True
+    merged_dtype: str = "bfloat16"
+    gguf_types: tuple[str, ...] = ("f16", "q8_0", "q4_k_m")
+    verify: bool = True
+    device: str = "cpu"
+    reserve_bytes: int = 0         # keep this much disk free after the export
+    extra: dict = field(default_factory=dict)
+
+
+def validate(request: ExportRequest) -> None:
+    if request.merged_dtype not in DTYPES:
+        raise ExportError(f"merged_dtype must be one of {DTYPES}")
+    unknown = [t for t in request.gguf_types if t not in OUT_TYPES and t not in QUANT_TYPES]
+    if unknown:
+        raise ExportError(f"Unknown GGUF types {unknown}; known: {sorted(set(OUT_TYPES) | set(QUANT_TYPES))}")
+    if not (request.adapter or request.merged or request.gguf_types):
+        raise ExportError("Nothing to export: choose the adapter, the merged model or a GGUF type.")
+
+
+def expected_bytes(request: ExportRequest) -> dict[str, int]:
+    """Sizes the export will write, by part (the intermediate merged model and f16 GGUF included)."""
+    sizes = {}
+    if request.adapter:
+        sizes["adapter"] = adapter_weights_size(request.adapter_dir)
+    if request.merged or request.gguf_types:
+        sizes["merged"] = expected_merged_bytes(request.base_model_dir)
+    if request.gguf_types:
+        # The converter's estimate reads the merged checkpoint, which does not exist yet: same tensors.
+        f16 = expected_gguf_bytes(request.base_model_dir, "f16")
+        sizes["gguf-f16"] = f16
+        for qtype in request.gguf_types:
+            if qtype == "bf16":
+                sizes["gguf-bf16"] = f16
+            elif qtype == "q8_0":
+                sizes["gguf-q8_0"] = int(f16 * 8.5 / 16) + (4 << 20)
+            elif qtype != "f16":
+                sizes[f"gguf-{qtype}"] = expected_quant_bytes(f16, qtype)
+    return sizes
+
+
+def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> dict:
+    """Make every artifact the request asks for, verify them, and return the manifest (also written
+    to out_dir/export.json). Raises ExportError (NotEnoughDiskSpace for a short disk); on any failure
+    nothing of this export is left on disk."""
+    started = time.monotonic()
+    validate(request)
+    out_dir = Path(request.out_dir)
+    base_name = request.base_model_name or str(request.base_model_dir)
+    progress("check", 0.0)
+    remove_partials(out_dir)  # left by an earlier attempt that was killed
+    sizes = expected_bytes(request)
+    free = ensure_free_space(out_dir.parent, sum(sizes.values()), reserve_bytes=request.reserve_bytes)
+    progress("check", 1.0)
+
+    manifest: dict = {"base_model": base_name, "expected_bytes": sizes, "free_bytes_at_start": free,
+                      "request": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(request).items()},
+                      "artifacts": [], "verification": {}}
+    with atomic_dir(out_dir) as work:
+        adapter_dir = Path(request.adapter_dir)
+        if request.adapter:
+            info = export_adapter(request.adapter_dir, work / "adapter", base_model=base_name,
+                                  progress=progress, check_space=False)
+            adapter_dir = work / "adapter"  # verify what we ship
+            manifest["artifacts"].append(_relative(info, work, kind="adapter"))
+
+        if request.merged or request.gguf_types:
+            info = export_merged(request.base_model_dir, adapter_dir, work / "merged", dtype=request.merged_dtype,
+                                 device=request.device, progress=progress, check_space=False)
+            if request.merged:
+                manifest["artifacts"].append(_relative(info, work, kind="merged"))
+            reference = None
+            if request.verify:
+                progress("verify-merged", 0.0)
+                result, reference = verify_merged(request.base_model_dir, adapter_dir, work / "merged",
+                                                  device=request.device, return_reference=True)
+                manifest["verification"]["merged"] = result
+                progress("verify-merged", 1.0)
+                if not result["passed"]:
+                    raise ExportError(f"The merged model does not match the trained adapter: {result}")
+            if request.gguf_types:
+                _export_gguf(request, work, manifest, reference, progress)
+            if not request.merged:
+                shutil.rmtree(work / "merged")
+        manifest["seconds"] = round(time.monotonic() - started, 1)
+        manifest["bytes"] = tree_size(work)
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    progress("done", 1.0)
+    manifest["path"] = str(out_dir)
+    return manifest
+
+
+def _relative(info: dict, work: Path, *, kind: str) -> dict:
+    info = dict(info)
+    info["kind"] = kind
+    info["path"] = str(Path(info["path"]).relative_to(work))
+    return info
+
+
+def _export_gguf(request: ExportRequest, work: Path, manifest: dict, reference: dict | None,
+                 progress: ProgressFn) -> None:
+    merged_dir = work / "merged"
+    gguf_dir = work / "gguf"
+    gguf_dir.mkdir()
+    f16_path = gguf_dir / f"{request.name}-f16.gguf"
+    paths: dict[str, Path] = {}
+    paths["f16"] = f16_path
+    infos = {"f16": convert_to_gguf(merged_dir, f16_path, out_type="f16", name=request.name,
+                                    progress=progress, check_space=False)}
+    for qtype in request.gguf_types:
+        path = gguf_dir / f"{request.name}-{qtype}.gguf"
+        if qtype in ("bf16", "q8_0"):  # written by our converter, from the merged weights
+            infos[qtype] = convert_to_gguf(merged_dir, path, out_type=qtype, name=request.name,
+                                           progress=progress, check_space=False)
+        elif qtype != "f16":          # llama.cpp's quantizer, from the one f16 conversion
+            infos[qtype] = quantize_gguf(f16_path, path, qtype, progress=progress, check_space=False)
+        paths[qtype] = path
+
+    if request.verify:
+        if reference is None:
+            reference = merged_reference(merged_dir, device=request.device)
+        texts = tokenizer_texts(merged_dir)
+        checks = {}
+        for i, (qtype, path) in enumerate(paths.items()):
+            progress("verify-gguf", i / len(paths))
+            kl_bound = {"f16": F16_KL_BOUND, "bf16": F16_KL_BOUND, "q8_0": Q8_0_KL_BOUND}.get(qtype)
+            checks[qtype] = verify_gguf(path, reference, kl_bound=kl_bound, require_top1=qtype in ("f16", "bf16"),
+                                        tokenizer_texts=texts)
+        manifest["verification"]["gguf"] = checks
+        progress("verify-gguf", 1.0)
+        failed = [q for q, c in checks.items() if not c["passed"]]
+        if failed:
+            raise ExportError(f"GGUF verification failed for {failed}: " + json.dumps({q: checks[q] for q in failed}))
+
+    if "f16" not in request.gguf_types:
+        f16_path.unlink()
+        del paths["f16"]
+    chat_template = read_chat_template(merged_dir, json.loads((merged_dir / "tokenizer_config.json").read_text()))
+    stops = _stop_tokens(merged_dir)
+    for qtype, path in paths.items():
+        info = _relative(infos[qtype], work, kind="gguf")
+        info["verification"] = manifest["verification"].get("gguf", {}).get(qtype, {}).get("passed")
+        manifest["artifacts"].append(info)
+        modelfile = write_modelfile(path, chat_template, stops, path.with_suffix(".Modelfile"))
+        manifest["artifacts"].append(_relative(modelfile, work, kind="modelfile"))
+    smallest = min(paths.values(), key=lambda p: p.stat().st_size)
+    manifest["artifacts"].append(_relative(write_modelfile(smallest, chat_template, stops), work, kind="modelfile"))
+
+
+def _stop_tokens(merged_dir: Path) -> list[str]:
+    config = json.loads((merged_dir / "tokenizer_config.json").read_text())
+    eos = config.get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    return [eos] if eos else []

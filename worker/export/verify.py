@@ -1,0 +1,203 @@
+"""Verification stored with every export: does the file behave like the model that was trained?
+
+1. Merged vs base-with-adapter (PEFT, unmerged, float32): logits on fixed prompts. The bound is
+   "within 16-bit noise", measured on the same prompts rather than guessed: rounding the *base*
+   weights alone to the merged dtype moves the logits by `noise_floor`; the merged model must stay
+   within MERGED_NOISE_FACTOR x noise_floor (+ a tiny absolute slack) of the reference, and agree on
+   the top-1 token at every position except exact near-ties.
+2. f16 GGUF in llama.cpp vs the merged model (transformers, float32 compute on the 16-bit weights):
+   same tokenization, same top-1 token at every position (near-ties excepted and counted), mean
+   KL(merged || gguf) below F16_KL_BOUND.
+3. Other GGUF types (q8_0, k-quants): load in llama.cpp and generate; KL against the merged model is
+   measured and reported, and bounded for q8_0 (Q8_0_KL_BOUND).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+MERGED_NOISE_FACTOR = 2.0
+MERGED_ABS_SLACK = 1e-3
+F16_KL_BOUND = 1e-3        # nats per position
+Q8_0_KL_BOUND = 2e-2       # nats per position
+TIE_MARGIN = 0.05          # logits: a top-1 flip is a near-tie if the reference's own gap is below this
+
+TEXT_PROMPTS = (
+    "The capital of France is Paris. The capital of Italy is",
+    "def add(a, b):\n    return",
+)
+CHAT_SYSTEM = "Answer briefly."  # a short system turn keeps the prompt short (the default one is long)
+CHAT_QUESTION = "What is the largest planet?"
+
+
+def prompt_ids(tokenizer) -> list[list[int]]:
+    """Token ids of the fixed prompts: plain texts and one chat turn through the chat template."""
+    ids = [tokenizer(text, add_special_tokens=True)["input_ids"] for text in TEXT_PROMPTS]
+    if getattr(tokenizer, "chat_template", None):
+        chat = tokenizer.apply_chat_template([{"role": "system", "content": CHAT_SYSTEM},
+                                              {"role": "user", "content": CHAT_QUESTION}],
+                                             add_generation_prompt=True, tokenize=True)
+        if isinstance(chat, dict) or hasattr(chat, "keys"):
+            chat = chat["input_ids"]
+        ids.append(list(chat))
+    return ids
+
+
+def _logits(model, ids_list: list[list[int]]) -> list[np.ndarray]:
+    """Float32 logits of each prompt, all prompts in one right-padded batch (causal attention: the
+    padding after a prompt cannot change its logits)."""
+    import torch
+
+    device = next(model.parameters()).device
+    longest = max(len(ids) for ids in ids_list)
+    input_ids = torch.zeros((len(ids_list), longest), dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(ids_list):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        mask[row, : len(ids)] = 1
+    with torch.no_grad():
+        logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits.float().cpu().numpy()
+    return [logits[row, : len(ids)] for row, ids in enumerate(ids_list)]
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def compare_logits(reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict:
+    """Max/mean |diff|, top-1 agreement (with near-ties counted apart) and mean KL(ref || cand)."""
+    max_diff, abs_sum, count, agree, ties, kl_sum = 0.0, 0.0, 0, 0, 0, 0.0
+    for ref, cand in zip(reference, candidate):
+        n = min(len(ref), len(cand))
+        ref, cand = ref[:n], cand[:n]
+        diff = np.abs(ref - cand)
+        max_diff = max(max_diff, float(diff.max()))
+        abs_sum += float(diff.mean()) * n
+        top_ref, top_cand = ref.argmax(-1), cand.argmax(-1)
+        same = top_ref == top_cand
+        agree += int(same.sum())
+        rows = np.arange(n)
+        gap = ref[rows, top_ref] - ref[rows, top_cand]
+        ties += int(((~same) & (gap < TIE_MARGIN)).sum())
+        p, q = _log_softmax(ref), _log_softmax(cand)
+        kl_sum += float((np.exp(p) * (p - q)).sum(-1).sum())
+        count += n
+    return {"positions": count, "max_abs_logit_diff": max_diff, "mean_abs_logit_diff": abs_sum / count,
+            "top1_agreement": agree / count, "top1_mismatches": count - agree,
+            "top1_mismatches_near_ties": ties, "mean_kl": kl_sum / count}
+
+
+def verify_merged(base_model_dir: Path, adapter_dir: Path, merged_dir: Path, *, device: str = "cpu",
+                  return_reference: bool = False):
+    """Compare the merged 16-bit model with base + adapter (PEFT, unmerged, float32). Returns the
+    JSON-able result; with return_reference, also the merged model's prompt ids and logits (the
+    reference of the GGUF checks) as a second value."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(merged_dir)
+    ids = prompt_ids(tokenizer)
+    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32, device_map=device)
+    model = PeftModel.from_pretrained(base, adapter_dir)
+    model.eval()
+    reference = _logits(model, ids)
+    with model.disable_adapter():
+        base32 = _logits(model, ids)
+        dtype = _merged_dtype(merged_dir)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.data = param.data.to(dtype).float()
+        base16 = _logits(model, ids)
+    del model, base
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32, device_map=device)
+    merged.eval()
+    merged_logits = _logits(merged, ids)
+    del merged
+
+    noise = compare_logits(base32, base16)
+    result = compare_logits(reference, merged_logits)
+    adapter_effect = compare_logits(base32, reference)
+    bound = MERGED_NOISE_FACTOR * noise["max_abs_logit_diff"] + MERGED_ABS_SLACK
+    result.update(
+        check="merged (16-bit, float32 compute) vs base + adapter (PEFT, float32)",
+        merged_dtype=str(dtype).replace("torch.", ""),
+        noise_floor_max_abs_logit_diff=noise["max_abs_logit_diff"],
+        bound_max_abs_logit_diff=bound,
+        adapter_effect_max_abs_logit_diff=adapter_effect["max_abs_logit_diff"],
+        passed=bool(result["max_abs_logit_diff"] <= bound
+                    and result["top1_mismatches"] == result["top1_mismatches_near_ties"]),
+    )
+    if return_reference:
+        return result, {"ids": ids, "logits": merged_logits}
+    return result
+
+
+def _merged_dtype(merged_dir: Path):
+    import json
+
+    import torch
+
+    config = json.loads((Path(merged_dir) / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    return getattr(torch, str(name).replace("torch.", ""))
+
+
+def merged_reference(merged_dir: Path, *, device: str = "cpu") -> dict:
+    """Prompt ids and float32 logits of the merged model, when verify_merged was not run."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ids = prompt_ids(AutoTokenizer.from_pretrained(merged_dir))
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32, device_map=device)
+    return {"ids": ids, "logits": _logits(merged.eval(), ids)}
+
+
+def _open_gguf(path: Path, n_ctx: int):
+    from llama_cpp import Llama
+
+    return Llama(model_path=str(path), logits_all=True, n_ctx=n_ctx, verbose=False)
+
+
+def verify_gguf(gguf_path: Path, reference: dict, *, kl_bound: float | None, require_top1: bool,
+                tokenizer_texts: dict[str, list[int]] | None = None, generate_tokens: int = 8) -> dict:
+    """Run the fixed prompts through llama.cpp and compare with the merged model's logits."""
+    ids_list, ref_logits = reference["ids"], reference["logits"]
+    n_ctx = max(64, 2 ** math.ceil(math.log2(max(len(ids) for ids in ids_list) + generate_tokens + 8)))
+    llm = _open_gguf(gguf_path, n_ctx)
+    try:
+        got = []
+        for ids in ids_list:
+            llm.reset()
+            llm.eval(ids)
+            got.append(np.array(llm.scores[: len(ids)], dtype=np.float32))
+        result = compare_logits(ref_logits, got)
+        tokenization = {}
+        for text, expected in (tokenizer_texts or {}).items():
+            tokenization[text] = llm.tokenize(text.encode(), add_bos=False, special=True) == expected
+        llm.reset()
+        sample = llm.create_completion(TEXT_PROMPTS[0], max_tokens=generate_tokens, temperature=0.0)
+        generated = sample["choices"][0]["text"]
+    finally:
+        llm.close()
+    passed = bool(generated.strip()) and all(tokenization.values())
+    if kl_bound is not None:
+        passed = passed and result["mean_kl"] <= kl_bound
+    if require_top1:
+        passed = passed and result["top1_mismatches"] == result["top1_mismatches_near_ties"]
+    result.update(check="llama.cpp (llama-cpp-python) vs merged model (transformers, float32 compute)",
+                  kl_bound=kl_bound, top1_required=require_top1, tokenization_matches=tokenization,
+                  generated=generated, passed=passed)
+    return result
+
+
+def tokenizer_texts(merged_dir: Path) -> dict[str, list[int]]:
+    """The plain prompts with Hugging Face's ids, to check llama.cpp tokenizes them identically."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(merged_dir)
+    return {text: tokenizer(text, add_special_tokens=False)["input_ids"] for text in TEXT_PROMPTS}

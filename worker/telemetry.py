@@ -1,0 +1,77 @@
+"""Device telemetry while a job runs: NVML for a GPU, psutil for the CPU and RAM, every 2 s."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import psutil
+
+SAMPLE_SECONDS = 2.0
+
+
+def _gpu_sampler(index: int) -> Callable[[], dict]:
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+
+    def sample() -> dict:
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        utilisation = pynvml.nvmlDeviceGetUtilizationRates(handle)
+        values = {"kind": "cuda", "gpu_utilization_percent": utilisation.gpu,
+                  "memory_used_bytes": int(memory.used), "memory_total_bytes": int(memory.total)}
+        try:
+            values["temperature_c"] = pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
+            values["power_w"] = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+        except pynvml.NVMLError:  # some boards do not report these
+            pass
+        return values
+
+    return sample
+
+
+def _cpu_sampler(pid: int | None) -> Callable[[], dict]:
+    process = psutil.Process(pid) if pid else None
+    psutil.cpu_percent(None)
+    if process:
+        process.cpu_percent(None)
+
+    def sample() -> dict:
+        memory = psutil.virtual_memory()
+        values = {"kind": "cpu", "cpu_percent": psutil.cpu_percent(None),
+                  "memory_used_bytes": int(memory.total - memory.available), "memory_total_bytes": int(memory.total)}
+        if process:
+            try:
+                with process.oneshot():
+                    values["process_cpu_percent"] = process.cpu_percent(None)
+                    values["process_rss_bytes"] = int(process.memory_info().rss)
+            except psutil.Error:  # the process just ended
+                pass
+        return values
+
+    return sample
+
+
+class DeviceSampler(threading.Thread):
+    """Calls `emit(sample)` every SAMPLE_SECONDS until stopped. For the CPU it also reports the
+    training process's own CPU and resident memory."""
+
+    def __init__(self, device: dict, emit: Callable[[dict], None], pid: int | None = None,
+                 interval: float = SAMPLE_SECONDS):
+        super().__init__(daemon=True, name="lanner-device-sampler")
+        self.emit = emit
+        self.interval = interval
+        self._stop_event = threading.Event()
+        self.sample = (_gpu_sampler(device["index"]) if device.get("kind") == "cuda"
+                       else _cpu_sampler(pid))
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.emit(self.sample())
+            except Exception:  # a failed sample must never stop the job
+                pass
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)

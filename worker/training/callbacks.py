@@ -1,0 +1,78 @@
+"""Trainer callbacks: every optimizer step's metrics to the job's events, checkpoints registered as
+artifacts, and a cancel that stops at the next step boundary after saving a checkpoint."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from lanner.worker.events import JobEvents
+
+# Per-step values from TRL/transformers' logs passed on as they are (besides the ones computed here).
+PASSED_ON = ("loss", "learning_rate", "grad_norm", "epoch", "mean_token_accuracy", "entropy", "num_tokens",
+             "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
+
+
+class MetricsCallback(TrainerCallback):
+    def __init__(self, events: JobEvents, samples_per_step: int, on_checkpoint=None):
+        self.events = events
+        self.samples_per_step = samples_per_step
+        self.on_checkpoint = on_checkpoint
+        self.step_started = None
+        self.step_time = None
+        self.tokens_seen = None
+        self.last_step_published = -1
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.events.total_steps(state.max_steps)
+        self.events.log(f"Training for {state.max_steps} steps")
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step_started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.step_started is not None:
+            self.step_time = time.perf_counter() - self.step_started
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        step = state.global_step
+        if "eval_loss" in logs:
+            self.events.metric(step, {key: value for key, value in logs.items() if key.startswith("eval_")})
+            return
+        if "loss" not in logs or step == self.last_step_published:
+            return  # the end-of-training summary, or a repeat
+        self.last_step_published = step
+        values = {key: logs[key] for key in PASSED_ON if key in logs}
+        if self.step_time:
+            values["step_time"] = self.step_time
+            values["samples_per_second"] = self.samples_per_step / self.step_time
+            if "num_tokens" in logs:
+                if self.tokens_seen is None and step == 1:
+                    self.tokens_seen = 0
+                if self.tokens_seen is not None:
+                    values["tokens_per_second"] = (logs["num_tokens"] - self.tokens_seen) / self.step_time
+                self.tokens_seen = logs["num_tokens"]
+        values["total_steps"] = state.max_steps
+        self.events.metric(step, values, total_steps=state.max_steps)
+
+    def on_save(self, args, state, control, **kwargs):
+        name = f"checkpoint-{state.global_step}"
+        if self.on_checkpoint:
+            self.on_checkpoint(Path(args.output_dir) / name, state.global_step)
+
+
+class CancelCallback(TrainerCallback):
+    """Set `requested` (from a SIGTERM handler) and training saves a checkpoint at the end of the
+    current step and stops."""
+
+    def __init__(self):
+        self.requested = False
+        self.stopped = False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.requested:
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped = True
