@@ -11,8 +11,9 @@ Deliberately simple (refine it against measured peaks on the GPU box):
   score term (SDPA/flash attention does not store it): 34 × hidden bytes at 16-bit activations
   (scaled for float32); with gradient checkpointing only each layer's input (hidden × activation
   bytes) is kept, plus one layer's activations while it is recomputed;
-- logits: float32 logits and their gradient (2 × tokens × vocab × 4 bytes), which lanner.kernels'
-  fused linear + cross-entropy avoids (then one chunk, counted as the overhead);
+- logits: the model's 16-bit logits, transformers' float32 upcast for the loss, and both their
+  gradients (tokens × vocab × (2 + 4 + 4 + 2) bytes), which lanner.kernels' fused linear +
+  cross-entropy avoids (then one chunk, counted as the overhead);
 - overhead: 5% of the rest plus a fixed 512 MiB on a GPU (CUDA context, allocator slack).
 """
 from __future__ import annotations
@@ -101,7 +102,7 @@ def estimate_memory(config: dict[str, Any], model: dict[str, Any], device_kind: 
         else:
             activations = s["layers"] * per_layer
         if not (config.get("use_kernels", True) and device_kind == "cuda"):
-            logits = 2 * tokens * s["vocab"] * 4
+            logits = tokens * s["vocab"] * (2 + 4 + 4 + 2)
 
     subtotal = weights + adapter + gradients + optimizer + activations + logits
     overhead = subtotal // 20 + (CUDA_OVERHEAD_BYTES if device_kind == "cuda" else 0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from lanner.backend.memory_estimate import estimate_memory
 
 
@@ -37,3 +39,20 @@ def test_parts_follow_the_config(smollm2_dir):
     assert all(value >= 0 for value in lora.values())
     assert lora["total_bytes"] == sum(v for k, v in lora.items() if k.endswith("_bytes") and k != "total_bytes")
     assert estimate_memory(base, {"parameters": 1_000_000})["weights_bytes"] == 2_000_000
+
+
+LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, vocab_size=128256,
+                num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False)
+LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, vocab_size=128256,
+                num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True)
+# Peaks measured on the H200 (docs/benchmarks.md, 2026-11-29): LoRA r16 on all seven projections,
+# bf16, sequence 2048, batch 4, gradient checkpointing; with lanner.kernels and with plain HF + PEFT.
+MEASURED_PEAKS_GIB = [(LLAMA_8B, True, 18.77), (LLAMA_1B, True, 3.70), (LLAMA_8B, False, 31.31), (LLAMA_1B, False, 16.75)]
+
+
+@pytest.mark.parametrize("shape,use_kernels,measured_gib", MEASURED_PEAKS_GIB)
+def test_estimate_is_within_15_percent_of_measured_gpu_peaks(shape, use_kernels, measured_gib):
+    config = {"method": "lora", "dtype": "bfloat16", "lora_r": 16, "per_device_train_batch_size": 4,
+              "max_seq_length": 2048, "gradient_checkpointing": True, "use_kernels": use_kernels}
+    estimate = estimate_memory(config, shape, "cuda")["total_bytes"] / 2**30
+    assert abs(estimate - measured_gib) / measured_gib < 0.15, (estimate, measured_gib)
