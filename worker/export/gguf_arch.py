@@ -41,6 +41,10 @@ class ArchSpec:
         ("add_head_count_kv", "num_key_value_heads"),
         ("add_layer_norm_rms_eps", "rms_norm_eps"),
     )
+    # Added to every RMSNorm weight: Gemma's HF norms compute x * (1 + w), llama.cpp's x * w.
+    norm_offset: float = 0.0
+    # Write attention key/value head sizes even when they equal hidden/heads.
+    always_head_dim: bool = False
     # Tensors of the HF checkpoint that have no place in the GGUF.
     skip_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
     notes: str = ""
@@ -56,6 +60,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "mistral": ArchSpec(gguf.MODEL_ARCH.LLAMA, permute_qk=True,
                         notes="llama.cpp runs Mistral as LLAMA; sliding-window attention is not applied"),
     "qwen2": ArchSpec(gguf.MODEL_ARCH.QWEN2, permute_qk=False),
+    # Gemma 1: NeoX rope, norms stored as w - 1, embeddings scaled by sqrt(hidden) inside llama.cpp.
+    "gemma": ArchSpec(gguf.MODEL_ARCH.GEMMA, permute_qk=False, norm_offset=1.0, always_head_dim=True),
     "qwen3": ArchSpec(gguf.MODEL_ARCH.QWEN3, permute_qk=False),
 }
 

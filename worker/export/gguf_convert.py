@@ -36,6 +36,7 @@ class PlannedTensor:
     shape: tuple[int, ...]
     qtype: QT
     permute_heads: int | None
+    add: float = 0.0                # added to every value (Gemma's norm offset)
     data: np.ndarray | None = None  # a tensor the converter makes (not read from the checkpoint)
 
 
@@ -93,8 +94,9 @@ def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) ->
                     heads = shape_info.n_head
                 elif spec.permute_qk and base.endswith(".attn_k"):
                     heads = shape_info.n_head_kv
+                add = spec.norm_offset if gguf_name.endswith("norm.weight") else 0.0
                 planned.append(PlannedTensor(hf_name, file, gguf_name, shape,
-                                             _tensor_type(shape, out_type), heads))
+                                             _tensor_type(shape, out_type), heads, add=add))
     rope = rope_settings(config)
     if rope["type"] == "llama3":
         if spec.arch != gguf.MODEL_ARCH.LLAMA:
@@ -132,7 +134,7 @@ def _write_metadata(writer: gguf.GGUFWriter, config: dict, spec: ArchSpec, file_
         getattr(writer, method)(config[key])
     writer.add_vocab_size(vocab_size)
     writer.add_rope_dimension_count(shape.head_dim)
-    if shape.head_dim * shape.n_head != shape.hidden:
+    if spec.always_head_dim or shape.head_dim * shape.n_head != shape.hidden:
         writer.add_key_length(shape.head_dim)
         writer.add_value_length(shape.head_dim)
     rope = rope_settings(config)
@@ -198,6 +200,8 @@ def convert_to_gguf(model_dir: Path, out_path: Path, *, out_type: str = "f16", n
                 data = handles[t.file].get_tensor(t.hf_name).float().numpy()
                 if t.permute_heads:
                     data = permute_for_llama_rope(data, t.permute_heads)
+                if t.add:
+                    data = data + np.float32(t.add)
                 writer.write_tensor_data(_convert(data, t.qtype))
                 written += _nbytes(t.shape, t.qtype)
                 progress(f"gguf-{out_type}", written / total)

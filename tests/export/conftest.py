@@ -1,0 +1,41 @@
+"""Fixtures for the export tests: a LoRA adapter on the built-in SmolLM2 with random B matrices
+(so it is not a no-op), and one full export of it shared by the tests that inspect it."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from export_helpers import BASE_MODEL_NAME, make_adapter
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """This box's 2 cores are shared by several people: two spinning torch threads then run a forward
+    pass 2-3x slower than one. Restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def trained_adapter(smollm2_dir, tmp_path_factory) -> Path:
+    return make_adapter(smollm2_dir, tmp_path_factory.mktemp("train") / "adapter")
+
+
+@pytest.fixture(scope="session")
+def full_export(smollm2_dir, trained_adapter, tmp_path_factory):
+    """One export with every format the tests inspect; the progress events it emitted; its duration."""
+    from lanner.worker.export import ExportRequest, run_export
+
+    out = tmp_path_factory.mktemp("export") / "job-1"
+    events: list[tuple[str, float]] = []
+    request = ExportRequest(base_model_dir=smollm2_dir, adapter_dir=trained_adapter, out_dir=out,
+                            base_model_name=BASE_MODEL_NAME, name="smollm2-lanner", merged_dtype="bfloat16",
+                            gguf_types=("f16", "bf16", "q8_0", "q4_k_m"))
+    started = time.monotonic()
+    manifest = run_export(request, progress=lambda stage, fraction: events.append((stage, fraction)))
+    return {"manifest": manifest, "out": out, "events": events, "seconds": time.monotonic() - started}
