@@ -56,13 +56,13 @@ def _runnable(device: dict, kinds: tuple[JobKind, ...]):
     return conditions
 
 
-def has_runnable_job(session: Session, device: dict, kinds: tuple[JobKind, ...] = (JobKind.train,)) -> bool:
+def has_runnable_job(session: Session, device: dict, kinds: tuple[JobKind, ...] = tuple(JobKind)) -> bool:
     """Whether a queued job that this device could take is waiting."""
     return session.execute(select(Job.id).where(*_runnable(device, kinds)).limit(1)).first() is not None
 
 
 def claim_next_job(session: Session, worker_name: str, device: dict,
-                   kinds: tuple[JobKind, ...] = (JobKind.train,)) -> Job | None:
+                   kinds: tuple[JobKind, ...] = tuple(JobKind)) -> Job | None:
     """Take the highest-priority queued job (priority desc, queue_order asc, id asc) whose memory
     estimate fits the device, mark it running on this worker, commit, and return it.
 

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from lanner.backend.db import session_factory
-from lanner.backend.models import Artifact, Job, JobStatus
+from lanner.backend.models import Artifact, Job, JobKind, JobStatus
 from lanner.backend.queue import cancel_key, claim_next_job, fail_orphaned_jobs
 from lanner.backend.redis_client import get_redis
 from lanner.backend.settings import Settings
@@ -32,6 +32,7 @@ POLL_SECONDS = 0.5
 CANCEL_GRACE_SECONDS = 7.0  # SIGTERM lets the trainer save a checkpoint; SIGKILL after this, within 10 s
 EXIT_CANCELLED = 3  # train_process: stopped at a cancel request after saving a checkpoint
 _PR_SET_PDEATHSIG = 1
+PROCESS_MODULES = {JobKind.train: "lanner.worker.train_process", JobKind.export: "lanner.worker.export_process"}
 
 
 def _die_with_parent() -> None:
@@ -70,10 +71,10 @@ def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, j
            "LANNER_DATA_DIR": str(settings.data_dir), "LANNER_DATABASE_URL": settings.database_url,
            "LANNER_REDIS_URL": settings.redis_url}
     with open(log_path, "ab") as out:
-        process = subprocess.Popen([sys.executable, "-m", "lanner.worker.train_process", str(job.id)],
+        process = subprocess.Popen([sys.executable, "-m", PROCESS_MODULES[job.kind], str(job.id)],
                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                    preexec_fn=_die_with_parent)
-    events.log(f"Training process started (pid {process.pid}) on {device.get('name')}")
+    events.log(f"{job.kind.value.capitalize()} process started (pid {process.pid}) on {device.get('name')}")
     sampler = DeviceSampler(device, events.device, pid=process.pid)
     sampler.start()
     cancel_requested_at = None

@@ -7,7 +7,7 @@ import logging
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Response
 from fastapi.exceptions import RequestValidationError
@@ -84,6 +84,10 @@ def _enqueue(session: Session, redis: Redis, settings: Settings, spec: JobSpec, 
               config=config, memory_estimate_bytes=(estimate or {}).get("total_bytes"),
               status=JobStatus.queued, priority=spec.priority,
               queue_order=job_queue.next_queue_order(session), gpus=spec.gpus, resume_from=spec.resume_from)
+    return _queue(session, redis, settings, job)
+
+
+def _queue(session: Session, redis: Redis, settings: Settings, job: Job) -> Job:
     session.add(job)
     session.commit()
     job_queue.publish_queue_event(redis, "added", job_queue.job_summary(job))
@@ -216,6 +220,7 @@ def retry_job(job_id: PathId, body: RetryBody | None = Body(default=None), user:
     one of its checkpoints."""
     job = _job(session, job_id)
     require_owner_or_admin(user, job.owner_id, "retry this job")
+    _require_training_job(job, "retried")
     if job.status not in (JobStatus.failed, JobStatus.cancelled):
         raise HTTPException(409, f"Only failed or cancelled jobs are retried; job {job_id} is {job.status.value} "
                                  "(clone it to run it again)")
@@ -230,6 +235,45 @@ def retry_job(job_id: PathId, body: RetryBody | None = Body(default=None), user:
     if spec.priority > 0 and user.role != Role.admin:  # a member retrying an admin's urgent job
         spec.priority = 0
     return _out(session, redis, _enqueue(session, redis, settings, spec, user, parent=job))
+
+
+def _require_training_job(job: Job, verb: str) -> None:
+    if job.kind != JobKind.train:
+        raise HTTPException(409, f"Job {job.id} is an export; it is not {verb}: export its training job "
+                                 f"({job.parent_job_id}) again instead")
+
+
+GGUF_TYPES = ("f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q5_k_s", "q5_0", "q5_1", "q4_k_m", "q4_k_s",
+              "q4_0", "q4_1", "q3_k_m", "q2_k")
+
+
+class ExportCreate(BaseModel):
+    adapter: bool = Field(default=True, description="The LoRA adapter in PEFT's layout")
+    merged: bool = Field(default=True, description="The base model with the adapter merged in, 16-bit safetensors")
+    merged_dtype: Literal["bfloat16", "float16"] = "bfloat16"
+    gguf_types: list[Literal[GGUF_TYPES]] = Field(default_factory=lambda: ["f16", "q8_0"], max_length=len(GGUF_TYPES),
+                                                  description="GGUF files for llama.cpp and Ollama, one per type")
+    verify: bool = Field(default=True, description="Check every file against the trained model")
+
+
+@router.post("/api/jobs/{job_id}/export", response_model=JobOut, status_code=201)
+def export_job(job_id: PathId, body: ExportCreate = Body(default_factory=ExportCreate),
+               user: User = Depends(current_user), session: Session = Depends(get_db),
+               redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> JobOut:
+    """Queues an export of a finished training job: its adapter, a merged model, GGUF files."""
+    job = _job(session, job_id)
+    _require_training_job(job, "exported")
+    if job.status != JobStatus.succeeded:
+        raise HTTPException(409, f"Job {job_id} is {job.status.value}; only a finished training job is exported")
+    if session.scalar(select(Artifact.id).where(Artifact.job_id == job.id, Artifact.kind == "adapter")) is None:
+        raise HTTPException(409, f"Job {job_id} has no adapter to export")
+    if not (body.adapter or body.merged or body.gguf_types):
+        raise _field_error("gguf_types", "choose the adapter, the merged model or at least one GGUF type")
+    export = Job(owner_id=user.id, kind=JobKind.export, name=f"export of {job.name}"[:200], method="export",
+                 model=job.model, parent_job_id=job.id, config={"export": body.model_dump()},
+                 status=JobStatus.queued, priority=job.priority, queue_order=job_queue.next_queue_order(session),
+                 gpus=min(job.gpus, 1))
+    return _out(session, redis, _queue(session, redis, settings, export))
 
 
 def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
@@ -248,6 +292,7 @@ def clone_job(job_id: PathId, changes: JobChanges = Body(default_factory=JobChan
               redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> JobOut:
     """Queues a copy of any job, owned by the caller, with the given changes merged in."""
     job = _job(session, job_id)
+    _require_training_job(job, "cloned")
     base = {key: value for key, value in copy.deepcopy(spec_of(job.config)).items()
             if key not in ("name", "resume_from")}
     extra = changes.model_extra or {}

@@ -33,6 +33,9 @@ def make_resource(team, kind: str) -> int | None:
         (folder / "model.gguf").write_bytes(b"gguf")
         artifact = Artifact(job_id=job_id, kind="gguf", name="model.gguf", path=f"artifacts/{job_id}/model.gguf")
         session.add(artifact)
+        if kind == "trained_job":
+            session.get(Job, job_id).status = JobStatus.succeeded
+            session.add(Artifact(job_id=job_id, kind="adapter", name="adapter", path=f"artifacts/{job_id}/adapter"))
         session.commit()
         return artifact.id if kind == "artifact" else job_id
 
@@ -59,6 +62,7 @@ CASES = [
     ("POST", "/api/jobs/{id}/retry", "failed_job", None, (401, 201, 403, 201)),
     ("POST", "/api/jobs/{id}/clone", "job", {}, (401, 201, 201, 201)),
     ("DELETE", "/api/jobs/{id}", "job", None, (401, 204, 403, 204)),
+    ("POST", "/api/jobs/{id}/export", "trained_job", {"gguf_types": ["q8_0"]}, (401, 201, 201, 201)),
     ("GET", "/api/jobs/{id}/artifacts", "failed_job", None, (401, 200, 200, 200)),
     ("GET", "/api/jobs/{id}/metrics", "job", None, (401, 200, 200, 200)),
     ("GET", "/api/jobs/{id}/device-samples", "job", None, (401, 200, 200, 200)),

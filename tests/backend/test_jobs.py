@@ -333,3 +333,24 @@ def test_an_odd_local_config_gives_no_estimate_but_the_job_is_queued(team, chat,
     assert team.bob.post("/api/jobs/estimate", json={"method": "lora", "model": str(odd), "dataset_id": 1}).json()["estimate"] is None
     job = submit(team.bob, chat, model=str(odd))
     assert job.status_code == 201 and job.json()["memory_estimate_bytes"] is None
+
+
+def test_export_queues_an_export_job_of_a_finished_training_job(team, chat, wakes):
+    job = submit(team.alice, chat, name="run").json()["id"]
+    assert team.alice.post(f"/api/jobs/{job}/export").status_code == 409  # not finished
+    set_status(team.api, job, JobStatus.succeeded)
+    no_adapter = team.alice.post(f"/api/jobs/{job}/export")
+    assert no_adapter.status_code == 409 and "no adapter" in no_adapter.json()["detail"]
+    with db.session_factory(team.api.settings.database_url)() as session:
+        session.add(Artifact(job_id=job, kind="adapter", name="adapter", path=f"artifacts/{job}/adapter"))
+        session.commit()
+    nothing = team.alice.post(f"/api/jobs/{job}/export", json={"adapter": False, "merged": False, "gguf_types": []})
+    assert ("gguf_types",) in field_errors(nothing)
+    assert team.alice.post(f"/api/jobs/{job}/export", json={"gguf_types": ["q9_9"]}).status_code == 422
+    export = team.bob.post(f"/api/jobs/{job}/export", json={"gguf_types": ["q4_k_m"], "merged": False})
+    assert export.status_code == 201, export.text
+    body = export.json()
+    assert body["kind"] == "export" and body["parent_job_id"] == job and body["owner_id"] == team.ids["bob"]
+    assert body["config"]["export"]["gguf_types"] == ["q4_k_m"] and body["status"] == "queued"
+    assert team.bob.post(f"/api/jobs/{body['id']}/clone").status_code == 409  # an export is not cloned
+    assert team.bob.post(f"/api/jobs/{body['id']}/export").status_code == 409

@@ -1,0 +1,99 @@
+"""An export job in the queue: a worker claims it like a training job and runs lanner.worker.export in
+a subprocess, which records each file as an artifact with its verification and streams progress."""
+from __future__ import annotations
+
+import shutil
+import uuid
+
+import pytest
+from redis import Redis
+
+from lanner.backend import db
+from lanner.backend.models import Artifact, Job, JobKind, JobStatus, User
+from lanner.backend.queue import claim_next_job
+from lanner.backend.settings import Settings
+from lanner.backend.streams import job_stream, read_after
+from lanner.worker.devices import cpu_device
+from lanner.worker.runner import run_job
+
+from support import SYSTEM_REDIS_URL
+
+EXPORT_REDIS_URL = SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/10"  # this file's own Redis database
+
+
+@pytest.fixture
+def settings(tmp_path, smollm2_dir, monkeypatch):
+    data_dir = tmp_path / "data"
+    (data_dir / "models").mkdir(parents=True)
+    (data_dir / "models" / "SmolLM2-135M-Instruct").symlink_to(smollm2_dir)
+    settings = Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'lanner.db'}",
+                        redis_url=EXPORT_REDIS_URL)
+    for key, value in (("LANNER_DATA_DIR", data_dir), ("LANNER_DATABASE_URL", settings.database_url),
+                       ("LANNER_REDIS_URL", EXPORT_REDIS_URL), ("OMP_NUM_THREADS", "1")):
+        monkeypatch.setenv(key, str(value))
+    db.migrate(settings.database_url)
+    Redis.from_url(EXPORT_REDIS_URL).flushdb()
+    yield settings
+    Redis.from_url(EXPORT_REDIS_URL).flushdb()
+
+
+def trained_job(settings: Settings, adapter) -> tuple[int, int]:
+    """A finished training job whose adapter artifact is the given one; returns (owner, job id)."""
+    target = settings.data_dir / "artifacts" / "1" / "adapter"
+    shutil.copytree(adapter, target)
+    with db.session_factory(settings.database_url)() as session:
+        user = User(email=f"{uuid.uuid4().hex}@example.com", display_name="T", role="member", password_hash="x")
+        session.add(user)
+        session.flush()
+        job = Job(owner_id=user.id, name="trained", method="lora", model="builtin/SmolLM2-135M-Instruct",
+                  status=JobStatus.succeeded, config={})
+        session.add(job)
+        session.flush()
+        session.add(Artifact(job_id=job.id, kind="adapter", name="adapter", path="artifacts/1/adapter", size_bytes=1))
+        session.commit()
+        return user.id, job.id
+
+
+def test_an_export_job_runs_on_a_worker_and_records_verified_artifacts(settings, trained_adapter):
+    owner, parent = trained_job(settings, trained_adapter)
+    sessions = db.session_factory(settings.database_url)
+    with sessions() as session:
+        session.add(Job(owner_id=owner, kind=JobKind.export, name="export", method="export",
+                        model="builtin/SmolLM2-135M-Instruct", parent_job_id=parent, status=JobStatus.queued,
+                        config={"export": {"adapter": True, "merged": False, "gguf_types": ["q8_0"]}}))
+        session.commit()
+    with sessions() as session:
+        job = claim_next_job(session, "cpu0@test", cpu_device())
+    assert job is not None and job.kind == JobKind.export
+    redis = Redis.from_url(EXPORT_REDIS_URL, decode_responses=True)
+
+    assert run_job(settings, sessions, redis, job, "cpu0@test", cpu_device()) == JobStatus.succeeded
+
+    with sessions() as session:
+        artifacts = {a.kind: a for a in session.query(Artifact).filter_by(job_id=job.id)}
+        assert session.get(Job, job.id).status == JobStatus.succeeded
+    assert {"adapter", "gguf", "modelfile"} <= set(artifacts)
+    gguf = artifacts["gguf"]
+    assert gguf.name.endswith("-q8_0.gguf") and gguf.verification["passed"] is True
+    assert (settings.data_dir / gguf.path).stat().st_size == gguf.size_bytes > 50 * 2**20
+    events = read_after(redis, job_stream(job.id))
+    stages = [data["stage"] for _, kind, data in events if kind == "progress"]
+    assert stages[0] == "check" and stages[-1] == "done"
+    assert any(kind == "verification" for _, kind, _ in events)
+
+
+def test_exporting_a_job_without_an_adapter_fails_clearly(settings, trained_adapter):
+    owner, parent = trained_job(settings, trained_adapter)
+    sessions = db.session_factory(settings.database_url)
+    with sessions() as session:
+        session.query(Artifact).filter_by(job_id=parent).delete()
+        session.add(Job(owner_id=owner, kind=JobKind.export, name="export", method="export",
+                        model="builtin/SmolLM2-135M-Instruct", parent_job_id=parent, status=JobStatus.queued,
+                        config={"export": {}}))
+        session.commit()
+    with sessions() as session:
+        job = claim_next_job(session, "cpu0@test", cpu_device())
+    redis = Redis.from_url(EXPORT_REDIS_URL, decode_responses=True)
+    assert run_job(settings, sessions, redis, job, "cpu0@test", cpu_device()) == JobStatus.failed
+    with sessions() as session:
+        assert session.get(Job, job.id).error == f"Job {parent} has no adapter to export."

@@ -1,0 +1,129 @@
+"""The export process: `python -m lanner.worker.export_process <job id>`, started by the worker for an
+export job. It reads the trained job's adapter, runs lanner.worker.export (adapter, merged model,
+GGUF files, each verified against the trained model), streams its progress and records every file as
+an artifact with its verification. Exit codes as train_process: 0 done, 1 failed (reason in the
+job's `error`), 3 stopped at a cancel request (nothing half-written is kept)."""
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from lanner.backend.db import session_factory
+from lanner.backend.models import Artifact, Job, JobStatus
+from lanner.backend.redis_client import get_redis
+from lanner.backend.settings import get_settings
+from lanner.worker.events import JobEvents
+from lanner.worker.train_process import EXIT_CANCELLED, EXIT_FAILED, JobFailed, artifacts_dir
+
+log = logging.getLogger("lanner.export")
+
+
+class Cancelled(Exception):
+    pass
+
+
+class ExportProcess:
+    def __init__(self, job_id: int):
+        self.settings = get_settings()
+        self.sessions = session_factory(self.settings.database_url)
+        self.events = JobEvents(job_id, get_redis(self.settings.redis_url), self.sessions)
+        self.job_id = job_id
+        self.cancel_requested = False
+
+    def on_sigterm(self, _signum, _frame):
+        self.cancel_requested = True  # raised from the next progress call; the export cleans up
+
+    def progress(self, stage: str, fraction: float) -> None:
+        if self.cancel_requested:
+            raise Cancelled()
+        self.events.event("progress", {"stage": stage, "fraction": round(fraction, 3)})
+
+    def load(self) -> tuple[Job, Job, Path]:
+        with self.sessions() as session:
+            job = session.get(Job, self.job_id)
+            parent = session.get(Job, job.parent_job_id) if job and job.parent_job_id else None
+            if parent is None:
+                raise JobFailed("The trained job this export reads was deleted.")
+            if parent.status != JobStatus.succeeded:
+                raise JobFailed(f"Job {parent.id} has not finished training ({parent.status.value}); nothing to export.")
+            adapter = session.query(Artifact).filter_by(job_id=parent.id, kind="adapter").order_by(Artifact.id.desc()).first()
+            if adapter is None:
+                raise JobFailed(f"Job {parent.id} has no adapter to export.")
+            path = Path(adapter.path)
+            return job, parent, path if path.is_absolute() else self.settings.data_dir / path
+
+    def run(self) -> int:
+        job, parent, adapter_dir = self.load()
+        options = job.config.get("export", {})
+        from lanner.worker.export import ExportError, ExportRequest, run_export
+        from lanner.worker.training.model import resolve_model
+
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{parent.model.rsplit('/', 1)[-1]}-job{parent.id}").strip("-")
+        request = ExportRequest(
+            base_model_dir=Path(resolve_model(parent.model, self.settings)), adapter_dir=adapter_dir,
+            out_dir=artifacts_dir(self.settings.data_dir, self.job_id) / "export", base_model_name=parent.model,
+            name=name, adapter=options.get("adapter", True), merged=options.get("merged", True),
+            merged_dtype=options.get("merged_dtype", "bfloat16"),
+            gguf_types=tuple(options.get("gguf_types", ("f16", "q8_0"))), verify=options.get("verify", True),
+            device="cuda" if _cuda() else "cpu")
+        self.events.log(f"Exporting job {parent.id}'s adapter: adapter={request.adapter}, merged={request.merged}, "
+                        f"gguf={list(request.gguf_types)}")
+        try:
+            manifest = run_export(request, self.progress)
+        except Cancelled:
+            self.events.log("Stopped at the cancel request; nothing half-written is kept")
+            return EXIT_CANCELLED
+        except ExportError as error:
+            raise JobFailed(f"Export: {error}") from None
+        self.record(manifest, request.out_dir)
+        self.events.event("verification", manifest["verification"])
+        return 0
+
+    def record(self, manifest: dict, out_dir: Path) -> None:
+        with self.sessions() as session:
+            for item in manifest["artifacts"]:
+                path = out_dir / item["path"]
+                verification = None
+                if item["kind"] == "merged":
+                    verification = manifest["verification"].get("merged")
+                elif item["kind"] == "gguf":
+                    verification = manifest["verification"].get("gguf", {}).get(item.get("type"))
+                session.add(Artifact(job_id=self.job_id, kind=item["kind"], name=path.name,
+                                     path=str(path.relative_to(self.settings.data_dir)), size_bytes=item["bytes"],
+                                     verification=verification))
+            session.commit()
+        self.events.log(f"Export done: {len(manifest['artifacts'])} files, {manifest['bytes'] / 1e6:.1f} MB")
+
+    def fail(self, message: str) -> int:
+        with self.sessions() as session:
+            session.get(Job, self.job_id).error = message
+            session.commit()
+        self.events.log(message, level="error")
+        return EXIT_FAILED
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    process = ExportProcess(int(argv[1]))
+    signal.signal(signal.SIGTERM, process.on_sigterm)
+    try:
+        return process.run()
+    except JobFailed as error:
+        return process.fail(str(error))
+    except Exception as error:
+        traceback.print_exc()
+        return process.fail(f"Export failed: {type(error).__name__}: {error}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
