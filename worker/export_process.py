@@ -5,33 +5,23 @@ an artifact with its verification. Exit codes as train_process: 0 done, 1 failed
 job's `error`), 3 stopped at a cancel request (nothing half-written is kept)."""
 from __future__ import annotations
 
-import logging
 import re
-import signal
 import sys
-import traceback
 from pathlib import Path
 
-from lanner.backend.db import session_factory
 from lanner.backend.models import Artifact, Job, JobStatus
-from lanner.backend.redis_client import get_redis
-from lanner.backend.settings import get_settings
-from lanner.worker.events import JobEvents
-from lanner.worker.train_process import EXIT_CANCELLED, EXIT_FAILED, JobFailed, artifacts_dir
-
-log = logging.getLogger("lanner.export")
+from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 
 
 class Cancelled(Exception):
     pass
 
 
-class ExportProcess:
+class ExportProcess(JobProcess):
+    failure_prefix = "Export failed"
+
     def __init__(self, job_id: int):
-        self.settings = get_settings()
-        self.sessions = session_factory(self.settings.database_url)
-        self.events = JobEvents(job_id, get_redis(self.settings.redis_url), self.sessions)
-        self.job_id = job_id
+        super().__init__(job_id)
         self.cancel_requested = False
 
     def on_sigterm(self, _signum, _frame):
@@ -98,13 +88,6 @@ class ExportProcess:
             session.commit()
         self.events.log(f"Export done: {len(manifest['artifacts'])} files, {manifest['bytes'] / 1e6:.1f} MB")
 
-    def fail(self, message: str) -> int:
-        with self.sessions() as session:
-            session.get(Job, self.job_id).error = message
-            session.commit()
-        self.events.log(message, level="error")
-        return EXIT_FAILED
-
 
 def _cuda() -> bool:
     import torch
@@ -112,18 +95,5 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    process = ExportProcess(int(argv[1]))
-    signal.signal(signal.SIGTERM, process.on_sigterm)
-    try:
-        return process.run()
-    except JobFailed as error:
-        return process.fail(str(error))
-    except Exception as error:
-        traceback.print_exc()
-        return process.fail(f"Export failed: {type(error).__name__}: {error}")
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main(ExportProcess, sys.argv))

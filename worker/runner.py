@@ -26,11 +26,11 @@ from lanner.backend.redis_client import get_redis
 from lanner.backend.settings import Settings
 from lanner.backend.worker_registry import HEARTBEAT_SECONDS, live_workers
 from lanner.worker.events import JobEvents, finish_job
+from lanner.worker.job_process import EXIT_CANCELLED
 from lanner.worker.telemetry import DeviceSampler
 
 POLL_SECONDS = 0.5
 CANCEL_GRACE_SECONDS = 7.0  # SIGTERM lets the trainer save a checkpoint; SIGKILL after this, within 10 s
-EXIT_CANCELLED = 3  # train_process: stopped at a cancel request after saving a checkpoint
 _PR_SET_PDEATHSIG = 1
 PROCESS_MODULES = {JobKind.train: "lanner.worker.train_process", JobKind.export: "lanner.worker.export_process"}
 

@@ -9,19 +9,11 @@ import importlib
 import logging
 import os
 import shutil
-import signal
 import sys
-import traceback
 from pathlib import Path
 
-from lanner.backend.db import session_factory
 from lanner.backend.models import Artifact, Dataset, Job
-from lanner.backend.redis_client import get_redis
-from lanner.backend.settings import get_settings
-from lanner.worker.events import JobEvents
-
-EXIT_FAILED = 1
-EXIT_CANCELLED = 3
+from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 
 # method -> (trainer module, dataset tasks it accepts)
 METHODS = {
@@ -33,24 +25,15 @@ METHODS = {
 log = logging.getLogger("lanner.train")
 
 
-class JobFailed(Exception):
-    """A failure whose message is already clear to the person who launched the job."""
-
-
-def artifacts_dir(data_dir: Path, job_id: int) -> Path:
-    return data_dir / "artifacts" / str(job_id)
-
-
 def _dir_size(path: Path) -> int:
     return sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
 
 
-class TrainProcess:
+class TrainProcess(JobProcess):
+    failure_prefix = "Training failed"
+
     def __init__(self, job_id: int):
-        self.settings = get_settings()
-        self.sessions = session_factory(self.settings.database_url)
-        self.events = JobEvents(job_id, get_redis(self.settings.redis_url), self.sessions)
-        self.job_id = job_id
+        super().__init__(job_id)
         self.cancel = None  # the CancelCallback, once training runs
 
     # A SIGTERM (cancel) before training starts ends the process at once; during training it asks
@@ -166,13 +149,6 @@ class TrainProcess:
                     return path
         raise JobFailed(f"The checkpoint {job.resume_from!r} to resume from does not exist.")
 
-    def fail(self, message: str) -> int:
-        with self.sessions() as session:
-            session.get(Job, self.job_id).error = message
-            session.commit()
-        self.events.log(message, level="error")
-        return EXIT_FAILED
-
 
 def _oom_message(error, options) -> str:
     import torch
@@ -186,18 +162,5 @@ def _oom_message(error, options) -> str:
             f"max_seq_length, gradient checkpointing, or QLoRA.")
 
 
-def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    process = TrainProcess(int(argv[1]))
-    signal.signal(signal.SIGTERM, process.on_sigterm)
-    try:
-        return process.run()
-    except JobFailed as error:
-        return process.fail(str(error))
-    except Exception as error:
-        traceback.print_exc()
-        return process.fail(f"Training failed: {type(error).__name__}: {error}")
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main(TrainProcess, sys.argv))

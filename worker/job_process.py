@@ -1,0 +1,61 @@
+"""What the training and export processes share: one job's settings, database, events and the way a
+failure ends the process (exit code 1, the reason in the job's `error`, in words for its owner)."""
+from __future__ import annotations
+
+import logging
+import signal
+import traceback
+from pathlib import Path
+
+from lanner.backend.db import session_factory
+from lanner.backend.models import Job
+from lanner.backend.redis_client import get_redis
+from lanner.backend.settings import get_settings
+from lanner.worker.events import JobEvents
+
+EXIT_FAILED = 1
+EXIT_CANCELLED = 3
+
+
+class JobFailed(Exception):
+    """A failure whose message is already clear to the person who launched the job."""
+
+
+def artifacts_dir(data_dir: Path, job_id: int) -> Path:
+    return data_dir / "artifacts" / str(job_id)
+
+
+class JobProcess:
+    failure_prefix = "Job failed"
+
+    def __init__(self, job_id: int):
+        self.settings = get_settings()
+        self.sessions = session_factory(self.settings.database_url)
+        self.events = JobEvents(job_id, get_redis(self.settings.redis_url), self.sessions)
+        self.job_id = job_id
+
+    def on_sigterm(self, _signum, _frame) -> None:
+        raise NotImplementedError
+
+    def run(self) -> int:
+        raise NotImplementedError
+
+    def fail(self, message: str) -> int:
+        with self.sessions() as session:
+            session.get(Job, self.job_id).error = message
+            session.commit()
+        self.events.log(message, level="error")
+        return EXIT_FAILED
+
+
+def main(process_class: type[JobProcess], argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    process = process_class(int(argv[1]))
+    signal.signal(signal.SIGTERM, process.on_sigterm)
+    try:
+        return process.run()
+    except JobFailed as error:
+        return process.fail(str(error))
+    except Exception as error:
+        traceback.print_exc()
+        return process.fail(f"{process.failure_prefix}: {type(error).__name__}: {error}")
