@@ -17,6 +17,13 @@ export class ApiError extends Error {
   }
 }
 
+/** Fired on window whenever the API answers 401 (the session ended): the app goes to sign-in. */
+export const UNAUTHORIZED_EVENT = 'lanner:unauthorized'
+
+function notifyUnauthorized() {
+  if (typeof window !== 'undefined') window.dispatchEvent(new Event(UNAUTHORIZED_EVENT))
+}
+
 /** FastAPI sends `{"detail": "text"}` for HTTPException and a list of issues for 422. */
 function detailMessage(detail: unknown): string | null {
   if (typeof detail === 'string') return detail
@@ -57,6 +64,7 @@ export async function apiFetch<T>(path: string, init: RequestInit = {}): Promise
     }
   }
   if (!response.ok) {
+    if (response.status === 401 && !path.startsWith('/api/auth/')) notifyUnauthorized()
     const detail =
       body && typeof body === 'object' && 'detail' in body ? (body as { detail: unknown }).detail : null
     const message =
@@ -88,4 +96,67 @@ export async function fetchHealth(signal?: AbortSignal): Promise<Health> {
     if (error instanceof ApiError && error.status === 503 && isHealth(error.body)) return error.body
     throw error
   }
+}
+
+/** DELETE a resource; most answer 204 with no body. */
+export function deleteJson<T = null>(path: string): Promise<T> {
+  return apiFetch<T>(path, { method: 'DELETE' })
+}
+
+/** The validation issues of a 422, by field path ("hyperparameters.learning_rate" → message). */
+export function fieldErrors(error: unknown): Record<string, string> {
+  const out: Record<string, string> = {}
+  if (!(error instanceof ApiError) || !Array.isArray(error.detail)) return out
+  for (const item of error.detail as unknown[]) {
+    if (!item || typeof item !== 'object' || !('msg' in item)) continue
+    const { msg, loc } = item as { msg: unknown; loc?: unknown }
+    const path = Array.isArray(loc) ? loc.filter((p) => p !== 'body').join('.') : ''
+    const text = String(msg).replace(/^Value error, /, '')
+    out[path] = out[path] ? `${out[path]}; ${text}` : text
+  }
+  return out
+}
+
+export interface UploadProgress {
+  loaded: number
+  total: number
+}
+
+/**
+ * Uploads a file as the raw request body (what POST /api/datasets expects) with XMLHttpRequest,
+ * because fetch() reports no upload progress. Rejects with ApiError like apiFetch.
+ */
+export function uploadFile<T>(url: string, file: Blob, onProgress?: (p: UploadProgress) => void): Promise<T> {
+  return new Promise<T>((resolve, reject) => {
+    const xhr = new XMLHttpRequest()
+    xhr.open('POST', url)
+    xhr.setRequestHeader('Accept', 'application/json')
+    xhr.setRequestHeader('Content-Type', 'application/octet-stream')
+    xhr.upload.onprogress = (event) => {
+      if (onProgress) onProgress({ loaded: event.loaded, total: event.lengthComputable ? event.total : file.size })
+    }
+    xhr.onerror = () => reject(new TypeError('The upload failed: the server could not be reached'))
+    xhr.onload = () => {
+      let body: unknown = null
+      try {
+        body = xhr.responseText ? JSON.parse(xhr.responseText) : null
+      } catch {
+        body = xhr.responseText
+      }
+      if (xhr.status >= 200 && xhr.status < 300) {
+        resolve(body as T)
+        return
+      }
+      if (xhr.status === 401) notifyUnauthorized()
+      const detail = body && typeof body === 'object' && 'detail' in body ? (body as { detail: unknown }).detail : null
+      reject(new ApiError(xhr.status, detailMessage(detail) ?? `${xhr.status} ${xhr.statusText}`, detail, body))
+    }
+    xhr.send(file)
+  })
+}
+
+/** ws:// or wss:// URL of a same-origin WebSocket path. */
+export function wsUrl(path: string): string {
+  const { protocol, host } = window.location
+  return `${protocol === 'https:' ? 'wss:' : 'ws:'}//${host}${path}`
 }

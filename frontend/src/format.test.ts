@@ -21,3 +21,60 @@ describe('formatAge', () => {
     expect(formatAge('not a date', now)).toBe('not a date')
   })
 })
+
+import { clock, formatBytes, formatDuration, formatFloat, formatParameters, formatRate, parseApiTime } from './format'
+import { validateAccount } from './pages/SetupPage'
+import { safeNext } from './pages/SignInPage'
+import { fieldErrors, ApiError } from './api'
+
+describe('more formatting', () => {
+  it('formats sizes, durations, rates and parameter counts', () => {
+    expect(formatBytes(512)).toBe('512 B')
+    expect(formatBytes(3_400_000)).toBe('3.4 MB')
+    expect(formatBytes(1_250_000_000)).toBe('1.3 GB')
+    expect(formatDuration(45)).toBe('45 s')
+    expect(formatDuration(185)).toBe('3 min 05 s')
+    expect(formatDuration(7620)).toBe('2 h 07 min')
+    expect(formatDuration(null)).toBe('—')
+    expect(formatRate(12345.6)).toBe('12,346')
+    expect(formatRate(12.34)).toBe('12.3')
+    expect(formatParameters(134_515_008)).toBe('135M')
+    expect(formatParameters(7.62e9)).toBe('7.6B')
+    expect(formatFloat(2.123456)).toBe('2.123')
+    expect(formatFloat(0.0002)).toBe('2.0e-4')
+    expect(clock(65)).toBe('1:05')
+    expect(clock(3725)).toBe('1:02:05')
+  })
+
+  it('reads API times with or without a zone as UTC', () => {
+    expect(parseApiTime('2026-11-29T12:00:00')).toBe(Date.parse('2026-11-29T12:00:00Z'))
+    expect(parseApiTime('2026-11-29T12:00:00+00:00')).toBe(Date.parse('2026-11-29T12:00:00Z'))
+    expect(parseApiTime(null)).toBeNull()
+  })
+})
+
+describe('account forms', () => {
+  it('checks the setup form like the server does', () => {
+    expect(validateAccount({ email: 'ada@example.com', display_name: 'Ada', password: 'longenough', confirm: 'longenough' })).toEqual({})
+    const errors = validateAccount({ email: 'ada', display_name: ' ', password: 'short', confirm: 'other' })
+    expect(Object.keys(errors).sort()).toEqual(['confirm', 'display_name', 'email', 'password'])
+  })
+
+  it('only follows next= inside the app', () => {
+    expect(safeNext('/jobs/3')).toBe('/jobs/3')
+    expect(safeNext('//evil.example')).toBe('/')
+    expect(safeNext('https://evil.example')).toBe('/')
+    expect(safeNext(null)).toBe('/')
+  })
+
+  it('maps a 422 onto field paths', () => {
+    const error = new ApiError(422, 'x', [
+      { loc: ['body', 'hyperparameters', 'learning_rate'], msg: 'Input should be greater than 0' },
+      { loc: ['body', 'dataset_id'], msg: 'Value error, no dataset 9' },
+    ])
+    expect(fieldErrors(error)).toEqual({
+      'hyperparameters.learning_rate': 'Input should be greater than 0',
+      dataset_id: 'no dataset 9',
+    })
+  })
+})

@@ -2,11 +2,14 @@ import { render, screen } from '@testing-library/react'
 import { createMemoryRouter, RouterProvider } from 'react-router'
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
 import { routes } from './routes'
-import { healthFixture, jsonResponse } from './test/fixtures'
+import { apiFetchMock, FakeSocket, jsonResponse } from './test/fixtures'
 
 // uPlot draws on a canvas, which jsdom does not implement.
 vi.mock('uplot', () => ({
   default: class {
+    static rangeNum() {
+      return [0, 1]
+    }
     setData() {}
     setSize() {}
     destroy() {}
@@ -15,14 +18,14 @@ vi.mock('uplot', () => ({
 
 function renderAt(path: string) {
   const router = createMemoryRouter(routes, { initialEntries: [path] })
-  return render(<RouterProvider router={router} />)
+  render(<RouterProvider router={router} />)
+  return router
 }
 
 beforeEach(() => {
-  vi.stubGlobal(
-    'fetch',
-    vi.fn<typeof fetch>().mockImplementation(async () => jsonResponse(healthFixture())),
-  )
+  FakeSocket.instances = []
+  vi.stubGlobal('WebSocket', FakeSocket)
+  vi.stubGlobal('fetch', vi.fn<typeof fetch>().mockImplementation(apiFetchMock()))
 })
 
 afterEach(() => {
@@ -32,41 +35,65 @@ afterEach(() => {
 describe('routes', () => {
   it('renders the queue with its empty state, the hardware panel and the polled status', async () => {
     renderAt('/')
-    expect(screen.getByRole('heading', { level: 1, name: 'Queue' })).toBeInTheDocument()
-    expect(screen.getByText('No jobs yet')).toBeInTheDocument()
+    expect(await screen.findByRole('heading', { level: 1, name: 'Queue' })).toBeInTheDocument()
+    expect(await screen.findByText('No jobs yet')).toBeInTheDocument()
     expect(await screen.findByText('NVIDIA H200', { exact: false })).toBeInTheDocument()
     expect(screen.getByTestId('health-status')).toHaveTextContent('ok')
     expect(fetch).toHaveBeenCalledWith('/api/health', expect.anything())
+    expect(FakeSocket.instances.some((s) => s.url.endsWith('/ws/queue?after=%24'))).toBe(true)
   })
 
-  it('has a navigation link for every section', () => {
+  it('has a navigation link for every section and the account menu', async () => {
     renderAt('/datasets')
-    const nav = screen.getByRole('navigation', { name: 'Main' })
+    const nav = await screen.findByRole('navigation', { name: 'Main' })
     for (const name of ['Queue', 'New fine-tune', 'Datasets', 'Models', 'Artifacts', 'Compare']) {
       expect(nav).toContainElement(screen.getByRole('link', { name }))
     }
     expect(screen.getByRole('link', { name: 'Datasets' })).toHaveAttribute('aria-current', 'page')
+    expect(await screen.findByRole('button', { name: /Ada/ })).toBeInTheDocument()
   })
 
   it.each([
     ['/jobs/new', 'New fine-tune'],
-    ['/jobs/42', 'Job 42'],
     ['/datasets', 'Datasets'],
     ['/models', 'Models'],
     ['/artifacts', 'Artifacts'],
     ['/compare', 'Compare'],
+    ['/account/tokens', 'API tokens'],
     ['/setup', 'Set up Lanner'],
     ['/signin', 'Sign in'],
     ['/no/such/page', 'Page not found'],
-  ])('%s shows "%s"', (path, heading) => {
+  ])('%s shows "%s"', async (path, heading) => {
     renderAt(path)
-    expect(screen.getByRole('heading', { level: 1, name: heading })).toBeInTheDocument()
+    expect(await screen.findByRole('heading', { level: 1, name: heading })).toBeInTheDocument()
   })
 
-  it('puts the loss and throughput charts on the job page', () => {
+  it('sends the browser to first-run setup when no user exists', async () => {
+    vi.stubGlobal('fetch', vi.fn<typeof fetch>().mockImplementation(apiFetchMock({ '/api/setup': { needed: true } })))
+    const router = renderAt('/datasets')
+    expect(await screen.findByRole('heading', { level: 1, name: 'Set up Lanner' })).toBeInTheDocument()
+    expect(router.state.location.pathname).toBe('/setup')
+  })
+
+  it('sends the browser to sign-in, remembering the page, when the session is gone', async () => {
+    const base = apiFetchMock()
+    vi.stubGlobal(
+      'fetch',
+      vi.fn<typeof fetch>().mockImplementation(async (input) =>
+        String(input).startsWith('/api/me') ? jsonResponse({ detail: 'Sign in first' }, 401) : base(input),
+      ),
+    )
+    const router = renderAt('/datasets')
+    expect(await screen.findByRole('heading', { level: 1, name: 'Sign in' })).toBeInTheDocument()
+    expect(router.state.location.pathname).toBe('/signin')
+    expect(router.state.location.search).toBe('?next=%2Fdatasets')
+  })
+
+  it('puts the charts on the job page and replays its stream from the start', async () => {
     renderAt('/jobs/42')
-    expect(screen.getByRole('figure', { name: 'Loss' })).toBeInTheDocument()
-    expect(screen.getByRole('figure', { name: 'Throughput' })).toBeInTheDocument()
-    expect(screen.getAllByText('Waiting for data')).toHaveLength(2)
+    expect(await screen.findByRole('figure', { name: 'Loss' })).toBeInTheDocument()
+    expect(screen.getByRole('figure', { name: 'Tokens per second' })).toBeInTheDocument()
+    expect(screen.getAllByText('Waiting for data')).toHaveLength(6)
+    expect(FakeSocket.instances.some((s) => s.url.endsWith('/ws/jobs/42?after=0-0'))).toBe(true)
   })
 })

@@ -12,6 +12,7 @@ import { NotFoundPage } from './pages/NotFoundPage'
 import { QueuePage } from './pages/QueuePage'
 import { SetupPage } from './pages/SetupPage'
 import { SignInPage } from './pages/SignInPage'
+import { TokensPage } from './pages/TokensPage'
 
 /**
  * The whole route tree, shared by the browser router (main.tsx) and the memory router in tests.
@@ -39,6 +40,7 @@ export const routes: RouteObject[] = [
           { path: 'models', element: <ModelsPage /> },
           { path: 'artifacts', element: <ArtifactsPage /> },
           { path: 'compare', element: <ComparePage /> },
+          { path: 'account/tokens', element: <TokensPage /> },
           { path: '*', element: <NotFoundPage /> },
         ],
       },

@@ -36,3 +36,141 @@ export interface Health {
   redis: ServiceHealth
   workers: WorkerInfo[]
 }
+
+// ---- Accounts -------------------------------------------------------------
+
+export type Role = 'admin' | 'member'
+
+export interface User {
+  id: number
+  email: string
+  display_name: string
+  role: Role
+  is_active: boolean
+  created_at: string
+}
+
+export interface ApiToken {
+  id: number
+  name: string
+  prefix: string
+  created_at: string
+  last_used_at: string | null
+  revoked_at: string | null
+}
+
+/** POST /api/tokens answers with the token itself, once. */
+export interface CreatedToken extends ApiToken {
+  token: string
+}
+
+// ---- Jobs -----------------------------------------------------------------
+
+export type JobStatus = 'queued' | 'running' | 'succeeded' | 'failed' | 'cancelled'
+
+export type Method = 'lora' | 'qlora' | 'full' | 'pretrain' | 'dpo' | 'orpo' | 'kto'
+
+export interface Job {
+  id: number
+  owner_id: number
+  kind: string
+  name: string
+  method: string
+  model: string
+  dataset_id: number | null
+  parent_job_id: number | null
+  config: Record<string, unknown>
+  status: JobStatus
+  priority: number
+  memory_estimate_bytes: number | null
+  gpus: number
+  worker: string | null
+  device: { kind?: string; name?: string; index?: number | null; memory_total_bytes?: number | null } | null
+  step: number
+  total_steps: number | null
+  error: string | null
+  resume_from: string | null
+  created_at: string
+  started_at: string | null
+  finished_at: string | null
+  queue_position: number | null
+  estimated_start: string | null
+  cancel_requested: boolean
+}
+
+export interface Page<T> {
+  items: T[]
+  total: number
+  offset: number
+  limit: number
+}
+
+export interface QueueSnapshot {
+  running: Job[]
+  queued: Job[]
+}
+
+// ---- Datasets, models, artifacts -----------------------------------------
+
+export interface BadRow {
+  line: number
+  reason: string
+}
+
+export interface DatasetReport {
+  format?: string | null
+  task?: string | null
+  file_format?: string
+  rows?: number
+  usable_rows?: number
+  bad_rows?: BadRow[]
+  bad_row_count?: number
+  columns?: string[]
+  error?: string
+}
+
+export interface Dataset {
+  id: number
+  owner_id: number
+  name: string
+  filename: string
+  size_bytes: number
+  format: string | null
+  rows: number
+  usable_rows: number
+  report: DatasetReport
+  created_at: string
+}
+
+export interface CatalogModel {
+  id: string
+  family: string | null
+  name: string | null
+  parameters: number | null
+  gated: boolean
+  source: 'builtin' | 'hub' | 'local' | string
+}
+
+export interface Catalog {
+  default: CatalogModel
+  curated: CatalogModel[]
+  local: CatalogModel[]
+}
+
+export interface Artifact {
+  id: number
+  job_id: number
+  kind: string
+  name: string
+  size_bytes: number
+  verification: Record<string, unknown> | null
+  created_at: string
+  files: string[] | null
+}
+
+/** One message of a WebSocket stream: {"id": stream id, "type": …, "data": …}. */
+export interface StreamEvent {
+  id: string
+  type: string
+  data: Record<string, unknown>
+}

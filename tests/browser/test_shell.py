@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from browser_helpers import sign_in_context
 from support import REPO
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -12,10 +13,11 @@ SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
 
 
 @pytest.fixture(scope="module")
-def page():
+def page(stack):
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        # Every page but setup and sign-in needs a session now: sign in (or set up) through the API.
+        context = sign_in_context(browser, stack.url)
         yield context.new_page()
         browser.close()
 

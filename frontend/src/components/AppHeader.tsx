@@ -1,5 +1,6 @@
 import { Link } from 'react-router'
 import { useHealth } from '../health'
+import { AccountMenu } from './AccountMenu'
 import { StatusIndicator } from './StatusIndicator'
 
 export function AppHeader() {
@@ -15,6 +16,7 @@ export function AppHeader() {
       {state.health && <span className="app-header__version">v{state.health.version}</span>}
       <div className="app-header__spacer" />
       <StatusIndicator state={state} />
+      <AccountMenu />
     </header>
   )
 }

@@ -1,4 +1,5 @@
 import { NavLink, Outlet } from 'react-router'
+import { useAuth } from '../auth'
 import { AppHeader } from './AppHeader'
 
 interface NavItem {
@@ -25,6 +26,23 @@ function SkipLink() {
   )
 }
 
+/** The page itself once the session is known; a short note while it is checked. */
+function SignedInOutlet() {
+  const auth = useAuth()
+  if (auth.status === 'signed-in') return <Outlet />
+  if (auth.status === 'error') {
+    return (
+      <div className="notice notice--error" role="alert">
+        <p>Cannot reach the Lanner server: {auth.error}</p>
+        <button type="button" className="button" onClick={auth.recheck}>
+          Try again
+        </button>
+      </div>
+    )
+  }
+  return <p className="muted">Checking your session…</p>
+}
+
 /** The frame of every signed-in page: header on top, navigation on the left. */
 export function Layout() {
   return (
@@ -44,7 +62,7 @@ export function Layout() {
           </ul>
         </nav>
         <main id="main" className="content" tabIndex={-1}>
-          <Outlet />
+          <SignedInOutlet />
         </main>
       </div>
     </div>

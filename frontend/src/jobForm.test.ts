@@ -1,0 +1,110 @@
+import { describe, expect, it } from 'vitest'
+import { applyPreset, buildJobSpec, estimatedSteps, formFromConfig, newJobForm, validateJobForm, type JobForm } from './jobForm'
+
+function form(values: Record<string, string> = {}, change: Partial<JobForm> = {}): JobForm {
+  const base = newJobForm('builtin/SmolLM2-135M-Instruct', 0)
+  return { ...base, datasetId: '3', ...change, values: { ...base.values, ...values } }
+}
+
+describe('validateJobForm', () => {
+  it('accepts the defaults once a dataset is chosen', () => {
+    expect(validateJobForm(form())).toEqual({})
+  })
+
+  it('asks for a model and a dataset', () => {
+    expect(validateJobForm(form({}, { model: ' ', datasetId: '' }))).toEqual({
+      model: 'Choose a model.',
+      dataset_id: 'Choose or upload a dataset.',
+    })
+  })
+
+  it('checks each number against the bounds the API checks', () => {
+    const errors = validateJobForm(form({
+      'hyperparameters.learning_rate': '0',
+      'hyperparameters.epochs': 'abc',
+      'hyperparameters.batch_size': '2.5',
+      'hyperparameters.max_seq_len': '8',
+      'hyperparameters.warmup_ratio': '1',
+      'lora.rank': '',
+    }))
+    expect(errors['hyperparameters.learning_rate']).toBe('Must be more than 0.')
+    expect(errors['hyperparameters.epochs']).toMatch(/Enter a number/)
+    expect(errors['hyperparameters.batch_size']).toBe('Enter a whole number.')
+    expect(errors['hyperparameters.max_seq_len']).toBe('Must be at least 16.')
+    expect(errors['hyperparameters.warmup_ratio']).toBe('Must be less than 1.')
+    expect(errors['lora.rank']).toBe('Enter a value.')
+  })
+
+  it('allows empty optional fields and scientific notation', () => {
+    expect(validateJobForm(form({ 'hyperparameters.learning_rate': '', 'hyperparameters.max_steps': '' }))).toEqual({})
+    expect(validateJobForm(form({ 'hyperparameters.learning_rate': '2e-4' }))).toEqual({})
+  })
+
+  it('applies the rules that tie fields to the method', () => {
+    expect(validateJobForm(form({ 'hyperparameters.learning_rate': '0.01' }, { method: 'full' }))['hyperparameters.learning_rate']).toMatch(/at most 1e-3/)
+    expect(validateJobForm(form({ 'hyperparameters.packing': 'true' }, { method: 'dpo' }))['hyperparameters.packing']).toMatch(/never packed/)
+    expect(validateJobForm(form({ gpus: '0' }, { method: 'qlora' })).gpus).toMatch(/needs a GPU/)
+    // LoRA fields do not count for a full fine-tune.
+    expect(validateJobForm(form({ 'lora.rank': '' }, { method: 'full' }))).toEqual({})
+  })
+
+  it('accepts absolute paths and hub ids but not relative paths', () => {
+    expect(validateJobForm(form({}, { model: '/srv/models/x' }))).toEqual({})
+    expect(validateJobForm(form({}, { model: 'Qwen/Qwen2.5-0.5B' }))).toEqual({})
+    expect(validateJobForm(form({}, { model: 'models/x/y' })).model).toMatch(/absolute folder path/)
+    expect(validateJobForm(form({}, { model: '/srv/../etc' })).model).toMatch(/“..”/)
+  })
+})
+
+describe('buildJobSpec', () => {
+  it('sends numbers as numbers, leaves out empty optionals, and only the sections of the method', () => {
+    const spec = buildJobSpec(form({ 'hyperparameters.max_steps': '5', 'hyperparameters.max_seq_len': '128' }))
+    expect(spec).toMatchObject({
+      method: 'lora',
+      model: 'builtin/SmolLM2-135M-Instruct',
+      dataset_id: 3,
+      preset: 'balanced',
+      gpus: 0,
+      priority: 0,
+      lora: { rank: 16, alpha: 32, dropout: 0 },
+    })
+    const hp = spec.hyperparameters as Record<string, unknown>
+    expect(hp).toMatchObject({ max_steps: 5, max_seq_len: 128, gradient_checkpointing: true, packing: false, lr_scheduler: 'cosine' })
+    expect('learning_rate' in hp).toBe(false)
+    expect('save_steps' in hp).toBe(false)
+    expect('preference' in spec).toBe(false)
+
+    const dpo = buildJobSpec(form({}, { method: 'dpo' }))
+    expect(dpo.preference).toEqual({ beta: 0.1 })
+    expect('lora' in dpo).toBe(false)
+  })
+})
+
+describe('presets and clones', () => {
+  it('a preset fills its values and keeps the rest', () => {
+    const quick = applyPreset(form({ 'hyperparameters.seed': '7' }), 'quick')
+    expect(quick.values['hyperparameters.epochs']).toBe('1')
+    expect(quick.values['hyperparameters.gradient_accumulation']).toBe('1')
+    expect(quick.values['hyperparameters.seed']).toBe('7')
+  })
+
+  it('a clone starts from the job’s config', () => {
+    const cloned = formFromConfig({
+      method: 'lora', model: 'builtin/SmolLM2-135M-Instruct', dataset_id: 9, name: 'first',
+      hyperparameters: { learning_rate: 0.0001, max_steps: 4, epochs: 3 }, lora: { rank: 8 }, gpus: 0,
+    }, 'x')
+    expect(cloned.datasetId).toBe('9')
+    expect(cloned.name).toBe('first (copy)')
+    expect(cloned.values['hyperparameters.learning_rate']).toBe('0.0001')
+    expect(cloned.values['lora.rank']).toBe('8')
+    expect(cloned.values.gpus).toBe('0')
+    expect(validateJobForm(cloned)).toEqual({})
+  })
+
+  it('estimates the steps from the rows, batch and epochs, or takes max steps', () => {
+    const f = form({ 'hyperparameters.batch_size': '4', 'hyperparameters.gradient_accumulation': '2', 'hyperparameters.epochs': '2' })
+    expect(estimatedSteps(f, 20)).toBe(6)
+    expect(estimatedSteps({ ...f, values: { ...f.values, 'hyperparameters.max_steps': '5' } }, 20)).toBe(5)
+    expect(estimatedSteps(f, null)).toBeNull()
+  })
+})

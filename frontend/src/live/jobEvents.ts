@@ -1,0 +1,165 @@
+import type { StreamEvent } from '../types'
+import { compareStreamIds, streamIdTime } from './streamIds'
+
+/** Column arrays for the charts; x is seconds since the job's first event. */
+export interface MetricColumns {
+  t: number[]
+  step: number[]
+  loss: (number | null)[]
+  evalLoss: (number | null)[]
+  learningRate: (number | null)[]
+  gradNorm: (number | null)[]
+  tokensPerSecond: (number | null)[]
+}
+
+export interface DeviceColumns {
+  t: number[]
+  /** GPU utilisation, or the CPU's, in percent. */
+  utilisation: (number | null)[]
+  memoryUsedGiB: (number | null)[]
+  /** The training process's own memory (CPU runs report it). */
+  processMemoryGiB: (number | null)[]
+  memoryTotalGiB: (number | null)[]
+}
+
+export interface LogLine {
+  id: string
+  level: string
+  message: string
+  time: string | null
+}
+
+export interface JobLive {
+  /** Id of the last event applied; later batches at or before it are dropped. */
+  lastId: string | null
+  /** Epoch ms of the first event: time zero of every chart. */
+  t0: number | null
+  metrics: MetricColumns
+  device: DeviceColumns
+  /** "cuda" or "cpu", from the device samples. */
+  deviceKind: string | null
+  memoryTotalBytes: number | null
+  logs: LogLine[]
+  /** Latest status seen on the stream (the job row is the truth; this only says "refetch it"). */
+  status: string | null
+  error: string | null
+  /** The last training metric's values (step, loss, tokens/s, total_steps…). */
+  lastMetric: Record<string, unknown> | null
+  eventCount: number
+}
+
+export const MAX_LOG_LINES = 500
+const GIB = 1024 ** 3
+
+export function emptyJobLive(): JobLive {
+  return {
+    lastId: null,
+    t0: null,
+    metrics: { t: [], step: [], loss: [], evalLoss: [], learningRate: [], gradNorm: [], tokensPerSecond: [] },
+    device: { t: [], utilisation: [], memoryUsedGiB: [], processMemoryGiB: [], memoryTotalGiB: [] },
+    deviceKind: null,
+    memoryTotalBytes: null,
+    logs: [],
+    status: null,
+    error: null,
+    lastMetric: null,
+    eventCount: 0,
+  }
+}
+
+function num(value: unknown): number | null {
+  return typeof value === 'number' && Number.isFinite(value) ? value : null
+}
+
+function gib(value: unknown): number | null {
+  const n = num(value)
+  return n == null ? null : n / GIB
+}
+
+/**
+ * Applies a batch of a job's events, in stream order, to its live state. Events at or before the
+ * last applied id are skipped, so replaying the whole stream after a reconnect (after=0-0) on top of
+ * what is already shown changes nothing; the result is as if each event had been seen once.
+ * Returns the same object when nothing changed.
+ */
+export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
+  const fresh = events
+    .filter((e) => state.lastId == null || compareStreamIds(e.id, state.lastId) > 0)
+    .sort((a, b) => compareStreamIds(a.id, b.id))
+  // The server never repeats an id, but a batch could hold one twice if two sockets overlapped.
+  const unique = fresh.filter((e, i) => i === 0 || e.id !== fresh[i - 1]!.id)
+  if (unique.length === 0) return state
+
+  const m = state.metrics
+  const d = state.device
+  const metrics: MetricColumns = {
+    t: [...m.t], step: [...m.step], loss: [...m.loss], evalLoss: [...m.evalLoss],
+    learningRate: [...m.learningRate], gradNorm: [...m.gradNorm], tokensPerSecond: [...m.tokensPerSecond],
+  }
+  const device: DeviceColumns = {
+    t: [...d.t], utilisation: [...d.utilisation], memoryUsedGiB: [...d.memoryUsedGiB],
+    processMemoryGiB: [...d.processMemoryGiB], memoryTotalGiB: [...d.memoryTotalGiB],
+  }
+  let logs = state.logs
+  let { t0, deviceKind, memoryTotalBytes, status, error, lastMetric } = state
+  const newLogs: LogLine[] = []
+
+  for (const event of unique) {
+    const at = streamIdTime(event.id) ?? 0
+    if (t0 == null) t0 = at
+    const t = (at - t0) / 1000
+    const data = event.data ?? {}
+    if (event.type === 'metric') {
+      const step = num(data.step) ?? (metrics.step.at(-1) ?? 0)
+      const isEval = data.eval_loss !== undefined && data.loss === undefined
+      metrics.t.push(t)
+      metrics.step.push(step)
+      metrics.loss.push(isEval ? null : num(data.loss))
+      metrics.evalLoss.push(num(data.eval_loss))
+      metrics.learningRate.push(isEval ? null : num(data.learning_rate))
+      metrics.gradNorm.push(isEval ? null : num(data.grad_norm))
+      metrics.tokensPerSecond.push(isEval ? null : num(data.tokens_per_second))
+      if (!isEval) lastMetric = data
+    } else if (event.type === 'device') {
+      const kind = typeof data.kind === 'string' ? data.kind : null
+      deviceKind = kind ?? deviceKind
+      const total = num(data.memory_total_bytes)
+      if (total != null) memoryTotalBytes = total
+      device.t.push(t)
+      device.utilisation.push(num(data.gpu_utilization_percent) ?? num(data.process_cpu_percent) ?? num(data.cpu_percent))
+      device.memoryUsedGiB.push(gib(data.memory_used_bytes))
+      device.processMemoryGiB.push(gib(data.process_rss_bytes))
+      device.memoryTotalGiB.push(gib(data.memory_total_bytes))
+    } else if (event.type === 'log') {
+      newLogs.push({
+        id: event.id,
+        level: typeof data.level === 'string' ? data.level : 'info',
+        message: typeof data.message === 'string' ? data.message : JSON.stringify(data),
+        time: typeof data.time === 'string' ? data.time : null,
+      })
+    } else if (event.type === 'status') {
+      status = typeof data.status === 'string' ? data.status : status
+      error = typeof data.error === 'string' ? data.error : null
+    }
+  }
+  if (newLogs.length > 0) logs = [...logs, ...newLogs].slice(-MAX_LOG_LINES)
+  return {
+    lastId: unique.at(-1)!.id,
+    t0,
+    metrics,
+    device,
+    deviceKind,
+    memoryTotalBytes,
+    logs,
+    status,
+    error,
+    lastMetric,
+    eventCount: state.eventCount + unique.length,
+  }
+}
+
+/** Seconds left, judged by the pace so far; null when there is nothing to judge by. */
+export function remainingSeconds(step: number, totalSteps: number | null, elapsedSeconds: number): number | null {
+  if (!totalSteps || step <= 0 || elapsedSeconds <= 0) return null
+  return (elapsedSeconds / step) * Math.max(totalSteps - step, 0)
+}
