@@ -66,6 +66,9 @@ class RunningStack:
 
 
 def stack_env(tmp: Path, redis_url: str) -> dict:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("LANNER_")}
+    # Without TRITON_INTERPRET, which tests/kernels sets for the whole session on a CPU box: a studio
+    # on the CPU trains on plain PyTorch, not on Triton kernels run by the (slow) interpreter.
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("LANNER_") and key != "TRITON_INTERPRET"}
     env.update(LANNER_DATA_DIR=str(tmp / "data"), LANNER_PORT=str(free_port()), LANNER_REDIS_URL=redis_url)
     return env
