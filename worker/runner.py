@@ -33,6 +33,7 @@ POLL_SECONDS = 0.5
 CANCEL_GRACE_SECONDS = 7.0  # SIGTERM lets the trainer save a checkpoint; SIGKILL after this, within 10 s
 _PR_SET_PDEATHSIG = 1
 PROCESS_MODULES = {JobKind.train: "lanner.worker.train_process", JobKind.export: "lanner.worker.export_process"}
+PROCESS_LABELS = {JobKind.train: "Training", JobKind.export: "Export"}
 
 
 def _die_with_parent() -> None:
@@ -74,7 +75,7 @@ def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, j
         process = subprocess.Popen([sys.executable, "-m", PROCESS_MODULES[job.kind], str(job.id)],
                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                    preexec_fn=_die_with_parent)
-    events.log(f"{job.kind.value.capitalize()} process started (pid {process.pid}) on {device.get('name')}")
+    events.log(f"{PROCESS_LABELS[job.kind]} process started (pid {process.pid}) on {device.get('name')}")
     sampler = DeviceSampler(device, events.device, pid=process.pid)
     sampler.start()
     cancel_requested_at = None

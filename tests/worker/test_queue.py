@@ -43,7 +43,7 @@ def test_claims_in_priority_then_queue_order_and_skips_what_does_not_fit(databas
         high_late = add_job(session, owner, "high late", priority=5, queue_order=2)
         high_early = add_job(session, owner, "high early", priority=5, queue_order=1)
         too_big = add_job(session, owner, "too big", priority=9, memory_estimate_bytes=64 * GIB)
-        add_job(session, owner, "export", priority=9, kind=JobKind.export)
+        export = add_job(session, owner, "export", priority=9, kind=JobKind.export)  # exports queue alike
         add_job(session, owner, "two gpus", priority=9, gpus=2)
         tie = add_job(session, owner, "tie", priority=0, queue_order=1)
         fits = add_job(session, owner, "fits", priority=0, queue_order=0, memory_estimate_bytes=2 * GIB)
@@ -55,7 +55,7 @@ def test_claims_in_priority_then_queue_order_and_skips_what_does_not_fit(databas
             assert job.status == JobStatus.running and job.worker == "cpu0@test" and job.device == CPU
             assert job.started_at is not None
             claimed.append(job.id)
-    assert claimed == [high_early, high_late, fits, low, tie]
+    assert claimed == [export, high_early, high_late, fits, low, tie]
     with factory() as session:
         assert session.get(Job, too_big).status == JobStatus.queued
         assert not has_runnable_job(session, CPU)
