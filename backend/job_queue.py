@@ -22,11 +22,6 @@ log = logging.getLogger(__name__)
 CANCEL_FLAG_SECONDS = 7 * 86400
 
 
-def cancel_key(job_id: int) -> str:
-    """Set to "1" when someone cancels a running job; the worker polls it and stops the run."""
-    return f"lanner:job:{job_id}:cancel"
-
-
 QUEUE_ORDER = (Job.priority.desc(), Job.queue_order.asc(), Job.id.asc())
 
 
@@ -132,17 +127,3 @@ def publish_job_event(redis: Redis, job_id: int, event_type: str, data: dict[str
         publish(redis, job_stream(job_id), event_type, data)
     except Exception:
         log.warning("could not publish %s on job %s", event_type, job_id, exc_info=True)
-
-
-def wake_workers_safely(settings) -> None:
-    """Tells the workers there is work. The worker issue writes lanner.backend.queue.wake_workers;
-    until it exists (and whenever it fails, e.g. no worker runs) the job simply waits in the
-    database, where workers look on start."""
-    try:
-        from lanner.backend.queue import wake_workers
-    except ImportError:
-        return
-    try:
-        wake_workers(settings)
-    except Exception:
-        log.warning("could not wake the workers; the job waits in the database", exc_info=True)

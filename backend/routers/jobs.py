@@ -21,6 +21,7 @@ from lanner.backend.deps import current_user, get_db, redis_client, require_owne
 from lanner.backend.model_catalog import estimate_job_memory
 from lanner.backend.models import Artifact, Dataset, Job, JobKind, JobStatus, Role, User
 from lanner.backend.paths import inside
+from lanner.backend.queue import cancel_key, wake_workers
 from lanner.backend.schemas.common import Offset, PathId, QueryId
 from lanner.backend.schemas.jobs import (JobChanges, JobCreate, JobOut, JobPage, JobSpec, QueueMove, job_config,
                                          spec_of)
@@ -91,7 +92,7 @@ def _queue(session: Session, redis: Redis, settings: Settings, job: Job) -> Job:
     session.add(job)
     session.commit()
     job_queue.publish_queue_event(redis, "added", job_queue.job_summary(job))
-    job_queue.wake_workers_safely(settings)
+    wake_workers(settings)  # never raises: a job not announced waits in the database, where idle workers look
     return job
 
 
@@ -102,7 +103,7 @@ def _out(session: Session, redis: Redis, job: Job, view: dict | None = None) -> 
         out.queue_position, out.estimated_start = view.get(job.id, (None, None))
     elif job.status == JobStatus.running:
         try:
-            out.cancel_requested = bool(redis.exists(job_queue.cancel_key(job.id)))
+            out.cancel_requested = bool(redis.exists(cancel_key(job.id)))
         except Exception:
             log.warning("could not read the cancel flag of job %s", job.id, exc_info=True)
     return out
@@ -200,7 +201,7 @@ def cancel_job(job_id: PathId, response: Response, user: User = Depends(current_
         job_queue.publish_queue_event(redis, "cancelled", job_queue.job_summary(job))
         return _out(session, redis, job)
     if job.status == JobStatus.running:
-        redis.set(job_queue.cancel_key(job.id), "1", ex=job_queue.CANCEL_FLAG_SECONDS)
+        redis.set(cancel_key(job.id), "1", ex=job_queue.CANCEL_FLAG_SECONDS)
         job_queue.publish_job_event(redis, job.id, "cancel_requested", {"by": user.id})
         response.status_code = 202
         return _out(session, redis, job)
@@ -354,7 +355,7 @@ def delete_job(job_id: PathId, user: User = Depends(current_user), session: Sess
     session.commit()
     _delete_files(settings, job, artifacts)
     try:
-        redis.delete(job_stream(job_id), job_queue.cancel_key(job_id))
+        redis.delete(job_stream(job_id), cancel_key(job_id))
     except Exception:
         log.warning("could not drop the Redis keys of job %s", job_id, exc_info=True)
     if was_queued:
