@@ -15,7 +15,7 @@ from triton.testing import do_bench
 from lanner.kernels import LoRAProjection, lora_linear, lora_mlp, lora_qkv
 from lanner.kernels.ops.fused_linear_ce import fused_linear_cross_entropy
 from lanner.kernels.ops.glu import _SILU, _glu_backward
-from lanner.kernels.ops.rmsnorm import rms_norm
+from lanner.kernels.ops.rmsnorm import _rms_norm_backward, rms_norm
 from lanner.kernels.ops.rope import _rope_launch
 
 TOKENS, HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM, VOCAB, RANK = 8192, 4096, 14336, 32, 8, 128, 128256, 16
@@ -50,8 +50,11 @@ def memory_rows():
     y = rms_norm(x_grad, w, 1e-5)
     dy = torch.randn_like(y)
     yield "rms_norm forward", median_ms(lambda: rms_norm(x, w, 1e-5)), 2 * x.numel() * 2, None
-    yield ("rms_norm backward (frozen weight)",
+    yield ("rms_norm backward (frozen weight), through autograd",
            median_ms(lambda: torch.autograd.grad(y, x_grad, dy, retain_graph=True)), 3 * x.numel() * 2, None)
+    rstd = torch.rand(TOKENS, device="cuda", dtype=torch.float32) + 0.5
+    yield ("rms_norm backward kernel alone",
+           median_ms(lambda: _rms_norm_backward(dy, x, w, rstd, 0.0, True, compute_dw=False)), 3 * x.numel() * 2, None)
 
     q = torch.randn(4, 2048, HEADS, HEAD_DIM, device="cuda", dtype=BF16).transpose(1, 2)
     k = torch.randn(4, 2048, KV_HEADS, HEAD_DIM, device="cuda", dtype=BF16).transpose(1, 2)
@@ -80,6 +83,8 @@ def matmul_rows():
     dout = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=BF16)
     with torch.no_grad():
         yield "LoRA MLP forward", median_ms(lambda: lora_mlp(x, gate, up, down, "silu")), None, mlp_flops
+        yield ("LoRA MLP recompute (down GEMM skipped)",
+               median_ms(lambda: lora_mlp(x, gate, up, down, "silu", output_needed=False)), None, mlp_flops * 2 / 3)
     yield ("LoRA MLP forward + backward",
            median_ms(lambda: lora_mlp(x, gate, up, down, "silu").backward(dout)), None, 2 * mlp_flops)
 
@@ -100,6 +105,15 @@ def matmul_rows():
     yield "reference: cuBLAS x @ W_gate^T", median_ms(lambda: a @ w.t()), None, 2 * TOKENS * HIDDEN * INTERMEDIATE
 
 
+def host_copy_rows():
+    """The memory engine's offload traffic: one 8B layer input (64 MiB) to pinned host memory and back."""
+    x = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=BF16)
+    host = torch.empty(x.shape, dtype=BF16, pin_memory=True)
+    nbytes = x.numel() * 2
+    yield "offload: layer input to pinned host (64 MiB)", median_ms(lambda: host.copy_(x, non_blocking=True)), nbytes
+    yield "offload: layer input back to the GPU (64 MiB)", median_ms(lambda: x.copy_(host, non_blocking=True)), nbytes
+
+
 def main():
     bandwidth, flops = ceilings()
     print(f"ceilings here: copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s")
@@ -112,6 +126,8 @@ def main():
         else:
             rate = nflops / (ms * 1e-3)
             print(f"| {name} | {ms:.3f} | {rate / 1e12:.0f} TFLOP/s | {rate / flops:.0%} of matmul |", flush=True)
+    for name, ms, nbytes in host_copy_rows():
+        print(f"| {name} | {ms:.3f} | {nbytes / (ms * 1e-3) / 1e9:.1f} GB/s | host link |", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Copied from ../shared/tools/peer_bench.py (the peers' harness) with one addition
 mode, so that every system is measured by the same loop, data, optimizer and JSON line.
 
 One mode per process:  python peer_bench.py MODE MODEL [--seq S --bs B --steps N]
-MODE: hf | liger | unsloth | hf4 | unsloth4 | hfnogc | lanner
+MODE: hf | liger | unsloth | hf4 | unsloth4 | hfnogc | lanner | lanner4 (built in qlora_modes.py)
+lanner takes --budget GIB (the memory engine's budget) and --offload on|off|auto.
 MODEL: a name in CONFIGS (random-init weights of that architecture); add shapes freely.
 Prints one JSON line: mode, model, tokens/s, step ms (median), peak GiB, loss.
 """
@@ -63,6 +64,8 @@ def main():
     ap.add_argument("--seq", type=int, default=2048); ap.add_argument("--bs", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10); ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--budget", type=float, default=None, help="lanner: memory budget in GiB")
+    ap.add_argument("--offload", choices=["on", "off", "auto"], default="auto", help="lanner: checkpoint offloading")
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -91,8 +94,14 @@ def main():
         with torch.device("cuda"):
             model = LlamaForCausalLM._from_config(llama_config(a.model), dtype=torch.bfloat16,
                                                   attn_implementation="sdpa")
+        offload = {"on": True, "off": False, "auto": None}[a.offload]
         model = get_lora_model(model, r=a.rank, lora_alpha=a.rank, target_modules=TARGETS,
-                               lora_dropout=0.0, gradient_checkpointing=gc, bias="none")
+                               lora_dropout=0.0, gradient_checkpointing=gc, bias="none",
+                               memory_budget_gib=a.budget, offload_checkpoints=offload)
+    elif a.mode == "lanner4":
+        from qlora_modes import lanner4_model
+        model = lanner4_model(saved_dir(a.model), a.rank, TARGETS, gc, a.budget,
+                              {"on": True, "off": False, "auto": None}[a.offload])
     else:
         if a.mode == "hf4":
             q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
@@ -130,7 +139,16 @@ def main():
             times.append(time.perf_counter() - t)
         loss = out.loss.item()
     ms = statistics.median(times) * 1000
-    print(json.dumps(dict(mode=a.mode, model=a.model, seq=a.seq, bs=a.bs, rank=a.rank,
+    extra = {}
+    if a.mode == "lanner":
+        from lanner.kernels.memory import memory_engine_of
+        engine = memory_engine_of(model)
+        if engine is not None and engine.plan is not None:
+            plan = engine.plan
+            extra = dict(budget=a.budget, offload=a.offload,
+                         predicted_peak_gib=round(plan.predicted_peak_bytes / 2**30, 2),
+                         plan=" ".join(p.code for p in plan.layers))
+    print(json.dumps(dict(**extra, mode=a.mode, model=a.model, seq=a.seq, bs=a.bs, rank=a.rank,
                           step_ms=round(ms, 1), tok_s=round(a.bs * a.seq / ms * 1000),
                           peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2),
                           loss=round(loss, 4), gpu=torch.cuda.get_device_name())), flush=True)

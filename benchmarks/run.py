@@ -2,6 +2,9 @@
 
     python benchmarks/run.py                       # 1B and 8B shapes; hf, liger, unsloth, lanner
     python benchmarks/run.py --models llama-1b --systems hf lanner --steps 5
+    python benchmarks/run.py --models llama-8b --systems hf4 unsloth4 lanner4   # QLoRA (NF4) rows
+    python benchmarks/run.py --models llama-8b --systems unsloth lanner \
+        --lanner-variants offload=on budget=19.4,offload=on budget=60   # memory-engine rows
 
 Each (shape, system) runs `peer_bench.py MODE MODEL` in a fresh process (so no system's patches or
 allocator state leak into another's) and prints one JSON line; this script collects them, prints a
@@ -18,9 +21,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from qlora_modes import QLORA_SYSTEMS
+
 REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().with_name("peer_bench.py")
 SYSTEMS = {"hf": "HF + PEFT", "liger": "HF + PEFT + Liger", "unsloth": "Unsloth", "lanner": "Lanner"}
+DEFAULT_SYSTEMS = list(SYSTEMS)
+SYSTEMS.update(QLORA_SYSTEMS)  # 4-bit rows, compared with lanner4
 
 
 def lanner_import_root() -> Path:
@@ -36,9 +43,17 @@ def environment() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "PYTHONUNBUFFERED": "1"}
 
 
-def run_one(system: str, model: str, args, env: dict) -> dict:
+def variant_args(variant: str) -> list[str]:
+    """'budget=19.4,offload=on' -> ['--budget', '19.4', '--offload', 'on'] (peer_bench's lanner options)."""
+    pairs = [item.split("=", 1) for item in variant.split(",") if item]
+    if any(len(pair) != 2 or pair[0] not in ("budget", "offload") for pair in pairs):
+        raise SystemExit(f"bad --lanner-variants entry {variant!r}: expected budget=GIB and/or offload=on|off|auto")
+    return [arg for key, value in pairs for arg in (f"--{key}", value)]
+
+
+def run_one(system: str, model: str, args, env: dict, extra: list[str] = ()) -> dict:
     command = [sys.executable, str(BENCH), system, model, "--seq", str(args.seq), "--bs", str(args.bs),
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--rank", str(args.rank)]
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--rank", str(args.rank), *extra]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -55,8 +70,10 @@ def table(results: list[dict]) -> str:
             "|---|---|---|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in results):
         shape = [r for r in results if r["model"] == model]
-        ours = next((r for r in shape if r["mode"] == "lanner" and "error" not in r), None)
+        lanner = {mode: next((r for r in shape if r["mode"] == mode and "error" not in r), None)
+                  for mode in ("lanner", "lanner4")}
         for r in shape:
+            ours = lanner["lanner4" if r["mode"] in QLORA_SYSTEMS else "lanner"]
             name = SYSTEMS.get(r["mode"], r["mode"])
             if "error" in r:
                 rows.append(f"| {model} | {name} | failed: {r['error']} | | | | | |")
@@ -68,10 +85,26 @@ def table(results: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def variants_table(results: list[dict]) -> str:
+    rows = ["| shape | Lanner variant | plan | tokens/s | step ms | peak GiB | predicted peak GiB | final loss "
+            "| tok/s vs Unsloth | memory vs Unsloth |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "variant" not in r or "error" in r:
+            if "variant" in r:
+                rows.append(f"| {r['model']} | {r['variant']} | failed: {r['error']} | | | | | | | |")
+            continue
+        peer = next((p for p in results if p["model"] == r["model"] and p["mode"] == "unsloth" and "error" not in p), None)
+        speed = f"{r['tok_s'] / peer['tok_s']:.2f}x" if peer else "-"
+        memory = f"{r['peak_gib'] / peer['peak_gib']:.2f}x" if peer else "-"
+        rows.append(f"| {r['model']} | {r['variant']} | {r.get('plan', '-')} | {r['tok_s']:,} | {r['step_ms']} "
+                    f"| {r['peak_gib']} | {r.get('predicted_peak_gib', '-')} | {r['loss']} | {speed} | {memory} |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["llama-1b", "llama-8b"])
-    parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
+    parser.add_argument("--systems", nargs="+", default=DEFAULT_SYSTEMS, choices=list(SYSTEMS))
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--bs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10)
@@ -79,19 +112,26 @@ def main() -> int:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--timeout", type=int, default=400, help="seconds per (shape, system) process")
     parser.add_argument("--out", type=Path, default=None, help="write every result as one JSON line here")
+    parser.add_argument("--lanner-variants", nargs="*", default=[],
+                        help="extra Lanner runs per shape, each e.g. budget=19.4,offload=on (memory engine)")
     args = parser.parse_args()
 
     env = environment()
     results = []
     for model in args.models:
-        for system in args.systems:
-            result = run_one(system, model, args, env)
+        runs = [(system, None) for system in args.systems] + [("lanner", v) for v in args.lanner_variants]
+        for system, variant in runs:
+            result = run_one(system, model, args, env, variant_args(variant) if variant else [])
+            if variant:
+                result["variant"] = variant
             print(json.dumps(result), flush=True)
             results.append(result)
             if args.out:
                 with args.out.open("a") as out:
                     out.write(json.dumps(result) + "\n")
-    print(table(results), flush=True)
+    print(table([r for r in results if "variant" not in r]), flush=True)
+    if args.lanner_variants:
+        print(variants_table(results), flush=True)
     return 0 if all("error" not in r for r in results) else 1
 
 

@@ -23,6 +23,16 @@ _EXPORTS = {
     "PatchReport": ".patching",
     "patch_model": ".patching",
     "unpatch_model": ".patching",
+    "NF4Linear": ".quant",
+    "dequantize_model": ".quant",
+    "load_4bit": ".quant",
+    "quantize_model": ".quant",
+    "save_4bit": ".quant",
+    "MLPStash": ".lora",
+    "pack_samples": ".packing",
+    "install_memory_engine": ".memory",
+    "memory_engine_of": ".memory",
+    "plan_memory": ".memory",
 }
 
 __all__ = sorted(_EXPORTS)

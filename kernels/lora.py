@@ -7,7 +7,8 @@ weight W never gets a gradient. W is read through `base_weight(module)` in forwa
 backward and is never saved, so a quantised base can hand out a dense weight on demand.
 
 Saved for backward: the block input and the (N, r) products x @ A^T (cheap); the MLP also keeps
-its gate and up projections, from which the activation is recomputed in backward.
+its gate and up projections, from which the activation is recomputed in backward. Under the memory
+engine's checkpointing the MLP can skip work its recompute does not need (see LoRAMLPFunction).
 """
 from __future__ import annotations
 
@@ -65,15 +66,19 @@ def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]).to(dtype)
 
 
-def _project(x2: torch.Tensor, p: LoRAProjection) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Forward of one projection on rows x2; returns the output and x2 @ A^T (None when not adapted)."""
+def _project(
+    x2: torch.Tensor, p: LoRAProjection, xa: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Forward of one projection on rows x2; returns the output and x2 @ A^T (None when not adapted).
+    xa: x2 @ A^T when the caller already has it."""
     dtype = x2.dtype
     weight = base_weight(p.base).to(dtype)
     bias = p.base.bias
     out = x2 @ weight.t() if bias is None else torch.addmm(bias.to(dtype), x2, weight.t())
     if p.lora_A is None:
         return out, None
-    xa = x2 @ p.lora_A.to(dtype).t()
+    if xa is None:
+        xa = x2 @ p.lora_A.to(dtype).t()
     out.addmm_(xa, p.lora_B.to(dtype).t(), alpha=p.scaling)
     return out, xa
 
@@ -118,18 +123,50 @@ class LoRALinearFunction(torch.autograd.Function):
 
 
 class LoRAQKVFunction(torch.autograd.Function):
-    """The query, key and value projections of one attention block, sharing one saved input."""
+    """The query, key and value projections of one attention block, sharing one saved input.
+
+    When all three are adapted, their A factors run as one (N, in) x (in, r_q + r_k + r_v) product
+    in forward and one dA product in backward, and dX takes their rank-r term in one addmm: the
+    input is read once for the three instead of three times, each way.
+    """
 
     @staticmethod
     def forward(ctx, x, dtype, projections, *lora_weights):
         x2 = _rows(x, dtype)
-        outs, xas = zip(*(_project(x2, p) for p in projections))
-        ctx.save_for_backward(x2, *xas)
+        ctx.fused = all(p.lora_A is not None for p in projections)
+        if ctx.fused:
+            xa_all = x2 @ torch.cat([p.lora_A for p in projections]).to(dtype).t()
+            ctx.ranks = [p.lora_A.shape[0] for p in projections]
+            outs = [_project(x2, p, xa)[0] for p, xa in zip(projections, xa_all.split(ctx.ranks, dim=1))]
+            ctx.save_for_backward(x2, xa_all)
+        else:
+            outs, xas = zip(*(_project(x2, p) for p in projections))
+            ctx.save_for_backward(x2, *xas)
         ctx.projections, ctx.x_shape, ctx.x_dtype = projections, x.shape, x.dtype
         return tuple(out.view(*x.shape[:-1], out.shape[-1]) for out in outs)
 
     @staticmethod
     def backward(ctx, *douts):
+        if not ctx.fused:
+            return LoRAQKVFunction._backward_each(ctx, *douts)
+        x2, xa_all = ctx.saved_tensors
+        dtype = x2.dtype
+        dx, dxas, dBs = None, [], []
+        for dout, xa, p in zip(douts, xa_all.split(ctx.ranks, dim=1), ctx.projections):
+            dout2 = dout.reshape(-1, dout.shape[-1]).to(dtype)
+            weight = base_weight(p.base).to(dtype)
+            dx = dout2 @ weight if dx is None else dx.addmm_(dout2, weight)
+            dBs.append((dout2.t() @ xa).mul_(p.scaling).to(p.lora_B.dtype))
+            dxas.append((dout2 @ p.lora_B.to(dtype)).mul_(p.scaling))
+        dxa_all = torch.cat(dxas, dim=1)
+        dA_all = dxa_all.t() @ x2
+        dx.addmm_(dxa_all, torch.cat([p.lora_A for p in ctx.projections]).to(dtype))
+        dAs = [dA.to(p.lora_A.dtype) for dA, p in zip(dA_all.split(ctx.ranks, dim=0), ctx.projections)]
+        grads = [g for dA, dB in zip(dAs, dBs) for g in (dA, dB)]
+        return dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, *grads
+
+    @staticmethod
+    def _backward_each(ctx, *douts):
         x2, *xas = ctx.saved_tensors
         dx, lora_grads = None, []
         for dout, xa, p in zip(douts, xas, ctx.projections):
@@ -159,17 +196,56 @@ def _glu_recompute_and_backward(activation, dh, gate, up):
     return h.detach(), dgate, dup
 
 
+class MLPStash:
+    """Carries some of one MLP's matmul outputs from its forward to its recompute under activation
+    checkpointing, so the recompute skips their GEMMs (the memory engine's keep_mlp layers keep gate
+    and up; its offloading layers keep up in host memory). `keep` names the projections kept, of
+    "gate" and "up"; each comes with its rank-r product. Emptied when the recompute takes them."""
+
+    def __init__(self, keep=("gate", "up")):
+        self.keep = tuple(keep)
+        self.activations: dict | None = None
+
+    def store(self, activations: dict) -> None:
+        self.activations = activations
+
+    def take(self) -> dict | None:
+        activations, self.activations = self.activations, None
+        return activations
+
+
+def _down_lora_input(h, down_p):
+    return None if down_p.lora_A is None else h @ down_p.lora_A.to(h.dtype).t()
+
+
 class LoRAMLPFunction(torch.autograd.Function):
-    """down(act(gate(x)) * up(x)) with LoRA on any of the three projections."""
+    """down(act(gate(x)) * up(x)) with LoRA on any of the three projections.
+
+    stash: an MLPStash, or None. output_needed=False (a checkpoint's recompute, when nothing after
+    the MLP saves for backward) skips the down projection's GEMM, whose output backward never
+    reads, and returns an uninitialised tensor of the output's shape.
+    """
 
     @staticmethod
-    def forward(ctx, x, dtype, activation, projections, *lora_weights):
+    def forward(ctx, x, dtype, activation, projections, stash, output_needed, *lora_weights):
         gate_p, up_p, down_p = projections
         x2 = _rows(x, dtype)
-        gate, xa_gate = _project(x2, gate_p)
-        up, xa_up = _project(x2, up_p)
-        h = gated_activation(activation, gate, up)
-        out, ha_down = _project(h, down_p)
+        kept = (stash.take() if stash is not None else None) or {}
+        gate, xa_gate = kept["gate"] if "gate" in kept else _project(x2, gate_p)
+        up, xa_up = kept["up"] if "up" in kept else _project(x2, up_p)
+        ha_down = kept.get("ha_down")
+        if output_needed:
+            out, ha_down = _project(gated_activation(activation, gate, up), down_p)
+        else:
+            if "ha_down" not in kept:
+                ha_down = _down_lora_input(gated_activation(activation, gate, up), down_p)
+            out = x2.new_empty((x2.shape[0], down_p.base.out_features))
+        if stash is not None and not kept:
+            outputs = {"gate": (gate, xa_gate), "up": (up, xa_up)}
+            stored = {name: outputs[name] for name in stash.keep}
+            if len(stored) == 2:
+                stored["ha_down"] = ha_down
+            stash.store(stored)
         ctx.save_for_backward(x2, gate, up, xa_gate, xa_up, ha_down)
         ctx.projections, ctx.activation, ctx.x_shape, ctx.x_dtype = projections, activation, x.shape, x.dtype
         return out.view(*x.shape[:-1], out.shape[-1])
@@ -197,7 +273,7 @@ class LoRAMLPFunction(torch.autograd.Function):
 
         dx, dA_gate, dB_gate = _project_backward(dgate, x2, xa_gate, gate_p, None)
         dx, dA_up, dB_up = _project_backward(dup, x2, xa_up, up_p, dx)
-        return (dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, None,
+        return (dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, None, None, None,
                 dA_gate, dB_gate, dA_up, dB_up, dA_down, dB_down)
 
 
@@ -215,11 +291,18 @@ def lora_qkv(
 
 
 def lora_mlp(
-    x: torch.Tensor, gate: LoRAProjection, up: LoRAProjection, down: LoRAProjection, activation: str
+    x: torch.Tensor, gate: LoRAProjection, up: LoRAProjection, down: LoRAProjection, activation: str,
+    *, stash: MLPStash | None = None, output_needed: bool = True,
 ) -> torch.Tensor:
-    """activation: "silu" (SwiGLU), "gelu" (exact GeGLU) or "gelu_tanh" (tanh-approximated GeGLU)."""
+    """activation: "silu" (SwiGLU), "gelu" (exact GeGLU) or "gelu_tanh" (tanh-approximated GeGLU).
+
+    stash and output_needed serve activation checkpointing (see LoRAMLPFunction); the defaults give
+    the plain forward.
+    """
     if activation not in GLU_ACTIVATIONS:
         raise ValueError(f"unknown GLU activation {activation!r}; expected one of {GLU_ACTIVATIONS}")
     projections = (gate, up, down)
     dtype = compute_dtype(x)
-    return LoRAMLPFunction.apply(x, dtype, activation, projections, *_flat_lora_weights(projections))
+    return LoRAMLPFunction.apply(
+        x, dtype, activation, projections, stash, output_needed, *_flat_lora_weights(projections)
+    )

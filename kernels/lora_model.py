@@ -7,17 +7,26 @@ from collections.abc import Mapping, Sequence
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from .memory import install_memory_engine
 from .patching import patch_model
 from .patching.families import family_of, family_target_modules
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _load(model_or_path, model_kwargs: Mapping | None) -> PreTrainedModel:
+def _load(model_or_path, model_kwargs: Mapping | None, load_in_4bit: bool = False) -> PreTrainedModel:
     if isinstance(model_or_path, (str, os.PathLike)):
+        if load_in_4bit:
+            from .quant import load_4bit
+
+            return load_4bit(model_or_path, **(model_kwargs or {}))
         return AutoModelForCausalLM.from_pretrained(model_or_path, **{"dtype": "auto", **(model_kwargs or {})})
     if model_kwargs:
         raise ValueError("model_kwargs apply only when a model id or path is given")
+    if load_in_4bit:
+        from .quant import quantize_model
+
+        return quantize_model(model_or_path)
     return model_or_path
 
 
@@ -30,6 +39,9 @@ def get_lora_model(
     use_kernels: bool = True,
     gradient_checkpointing: bool = True,
     *,
+    load_in_4bit: bool = False,
+    memory_budget_gib: float | None = None,
+    offload_checkpoints: bool | None = None,
     model_kwargs: Mapping | None = None,
     **peft_kwargs,
 ) -> PeftModel:
@@ -41,8 +53,19 @@ def get_lora_model(
     are mapped to its fused qkv_proj / gate_up_proj. gradient_checkpointing uses the non-reentrant
     form. Extra keyword arguments go to peft.LoraConfig. An unsupported model, or use_kernels=False,
     gives plain PEFT (logged once). The saved adapter is an ordinary PEFT adapter.
+
+    load_in_4bit: QLoRA. Every linear layer but lm_head becomes an NF4Linear (bitsandbytes' NF4
+    storage, block size 64, double-quantised absmax): a loaded model is quantised where it lives; a
+    path is loaded through `quant.load_4bit` (a bitsandbytes 4-bit checkpoint as stored, any other
+    quantised on load onto the GPU when there is one). See docs/qlora.md.
+
+    memory_budget_gib, offload_checkpoints: the memory engine (docs/memory-engine.md), on whenever
+    gradient_checkpointing and the kernels are. With a budget, each decoder layer keeps, partly keeps
+    or recomputes its activations so that the step's peak (torch.cuda.max_memory_allocated) stays
+    under it; the plan is printed at the first training step. offload_checkpoints: True puts the
+    checkpointed layer inputs in pinned host memory, False never, None when the budget needs it.
     """
-    model = _load(model_or_path, model_kwargs)
+    model = _load(model_or_path, model_kwargs, load_in_4bit)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -56,5 +79,8 @@ def get_lora_model(
     )
     peft_model = get_peft_model(model, config)
     if use_kernels:
-        patch_model(peft_model)
+        report = patch_model(peft_model)
+        wants_engine = report.active or memory_budget_gib is not None or offload_checkpoints
+        if gradient_checkpointing and wants_engine:
+            install_memory_engine(peft_model, memory_budget_gib, offload_checkpoints)
     return peft_model

@@ -2,6 +2,7 @@
 from torch import nn
 
 from ..lora import gated_activation, lora_linear, lora_mlp
+from ..memory.layer_run import current_layer_run
 from ..peft_projections import first_blocker, lora_projection
 from .binding import bind_forward, plain_forward
 from .families import glu_activation
@@ -11,7 +12,11 @@ def _mlp_forward(mlp: nn.Module, x, *, activation: str):
     projections = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
     if first_blocker(projections) is not None:
         return plain_forward(mlp)(x)
-    return lora_mlp(x, *(lora_projection(m) for m in projections), activation)
+    run = current_layer_run()
+    if run is None:
+        return lora_mlp(x, *(lora_projection(m) for m in projections), activation)
+    return lora_mlp(x, *(lora_projection(m) for m in projections), activation,
+                    stash=run.mlp_stash, output_needed=run.mlp_output_needed)
 
 
 def _fused_gate_up_mlp_forward(mlp: nn.Module, x, *, activation: str):

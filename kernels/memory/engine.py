@@ -1,0 +1,168 @@
+"""The memory engine: runs each decoder layer under the plan (keep, keep_mlp or recompute, with its
+input on the GPU or in host memory), planning once the first training forward shows the batch size.
+
+It takes the place of transformers' checkpoint function on each decoder layer
+(`_gradient_checkpointing_func`, which GradientCheckpointingLayer calls as func(forward, hidden_states)
+in training with checkpointing on), and puts itself back if a trainer calls
+gradient_checkpointing_enable again.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..lora import MLPStash
+from .layer_run import LayerRun
+from .offload import HostOffloader, OffloadedStash
+from .planner import GIB, LayerCosts, MemoryPlan, plan_memory
+
+logger = logging.getLogger("lanner.kernels")
+_ENGINE_ATTR = "_lanner_memory_engine"
+
+
+def _storage_key(t: torch.Tensor):
+    return t.untyped_storage().data_ptr(), t.device
+
+
+class MemoryEngine:
+    def __init__(self, model: nn.Module, layers, budget_bytes: int | None, offload: bool | None):
+        self.model, self.layers = model, list(layers)
+        self.budget_bytes, self.offload = budget_bytes, offload
+        self.plan: MemoryPlan | None = None
+        self.planned_tokens = 0
+        self.offloader = HostOffloader()
+        self.install()
+
+    def install(self) -> None:
+        for index, layer in enumerate(self.layers):
+            layer._gradient_checkpointing_func = functools.partial(self.run_layer, index)
+            layer.gradient_checkpointing = True
+
+    # The checkpoint function of one layer.
+    def run_layer(self, index: int, forward, hidden_states, *args):
+        if not torch.is_grad_enabled():
+            return forward(hidden_states, *args)
+        if index == 0:
+            self.offloader.begin_step()
+        tokens = hidden_states.numel() // hidden_states.shape[-1]
+        if self.plan is None or tokens > self.planned_tokens:
+            self._make_plan(forward, hidden_states, args, tokens)
+        layer_plan = self.plan.layers[index]
+        if layer_plan.mode == "keep":
+            return forward(hidden_states, *args)
+        if layer_plan.mode == "keep_mlp":
+            stash = MLPStash(("gate", "up"))
+        elif layer_plan.offload_up:
+            stash = OffloadedStash(self.offloader, ("up",))
+        else:
+            stash = None
+        run = LayerRun(stash, skip_mlp_output=not hasattr(self.layers[index], "post_feedforward_layernorm"))
+        if not layer_plan.offload_input:
+            return checkpoint(forward, hidden_states, *args, use_reentrant=False, context_fn=run.contexts)
+        held = self.offloader.hold(hidden_states)
+        out = checkpoint(_forward_held, forward, held, *args, use_reentrant=False, context_fn=run.contexts)
+        held.release()
+        return out
+
+    def _make_plan(self, forward, hidden_states, args, tokens) -> None:
+        base = self._base_bytes()
+        costs = self._measure(forward, hidden_states, args)
+        self.plan = plan_memory(len(self.layers), costs, base, self.budget_bytes, self.offload)
+        self.planned_tokens = tokens
+        print(self.plan.describe(), flush=True)
+        if not self.plan.fits:
+            logger.warning("lanner.kernels: the memory budget is below the smallest plan's predicted peak")
+
+    def _measure(self, forward, hidden_states, args) -> LayerCosts:
+        """Runs the first layer once without a checkpoint, counting the bytes it saves for backward."""
+        params = {_storage_key(p) for p in self.model.parameters()}
+        saved: dict = {}
+
+        def pack(t):
+            key = _storage_key(t)
+            if key not in params:
+                saved[key] = t.untyped_storage().nbytes()
+            return t
+
+        run = LayerRun(MLPStash(("gate", "up")), skip_mlp_output=False)
+        x = hidden_states.detach().requires_grad_(hidden_states.requires_grad)
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), run.contexts()[0]:
+            forward(x, *args)
+        stash = run.mlp_stash.take() or {}
+        kept = [t for value in stash.values() for t in (value if isinstance(value, tuple) else (value,))]
+        mlp_bytes = sum(t.numel() * t.element_size() for t in kept if t is not None)
+        del stash, kept
+        return LayerCosts(
+            input_bytes=hidden_states.numel() * hidden_states.element_size(),
+            mlp_bytes=mlp_bytes,
+            saved_bytes=sum(saved.values()),
+            **_recompute_flops(self.model.config, hidden_states),
+        )
+
+    def _base_bytes(self) -> int:
+        """Memory the layers' activations come on top of: what is allocated now (weights, LoRA), plus the
+        LoRA gradients and two optimizer states (AdamW's) if they do not exist yet."""
+        params = list(self.model.parameters())
+        device = params[0].device
+        missing = sum(3 * p.numel() * p.element_size() for p in params if p.requires_grad and p.grad is None)
+        if device.type == "cuda":
+            return torch.cuda.memory_allocated(device) + missing
+        return sum(p.numel() * p.element_size() for p in params) + missing
+
+
+def _forward_held(forward, held, *args):
+    return forward(held.get(), *args)
+
+
+def _recompute_flops(config, hidden_states) -> dict:
+    *batch, seq, hidden = hidden_states.shape
+    tokens = hidden_states.numel() // hidden
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    intermediate = config.intermediate_size
+    projections = 2 * tokens * hidden * (heads + 2 * kv_heads) * head_dim + 2 * tokens * heads * head_dim * hidden
+    attention = 2 * tokens * seq * heads * head_dim  # causal: half of 4 * T * S * H * D
+    return dict(mlp_flops=2 * 2 * tokens * hidden * intermediate, rest_flops=projections + attention)
+
+
+def install_memory_engine(model: nn.Module, budget_gib: float | None = None,
+                          offload: bool | None = None) -> MemoryEngine | None:
+    """Runs the decoder layers of a (PEFT-wrapped or plain) transformers causal LM under the memory
+    engine. Turns on gradient checkpointing (non-reentrant) if it is off. Returns None, with one log
+    line, when the model's layers do not use transformers' checkpointing hook."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    backbone = getattr(base, getattr(base, "base_model_prefix", ""), None)
+    layers = list(getattr(backbone, "layers", None) or [])
+    if not layers or not all(hasattr(layer, "gradient_checkpointing") for layer in layers):
+        logger.warning("lanner.kernels: no checkpointable decoder layers in %s; the memory engine is off",
+                       type(base).__name__)
+        return None
+    if not any(layer.gradient_checkpointing for layer in layers):
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    budget = None if budget_gib is None else int(budget_gib * GIB)
+    engine = MemoryEngine(base, layers, budget, offload)
+    object.__setattr__(base, _ENGINE_ATTR, engine)
+    # Trainers turn checkpointing on again (transformers' function would replace the engine's).
+    for name in ("gradient_checkpointing_enable", "activation_checkpointing_enable"):
+        if hasattr(base, name):
+            setattr(base, name, _reinstalling(getattr(base, name), engine))
+    return engine
+
+
+def _reinstalling(enable, engine):
+    @functools.wraps(enable)
+    def enable_and_reinstall(*args, **kwargs):
+        enable(*args, **kwargs)
+        engine.install()
+
+    return enable_and_reinstall
+
+
+def memory_engine_of(model: nn.Module) -> MemoryEngine | None:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base, _ENGINE_ATTR, None)

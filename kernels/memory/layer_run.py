@@ -1,0 +1,51 @@
+"""Which pass of a checkpointed decoder layer is running, for the kernels inside it.
+
+The memory engine runs each decoder layer's forward, and later its recompute in backward, inside a
+LayerRun's context (torch.utils.checkpoint's `context_fn`). The patched MLP reads
+`current_layer_run()` to learn whether it may skip its down projection (recompute only) and where
+to keep its matmul outputs (a `keep_mlp` layer).
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+from ..lora import MLPStash
+
+_local = threading.local()
+
+
+class LayerRun:
+    """One forward of one checkpointed decoder layer and its one recompute.
+
+    mlp_stash: where the MLP keeps some of its matmul outputs from the forward to the recompute
+    (an MLPStash on the GPU, an OffloadedStash in host memory), or None.
+    skip_mlp_output: in the recompute nothing after the MLP saves for backward (true of layers that
+    add the MLP output straight to the residual), so the down projection's GEMM can be skipped.
+    """
+
+    def __init__(self, mlp_stash: MLPStash | None, skip_mlp_output: bool):
+        self.mlp_stash = mlp_stash
+        self.skip_mlp_output = skip_mlp_output
+        self.recomputing = False
+
+    @property
+    def mlp_output_needed(self) -> bool:
+        return not (self.recomputing and self.skip_mlp_output)
+
+    def contexts(self):
+        """torch.utils.checkpoint's context_fn: (forward context, recompute context)."""
+        return self._running(recomputing=False), self._running(recomputing=True)
+
+    @contextmanager
+    def _running(self, recomputing: bool):
+        previous = getattr(_local, "run", None)
+        _local.run, self.recomputing = self, recomputing
+        try:
+            yield
+        finally:
+            _local.run = previous
+
+
+def current_layer_run() -> LayerRun | None:
+    return getattr(_local, "run", None)

@@ -1,0 +1,161 @@
+"""Tensors kept in host memory between a layer's forward and its recompute: checkpointed layer
+inputs, and the MLP up projections of layers whose stash lives on the host.
+
+Each is copied to a pinned host buffer on a side CUDA stream as soon as it exists (overlapping the
+compute that follows) and its GPU memory is released once that copy has read it. The host is kept
+at most a few copies ahead of: the CPU waits for the copy issued `_COPIES_IN_FLIGHT` items ago,
+because the caching allocator can reuse a released block only once its copy is seen complete, and
+a CPU far ahead of the GPU would otherwise count every released input as still allocated. In
+backward the layers are recomputed last to first: fetching one item starts bringing back the two
+before it (the previous layer's input and up projection) on the side stream, so each copy overlaps
+a layer's recompute and backward. On a CPU device (tests) the copies are plain, synchronous ones.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from ..lora import MLPStash
+
+_COPIES_IN_FLIGHT = 4
+_PREFETCH_AHEAD = 2
+_SMALLEST_OFFLOADED = 2**20  # smaller tensors (rank-r products) stay on the GPU
+
+
+class OffloadedTensor:
+    """One tensor: on the GPU until released, in host memory until its recompute fetches it."""
+
+    def __init__(self, offloader: "HostOffloader", tensor: torch.Tensor, index: int):
+        self._offloader, self.index, self._generation = offloader, index, offloader.generation
+        self._device, self.requires_grad = tensor.device, tensor.requires_grad
+        self._forward_tensor: torch.Tensor | None = tensor
+        self._host: torch.Tensor | None = offloader.to_host(tensor, index)
+        self._fetched: torch.Tensor | None = None
+        self._ready: torch.cuda.Event | None = None  # set while the copy back to the GPU is in flight
+
+    def release(self) -> None:
+        """The forward is done with it: drop the GPU copy (the host copy is being written on the side stream)."""
+        self._forward_tensor = None
+
+    def prefetch(self) -> None:
+        if self._host is not None and self._fetched is None and self._forward_tensor is None:
+            self._fetched, self._ready = self._offloader.to_device(self._host, self._device)
+
+    def get(self) -> torch.Tensor:
+        """Before release, the tensor itself; after, a GPU copy that requires grad as the original did
+        (torch.utils.checkpoint does the same for the tensors it holds)."""
+        if self._forward_tensor is not None:
+            return self._forward_tensor
+        if self._generation != self._offloader.generation:
+            raise RuntimeError("lanner.kernels: an offloaded checkpoint was overwritten by a later forward before "
+                               "its backward ran; run backward once after each forward")
+        for back in range(1, _PREFETCH_AHEAD + 1):
+            self._offloader.prefetch(self.index - back)
+        self.prefetch()
+        if self._ready is not None:
+            torch.cuda.current_stream(self._device).wait_event(self._ready)
+        tensor, self._fetched, self._host, self._ready = self._fetched, None, None, None
+        if tensor is None:
+            raise RuntimeError("lanner.kernels: an offloaded checkpoint was recomputed twice")
+        return tensor.detach().requires_grad_(self.requires_grad)
+
+
+class OffloadedStash(MLPStash):
+    """An MLP stash whose large tensors wait in host memory (see lora.MLPStash)."""
+
+    def __init__(self, offloader: "HostOffloader", keep=("up",)):
+        super().__init__(keep)
+        self._offloader = offloader
+
+    def _hold(self, tensor):
+        if tensor is None or tensor.numel() * tensor.element_size() < _SMALLEST_OFFLOADED:
+            return tensor
+        held = self._offloader.hold(tensor)
+        held.release()  # the MLP's forward is over when it stores
+        return held
+
+    @staticmethod
+    def _get(value):
+        return value.get() if isinstance(value, OffloadedTensor) else value
+
+    def store(self, activations: dict) -> None:
+        self.activations = {name: tuple(self._hold(t) for t in value) if isinstance(value, tuple) else self._hold(value)
+                            for name, value in activations.items()}
+
+    def take(self) -> dict | None:
+        held = super().take()
+        if held is None:
+            return None
+        return {name: tuple(self._get(t) for t in value) if isinstance(value, tuple) else self._get(value)
+                for name, value in held.items()}
+
+
+class HostOffloader:
+    """Pinned host buffers (one per item, reused every step) and the side stream for the copies."""
+
+    def __init__(self):
+        self._buffers: dict[int, torch.Tensor] = {}
+        self._stream: torch.cuda.Stream | None = None
+        self._held: list[OffloadedTensor] = []
+        self._copies: deque = deque()
+        self.generation = 0
+
+    def begin_step(self) -> None:
+        """A new forward begins: tensors still held from an earlier one can no longer be recomputed."""
+        self.generation += 1
+        self._held = []
+
+    def hold(self, tensor: torch.Tensor) -> OffloadedTensor:
+        held = OffloadedTensor(self, tensor, len(self._held))
+        self._held.append(held)
+        return held
+
+    def prefetch(self, index: int) -> None:
+        if 0 <= index < len(self._held):
+            self._held[index].prefetch()
+
+    def host_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+    def _host_buffer(self, tensor: torch.Tensor, index: int) -> torch.Tensor:
+        buffer = self._buffers.get(index)
+        if buffer is None or buffer.numel() < tensor.numel() or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(tensor.numel(), dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+            self._buffers[index] = buffer
+        return buffer[: tensor.numel()].view(tensor.shape)
+
+    def _side_stream(self, device) -> torch.cuda.Stream:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        return self._stream
+
+    def to_host(self, tensor: torch.Tensor, index: int) -> torch.Tensor:
+        host = self._host_buffer(tensor, index)
+        if not tensor.is_cuda:
+            return host.copy_(tensor)
+        stream = self._side_stream(tensor.device)
+        stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        with torch.cuda.stream(stream):
+            host.copy_(tensor, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        tensor.record_stream(stream)  # its memory is not reused before the copy has read it
+        self._copies.append(done)
+        while len(self._copies) > _COPIES_IN_FLIGHT:
+            self._copies.popleft().synchronize()
+        return host
+
+    def to_device(self, host: torch.Tensor, device: torch.device):
+        if device.type != "cuda":
+            return host.clone(), None
+        stream = self._side_stream(device)
+        tensor = torch.empty(host.shape, dtype=host.dtype, device=device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            tensor.copy_(host, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        # No record_stream: the compute stream waits on `ready` before its first use, so its own
+        # later free and reuse come after the copy.
+        return tensor, ready

@@ -1,0 +1,165 @@
+"""Budgeted recompute: what each decoder layer keeps on the GPU, recomputes or offloads.
+
+Three ways to run a layer under the budget, from least to most memory:
+- recompute: keep only the layer input (on the GPU, or offloaded to host memory) and recompute the
+  whole layer in backward (the down projection's GEMM is skipped when nothing after it saves); when
+  offloading, the MLP's up projection waits in host memory too, so the recompute skips its GEMM;
+- keep_mlp: also keep the MLP's gate and up projections, so the recompute runs only the attention
+  half (the GEMMs that cost most to recompute per byte they hold);
+- keep: no checkpoint; everything the layer saves stays on the GPU and nothing is recomputed.
+The planner first offloads (inputs and up projections) if the budget needs it or when asked, then spends what is left
+of the budget on layers, the best seconds-saved-per-byte upgrade first, last layers first (their
+backward comes first, which gives offloaded copies of earlier layers time to come back).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 2**30
+MODES = ("recompute", "keep_mlp", "keep")
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Bytes one decoder layer holds for backward (measured on its first forward), and FLOPs its recompute costs."""
+
+    input_bytes: int  # the layer input, which a checkpoint holds
+    mlp_bytes: int  # the MLP's gate/up outputs and their rank-r products (what keep_mlp adds)
+    saved_bytes: int  # everything the layer saves without a checkpoint, its input included
+    mlp_flops: float  # recompute FLOPs that keep_mlp saves (the gate and up GEMMs)
+    rest_flops: float  # recompute FLOPs that keep saves beyond that (attention and its projections)
+
+    @property
+    def working_bytes(self) -> int:
+        # Backward of one layer: all it saves (recomputed or kept) plus the MLP's gradient
+        # temporaries (dh and the recomputed activation, about the size of gate and up) and two
+        # hidden-size gradients.
+        return self.saved_bytes + self.mlp_bytes + 2 * self.input_bytes
+
+    @property
+    def up_bytes(self) -> int:
+        return self.mlp_bytes // 2
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    mode: str
+    offload_input: bool = False
+    offload_up: bool = False  # recompute only: the up projection waits in host memory
+
+    def held_bytes(self, costs: LayerCosts) -> int:
+        if self.mode == "keep":
+            return costs.saved_bytes
+        held = 0 if self.offload_input else costs.input_bytes
+        return held + (costs.mlp_bytes if self.mode == "keep_mlp" else 0)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    layers: tuple[LayerPlan, ...]
+    costs: LayerCosts
+    base_bytes: int  # weights, LoRA parameters, their gradients and optimizer state, the head's work
+    budget_bytes: int | None
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        # The peak is the last layer's backward: every other layer still holds what it keeps, and
+        # the last one all it saves; offloaded tensors of the next two layers are coming back.
+        held = sum(layer.held_bytes(self.costs) for layer in self.layers[:-1])
+        prefetch = 0
+        if any(layer.offload_input for layer in self.layers):
+            prefetch += 2 * self.costs.input_bytes
+        if any(layer.offload_up for layer in self.layers):
+            prefetch += 2 * self.costs.up_bytes
+        return self.base_bytes + held + self.costs.working_bytes + prefetch
+
+    @property
+    def fits(self) -> bool:
+        return self.budget_bytes is None or self.predicted_peak_bytes <= self.budget_bytes
+
+    def describe(self) -> str:
+        counts = {mode: sum(layer.mode == mode for layer in self.layers) for mode in MODES}
+        offloaded = sum(layer.offload_input for layer in self.layers)
+        up_offloaded = sum(layer.offload_up for layer in self.layers)
+        budget = "none" if self.budget_bytes is None else f"{self.budget_bytes / GIB:.2f} GiB"
+        lines = [
+            f"lanner.kernels memory plan ({len(self.layers)} layers, budget {budget}): "
+            f"predicted peak {self.predicted_peak_bytes / GIB:.2f} GiB"
+            + ("" if self.fits else " - OVER BUDGET: the smallest plan does not fit"),
+            f"  keep (no recompute): {counts['keep']} layers, {self.costs.saved_bytes / GIB:.3f} GiB each",
+            f"  keep_mlp (recompute attention only): {counts['keep_mlp']} layers, "
+            f"+{self.costs.mlp_bytes / GIB:.3f} GiB each",
+            f"  recompute: {counts['recompute']} layers; in host memory: {offloaded} layer inputs "
+            f"({self.costs.input_bytes / GIB:.3f} GiB each), {up_offloaded} up projections "
+            f"({self.costs.up_bytes / GIB:.3f} GiB each)",
+            f"  base (weights, LoRA + optimizer, head) {self.base_bytes / GIB:.2f} GiB, "
+            f"one layer's backward {self.costs.working_bytes / GIB:.2f} GiB",
+            "  per layer: " + " ".join(_short(layer) for layer in self.layers),
+        ]
+        return "\n".join(lines)
+
+
+def _short(layer: LayerPlan) -> str:
+    return layer.code
+
+
+LayerPlan.code = property(lambda self: {"keep": "K", "keep_mlp": "M", "recompute": "R"}[self.mode]
+                          + ("o" if self.offload_input else "") + ("u" if self.offload_up else ""))
+
+
+def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes: int | None = None,
+                offload: bool | None = None) -> MemoryPlan:
+    """The plan for n_layers identical decoder layers.
+
+    budget_bytes None: every layer recomputes (plain checkpointing), inputs offloaded only if
+    offload is True. offload: True always offloads the inputs of recomputed layers, False never,
+    None when the budget needs it. Offloading moves the inputs of checkpointed layers and the up
+    projections of recomputed ones to host memory. The last layer offloads nothing: it is
+    recomputed first, right after the forward, so a copy would only stall the start of backward.
+    """
+    if n_layers < 1:
+        raise ValueError("plan_memory: a model with no decoder layers")
+    if budget_bytes is not None and budget_bytes <= 0:
+        raise ValueError(f"plan_memory: the memory budget must be positive, got {budget_bytes} bytes")
+
+    def layer_plan(i, mode, offload_inputs):
+        offload_here = offload_inputs and i < n_layers - 1
+        return LayerPlan(mode, offload_here and mode != "keep", offload_here and mode == "recompute")
+
+    def plan_of(modes, offload_inputs):
+        return MemoryPlan(tuple(layer_plan(i, mode, offload_inputs) for i, mode in enumerate(modes)),
+                          costs, base_bytes, budget_bytes)
+
+    modes = ["recompute"] * n_layers
+    offload_inputs = bool(offload)
+    plan = plan_of(modes, offload_inputs)
+    if budget_bytes is None:
+        return plan
+    if not plan.fits and offload is None:
+        offload_inputs = True
+        plan = plan_of(modes, offload_inputs)
+    if not plan.fits:
+        return plan
+
+    # Upgrades, the better FLOPs-saved-per-byte first; layers are identical, so the first that does
+    # not fit ends a pass.
+    def bytes_to(src, dst):
+        return layer_plan(0, dst, offload_inputs).held_bytes(costs) - layer_plan(0, src, offload_inputs).held_bytes(costs)
+
+    # With the up projection in host memory, keeping the MLP on the GPU saves only the gate GEMM.
+    mlp_gain = costs.mlp_flops / 2 if offload_inputs else costs.mlp_flops
+    mlp_rate = mlp_gain / max(bytes_to("recompute", "keep_mlp"), 1)
+    rest_rate = costs.rest_flops / max(bytes_to("keep_mlp", "keep"), 1)
+    passes = [("recompute", "keep_mlp"), ("keep_mlp", "keep")]
+    if rest_rate > mlp_rate:
+        passes = [("recompute", "keep"), ("recompute", "keep_mlp")]
+    for src, dst in passes:
+        for i in reversed(range(n_layers)):
+            if modes[i] != src:
+                continue
+            trial = modes[:i] + [dst] + modes[i + 1:]
+            candidate = plan_of(trial, offload_inputs)
+            if not candidate.fits:
+                break
+            modes, plan = trial, candidate
+    return plan

@@ -1,0 +1,82 @@
+"""Swapping a model's linear layers to NF4 and back.
+
+`quantize_model` follows the peers' rule for what stays dense: every nn.Linear is quantised except
+the output embedding (lm_head) and the modules named in `skip_modules`; embeddings are not linear
+layers and stay dense too. `dequantize_model` is the way to merge: it gives every NF4 layer back
+as an nn.Linear holding the dequantised weight, so an adapter trained on the 4-bit base merges into
+exactly the base it was trained against (never re-quantised).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from .linear import NF4Linear
+from .nf4 import from_bnb_state
+
+# Names bitsandbytes' transformers integration leaves dense besides the output embedding.
+DEFAULT_SKIP_MODULES = ("lm_head",)
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+
+def _skipped(name: str, skip: Iterable[str]) -> bool:
+    return any(name == s or name.endswith(f".{s}") or f".{s}." in f".{name}." for s in skip)
+
+
+def _bnb_linear4bit(module: nn.Module) -> bool:
+    """A bitsandbytes Linear4bit (checked by name: bitsandbytes need not be installed)."""
+    return type(module).__name__ in ("Linear4bit", "LinearNF4") and hasattr(module.weight, "quant_state")
+
+
+def _from_bnb_linear4bit(layer: nn.Module) -> NF4Linear:
+    state = layer.weight.quant_state
+    if state.quant_type != "nf4":
+        raise ValueError(f"only NF4 bitsandbytes layers can be converted, not {state.quant_type!r}")
+    nf4 = from_bnb_state(layer.weight.data, state.as_dict(packed=True))
+    bias = None if layer.bias is None else layer.bias.detach()
+    return NF4Linear(nf4, bias)
+
+
+@torch.no_grad()
+def quantize_model(model: nn.Module, device=None, skip_modules: Iterable[str] = DEFAULT_SKIP_MODULES,
+                   double_quant: bool = True) -> nn.Module:
+    """Replaces, in place and one layer at a time, every nn.Linear by an NF4Linear quantised on
+    `device` (default: where each weight lives), except the output embedding and `skip_modules`.
+    bitsandbytes' Linear4bit layers (a model loaded in 4-bit by transformers) become NF4Linear over
+    the same storage. With `device`, the rest of the model moves there too. Returns the model."""
+    skip = set(skip_modules)
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for name, module in list(model.named_modules()):
+        if isinstance(module, NF4Linear) or module is output or _skipped(name, skip):
+            continue
+        if _bnb_linear4bit(module):
+            _set_submodule(model, name, _from_bnb_linear4bit(module))
+        elif type(module) is nn.Linear:
+            _set_submodule(model, name, NF4Linear.from_linear(module, device, double_quant))
+            module.weight = None  # free the dense weight now, not when the loop ends
+    if device is not None:
+        model.to(device)
+    return model
+
+
+@torch.no_grad()
+def dequantize_model(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+    """Replaces, in place, every NF4Linear (also inside PEFT's LoRA layers) by an nn.Linear holding
+    its dequantised weight in `dtype` (default: the dtype it was quantised from). Returns the model;
+    a PEFT model can then `merge_and_unload()` into the 16-bit base its adapter was trained on."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, NF4Linear):
+            weight = module.dense_weight(dtype)
+            dense = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
+                              device="meta", dtype=weight.dtype)
+            dense.weight = nn.Parameter(weight, requires_grad=False)
+            if module.bias is not None:
+                dense.bias = nn.Parameter(module.bias.detach().to(weight.dtype), requires_grad=False)
+            _set_submodule(model, name, dense)
+    return model

@@ -1,0 +1,130 @@
+"""`NF4Linear`: a frozen linear layer whose weight is stored in NF4 and dequantised on every use.
+
+It is an `nn.Linear` (so PEFT wraps it in its ordinary LoRA layer) whose `weight` parameter holds
+the packed codes, as bitsandbytes' Linear4bit does, and whose state dict is bitsandbytes'. Its
+dense weight is never kept: the LoRA kernels read it through `base_weight`, which dequantises into
+one buffer per (device, dtype) reused by every layer, just before each base matmul in forward and
+again in backward; the layer's own forward (PEFT's plain path) does the same through
+`NF4LinearFunction`.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..lora import register_base_weight
+from .nf4 import BNB_STATE_KEYS, NF4Weight, dequantize, from_bnb_state, quantize_nf4, to_bnb_state
+
+_BUFFERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _shared_buffer(numel: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A flat scratch tensor of at least numel elements; the same memory for every layer."""
+    key = (device, dtype)
+    buffer = _BUFFERS.get(key)
+    if buffer is None or buffer.numel() < numel:
+        _BUFFERS.pop(key, None)  # free the smaller one before allocating
+        buffer = _BUFFERS[key] = torch.empty(numel, device=device, dtype=dtype)
+    return buffer[:numel]
+
+
+def release_buffers() -> None:
+    """Drop the shared dequantisation buffers (they come back, sized as needed, on the next use)."""
+    _BUFFERS.clear()
+
+
+class NF4Linear(nn.Linear):
+    """y = x @ dequantise(W)^T + b with W in NF4 (bitsandbytes' storage); W is frozen."""
+
+    def __init__(self, nf4: NF4Weight, bias: torch.Tensor | None = None):
+        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a dense weight
+        if len(nf4.shape) != 2:
+            raise ValueError(f"NF4Linear needs a 2-D weight, not shape {tuple(nf4.shape)}")
+        self.out_features, self.in_features = nf4.shape
+        self.weight = nn.Parameter(nf4.packed, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self._nf4 = nf4
+
+    @property
+    def nf4(self) -> NF4Weight:
+        """The storage; its codes are always the `weight` parameter's (after a copy, a load or a move too)."""
+        self._nf4.packed = self.weight.data
+        if self._nf4.absmax.device != self.weight.device:
+            self._nf4 = self._nf4.to(self.weight.device)
+        return self._nf4
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, device=None, double_quant: bool = True) -> NF4Linear:
+        """Quantises `linear`'s weight on `device` (default: where it lives); the bias stays dense."""
+        weight = linear.weight.detach().to(device or linear.weight.device)
+        bias = None if linear.bias is None else linear.bias.detach().to(weight.device)
+        return cls(quantize_nf4(weight, double_quant=double_quant), bias)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.nf4.dtype
+
+    def dense_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A new dense copy of the weight (for merging and export; training reads the shared buffer)."""
+        return dequantize(self.nf4, dtype)
+
+    def shared_dense_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The dense weight in the shared buffer: valid only until the next layer dequantises."""
+        nf4 = self.nf4
+        dtype = dtype or nf4.dtype
+        return dequantize(nf4, dtype, out=_shared_buffer(nf4.numel(), nf4.device, dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return NF4LinearFunction.apply(x.to(dtype), self, bias)
+
+    def _apply(self, fn, recurse=True):
+        # The codes are a parameter and move with the module; the statistics (not parameters, so
+        # that a cast of the module to another dtype leaves them float32) follow them here.
+        super()._apply(fn, recurse)
+        self.nf4  # noqa: B018  (moves the statistics to the codes' device)
+        return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for key, tensor in to_bnb_state(self.nf4).items():
+            destination[f"{prefix}weight.{key}"] = tensor
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        stats = {key: state_dict.pop(f"{prefix}weight.{key}") for key in BNB_STATE_KEYS
+                 if f"{prefix}weight.{key}" in state_dict}
+        packed = state_dict.get(f"{prefix}weight")
+        if packed is not None and stats:
+            nf4 = from_bnb_state(packed, stats).to(self.weight.device if self.weight.device.type != "meta"
+                                                   else packed.device)
+            if tuple(nf4.shape) != (self.out_features, self.in_features):
+                error_msgs.append(f"{prefix}weight: NF4 shape {tuple(nf4.shape)} does not match this layer's "
+                                  f"{(self.out_features, self.in_features)}")
+                return
+            self._nf4 = nf4
+            state_dict[f"{prefix}weight"] = nf4.packed
+            self.weight = nn.Parameter(nf4.packed, requires_grad=False)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+
+class NF4LinearFunction(torch.autograd.Function):
+    """The layer's own matmul: dequantise into the shared buffer in forward and again in backward."""
+
+    @staticmethod
+    def forward(ctx, x, layer, bias):
+        ctx.layer, ctx.has_bias = layer, bias is not None
+        weight = layer.shared_dense_weight(x.dtype)
+        out = x @ weight.t()
+        return out if bias is None else out.add_(bias)
+
+    @staticmethod
+    def backward(ctx, dout):
+        dx = dout @ ctx.layer.shared_dense_weight(dout.dtype) if ctx.needs_input_grad[0] else None
+        dbias = dout.reshape(-1, dout.shape[-1]).sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx, None, dbias
+
+
+register_base_weight(NF4Linear, NF4Linear.shared_dense_weight)

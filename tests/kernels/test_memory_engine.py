@@ -1,0 +1,194 @@
+"""The memory engine: checkpointing that skips the down projection in its recompute, layers kept
+whole or in part (keep / keep_mlp), offloaded layer inputs, and the budget planner.
+
+Every run is compared with the same kernels and no checkpointing at all (float32, tiny models):
+the engine changes what is stored and recomputed, never the arithmetic.
+"""
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+from lanner.kernels import get_lora_model, lora
+from lanner.kernels.memory import LayerCosts, LayerPlan, MemoryPlan, memory_engine_of, plan_memory
+from lora_twins import lora_grads, max_relative_error, randomise_lora, tiny_model, token_batches
+
+LOSS_RTOL, GRAD_RTOL = 1e-6, 1e-5
+GIB = 2**30
+
+
+def _model(family, device, layers=4, **kwargs):
+    model = get_lora_model(tiny_model(family, device=device, num_hidden_layers=layers), **kwargs)
+    randomise_lora(model)
+    return model.train()
+
+
+def _step(model, ids):
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = lora_grads(model)
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def _force_plan(model, modes, offload=()):
+    """Runs the engine under a given plan (the planner's own choices are tested apart). Layers in
+    offload have their input, and when recomputed their up projection, in host memory."""
+    engine = memory_engine_of(model)
+    layers = tuple(LayerPlan(mode, i in offload, i in offload and mode == "recompute") for i, mode in enumerate(modes))
+    engine.plan = MemoryPlan(layers, LayerCosts(1, 1, 1, 1.0, 1.0), 0, None)
+    engine.planned_tokens = 10**9
+    return engine
+
+
+@pytest.mark.parametrize("family, modes, offload", [
+    ("llama", ["recompute"] * 3, ()),
+    ("llama", ["keep_mlp", "recompute", "keep"], (0, 1)),
+    ("gemma2", ["keep_mlp", "recompute", "keep"], (1,)),  # a norm after the MLP: no down skip
+])
+def test_engine_gives_the_gradients_of_no_checkpointing(family, modes, offload, device):
+    reference = _model(family, device, layers=3, gradient_checkpointing=False)
+    engined = _model(family, device, layers=3, gradient_checkpointing=True)
+    engined.load_state_dict(reference.state_dict())
+    _force_plan(engined, modes, offload)
+    for ids in token_batches(1, 2, 5, reference.config.vocab_size, device=device):
+        loss_ref, grads_ref = _step(reference, ids)
+        loss, grads = _step(engined, ids)
+        torch.testing.assert_close(loss, loss_ref, rtol=LOSS_RTOL, atol=0)
+        assert max_relative_error(grads, grads_ref) < GRAD_RTOL
+
+
+def _count_weight_reads(monkeypatch, module):
+    reads = []
+    plain_reader = lora._WEIGHT_READERS[nn.Linear]
+    target = module.get_base_layer()
+    monkeypatch.setitem(lora._WEIGHT_READERS, nn.Linear,
+                        lambda layer: (reads.append(1) if layer is target else None, plain_reader(layer))[1])
+    return reads
+
+
+@pytest.mark.parametrize("mode, offload, projection, reads_per_step", [
+    ("recompute", False, "down_proj", 2),  # forward, backward: the recompute skips the down GEMM
+    ("recompute", False, "gate_proj", 3),  # forward, recompute, backward
+    ("recompute", True, "up_proj", 2),  # the up projection comes back from host memory
+    ("recompute", True, "gate_proj", 3),
+    ("keep_mlp", False, "gate_proj", 2),  # forward, backward: the recompute reuses the kept gate/up
+])
+def test_recompute_skips_the_matmuls_backward_does_not_need(monkeypatch, mode, offload, projection, reads_per_step,
+                                                             device):
+    model = _model("llama", device, layers=2)
+    _force_plan(model, [mode, mode], offload=(0, 1) if offload else ())
+    reads = _count_weight_reads(monkeypatch, getattr(model.base_model.model.model.layers[1].mlp, projection))
+    _step(model, token_batches(1, 1, 5, model.config.vocab_size, device=device)[0])
+    assert len(reads) == reads_per_step
+
+
+def test_plain_checkpointing_recomputes_the_down_projection(monkeypatch, device):
+    """The same count under transformers' own checkpoint function: what the engine saves."""
+    model = _model("llama", device, layers=2)
+    model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for layer in model.base_model.model.model.layers:  # undo the engine: transformers' checkpoint again
+        layer._gradient_checkpointing_func = torch.utils.checkpoint.checkpoint
+    reads = _count_weight_reads(monkeypatch, model.base_model.model.model.layers[1].mlp.down_proj)
+    _step(model, token_batches(1, 1, 5, model.config.vocab_size, device=device)[0])
+    assert len(reads) == 3
+
+
+def test_offloaded_inputs_leave_the_device_until_backward(device):
+    """A checkpoint holds its layer input until backward; an offloaded one lets it go after the forward."""
+    alive = {}
+    for offload in (False, True):
+        model = _model("llama", device, layers=2)
+        engine = _force_plan(model, ["recompute"] * 2, offload=(1,) if offload else ())
+        run_layer = engine.run_layer
+        refs = []
+
+        def spy(index, forward, hidden_states, *args):
+            if index == 1:
+                refs.append(weakref.ref(hidden_states))
+            return run_layer(index, forward, hidden_states, *args)
+
+        engine.run_layer = spy
+        engine.install()
+        ids = token_batches(1, 2, 5, model.config.vocab_size, device=device)[0]
+        loss = model(input_ids=ids, labels=ids).loss
+        alive[offload] = refs[0]() is not None  # layer 1's input: layer 0's output
+        if offload:
+            assert engine.offloader.host_bytes() == 2 * 5 * model.config.hidden_size * 4
+        loss.backward()
+    assert alive == {False: True, True: False}
+
+
+def test_engine_survives_a_trainer_reenabling_checkpointing(device):
+    model = _model("llama", device, layers=2)
+    engine = memory_engine_of(model)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for index, layer in enumerate(model.base_model.model.model.layers):
+        assert layer._gradient_checkpointing_func.func == engine.run_layer
+        assert layer._gradient_checkpointing_func.args == (index,)
+
+
+def test_plan_is_printed_at_the_first_training_step(capsys, device):
+    model = _model("llama", device, layers=2, memory_budget_gib=64.0)
+    ids = token_batches(1, 1, 5, model.config.vocab_size, device=device)[0]
+    _step(model, ids)
+    out = capsys.readouterr().out
+    assert "lanner.kernels memory plan (2 layers, budget 64.00 GiB)" in out and "predicted peak" in out
+    plan = memory_engine_of(model).plan
+    assert [layer.mode for layer in plan.layers] == ["keep", "keep"]  # a tiny model fits whole
+    assert plan.costs.mlp_bytes == (2 * 5 * 80 + 3 * 5 * 16) * 4  # gate and up (5 tokens x 80) + three rank-16 products
+    _step(model, ids)
+    assert "memory plan" not in capsys.readouterr().out  # planned once
+
+
+# The planner on its own: the 8B shape at 8,192 tokens, in round numbers.
+COSTS = LayerCosts(input_bytes=64 * 2**20, mlp_bytes=460 * 2**20, saved_bytes=880 * 2**20,
+                   mlp_flops=1.9e12, rest_flops=0.8e12)
+BASE = 15.6 * GIB
+
+
+def _modes(plan):
+    return [layer.mode for layer in plan.layers]
+
+
+def test_no_budget_recomputes_every_layer():
+    plan = plan_memory(32, COSTS, BASE)
+    assert set(_modes(plan)) == {"recompute"} and not any(layer.offload_input for layer in plan.layers)
+    offloaded = plan_memory(32, COSTS, BASE, offload=True)
+    assert sum(layer.offload_input for layer in offloaded.layers) == 31  # all but the last, recomputed first
+    assert sum(layer.offload_up for layer in offloaded.layers) == 31
+    # The peak is the last layer's backward, with the 31 others holding their inputs (or nothing)
+    # and, when offloading, two layers' input and up projection coming back.
+    prefetch = 2 * COSTS.input_bytes + 2 * COSTS.up_bytes
+    assert offloaded.predicted_peak_bytes == plan.predicted_peak_bytes - 31 * COSTS.input_bytes + prefetch
+
+
+@pytest.mark.parametrize("budget_gib", [17.8, 19.4, 30.0, 45.0, 80.0])
+def test_budget_plans_fit_and_spend_the_budget(budget_gib):
+    budget = int(budget_gib * GIB)
+    plan = plan_memory(32, COSTS, BASE, budget, offload=None)
+    assert plan.fits and plan.predicted_peak_bytes <= budget
+    modes = _modes(plan)
+    # keep_mlp first (more FLOPs per byte), then whole layers; the last layers first.
+    assert modes == sorted(modes, key=["recompute", "keep_mlp", "keep"].index)
+    if "recompute" in modes:  # anything still recomputed means one more upgrade would not fit
+        upgraded = plan_memory(32, COSTS, BASE, budget + int(0.5 * GIB))
+        assert _modes(upgraded) != modes
+    if budget_gib == 80.0:
+        assert set(modes) == {"keep"}
+
+
+def test_offload_is_chosen_only_when_the_budget_needs_it():
+    assert not any(layer.offload_input for layer in plan_memory(32, COSTS, BASE, int(19.4 * GIB)).layers)
+    tight = plan_memory(32, COSTS, BASE, int(17.8 * GIB))
+    assert tight.fits and any(layer.offload_input for layer in tight.layers)
+    never = plan_memory(32, COSTS, BASE, int(17.8 * GIB), offload=False)
+    assert not never.fits and "OVER BUDGET" in never.describe()
+
+
+def test_planner_rejects_bad_input():
+    with pytest.raises(ValueError, match="budget must be positive"):
+        plan_memory(4, COSTS, BASE, 0)
+    with pytest.raises(ValueError, match="no decoder layers"):
+        plan_memory(0, COSTS, BASE)
