@@ -59,7 +59,7 @@ class ExportProcess(JobProcess):
             name=name, adapter=options.get("adapter", True), merged=options.get("merged", True),
             merged_dtype=options.get("merged_dtype", "bfloat16"),
             gguf_types=tuple(options.get("gguf_types", ("f16", "q8_0"))), verify=options.get("verify", True),
-            device="cuda" if _cuda() else "cpu")
+            device="cuda" if _cuda() else "cpu", base_quantization=base_quantization(parent))
         self.events.log(f"Exporting job {parent.id}'s adapter: adapter={request.adapter}, merged={request.merged}, "
                         f"gguf={list(request.gguf_types)}")
         try:
@@ -87,6 +87,15 @@ class ExportProcess(JobProcess):
                                      verification=verification))
             session.commit()
         self.events.log(f"Export done: {len(manifest['artifacts'])} files, {manifest['bytes'] / 1e6:.1f} MB")
+
+
+def base_quantization(parent: Job) -> dict | None:
+    """A QLoRA adapter is merged into the 4-bit base its training saw, dequantised: the training
+    job's "quantization" settings (lanner.worker.export.Quantization's fields), else Lanner's QLoRA
+    defaults. None for any other method (the adapter trained on the unquantised base)."""
+    if parent.method != "qlora":
+        return None
+    return dict((parent.config or {}).get("quantization") or {})
 
 
 def _cuda() -> bool:

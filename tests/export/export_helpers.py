@@ -1,6 +1,7 @@
 """Helpers for the export tests (fixtures are in conftest.py)."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 BASE_MODEL_NAME = "builtin/SmolLM2-135M-Instruct"
@@ -27,4 +28,52 @@ def make_adapter(base_dir: Path, out_dir: Path, *, lora_b_std: float = 0.03, see
                 param.copy_(torch.randn(param.shape, generator=generator) * lora_b_std)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def tiny_model(kind: str, smollm2_dir, out_dir, *, tokenizer_dir=None, vocab_size: int = 49152):
+    """A random-init model of `kind` with 2 small layers, saved in f16 with SmolLM2's tokenizer (or the
+    one in tokenizer_dir). Large weights and non-trivial norms/biases, so a wrong mapping shows."""
+    import torch
+    import transformers
+
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  tie_word_embeddings=False, initializer_range=0.3, bos_token_id=1, eos_token_id=2)
+    tied = {**common, "tie_word_embeddings": True}
+    configs = {
+        "llama": lambda: transformers.LlamaConfig(**common),
+        # Llama 3.1+ RoPE scaling; a short original context so the scaling changes short prompts too.
+        "llama3-rope": lambda: transformers.LlamaConfig(**common, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8}),
+        "mistral": lambda: transformers.MistralConfig(**common, sliding_window=None),
+        "qwen2": lambda: transformers.Qwen2Config(**common),
+        "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=32),
+        "gemma": lambda: transformers.GemmaConfig(**tied, head_dim=16),
+        # Soft-capping low enough to bite, a window shorter than the prompt, and a query scalar other
+        # than head_dim (llama.cpp fixes it to head_dim: the converter folds the ratio into the weights).
+        "gemma2": lambda: transformers.Gemma2Config(**tied, head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
+                                                    attn_logit_softcapping=10.0, final_logit_softcapping=15.0),
+        # Gemma 3: local and global layers, each with its own RoPE base, linear scaling on the global one.
+        "gemma3": lambda: transformers.Gemma3TextConfig(
+            **tied, head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+    }
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(configs[kind]())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1 + 0.2 * torch.randn_like(param))
+            elif name.endswith(".bias"):
+                param.copy_(0.3 * torch.randn_like(param))
+    model.to(torch.float16).save_pretrained(out_dir)  # f16 weights: the f16 GGUF holds them exactly
+    source = Path(tokenizer_dir or smollm2_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "tokenizer.model",
+                 "special_tokens_map.json"):
+        if (source / name).is_file():
+            shutil.copy2(source / name, Path(out_dir) / name)
     return out_dir

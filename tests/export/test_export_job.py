@@ -1,5 +1,6 @@
 """An export job in the queue: a worker claims it like a training job and runs lanner.worker.export in
-a subprocess, which records each file as an artifact with its verification and streams progress."""
+a subprocess, which records each file as an artifact with its verification and streams progress; the
+API then lists the files with their sizes and verification and serves them in byte ranges."""
 from __future__ import annotations
 
 import shutil
@@ -8,7 +9,7 @@ import uuid
 import pytest
 from redis import Redis
 
-from lanner.backend import db
+from lanner.backend import db, security
 from lanner.backend.models import Artifact, Job, JobKind, JobStatus, User
 from lanner.backend.queue import claim_next_job
 from lanner.backend.settings import Settings
@@ -19,6 +20,7 @@ from lanner.worker.runner import run_job
 from support import SYSTEM_REDIS_URL
 
 EXPORT_REDIS_URL = SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/10"  # this file's own Redis database
+PASSWORD = "export-tests-password"
 
 
 @pytest.fixture
@@ -32,9 +34,13 @@ def settings(tmp_path, smollm2_dir, monkeypatch):
                        ("LANNER_REDIS_URL", EXPORT_REDIS_URL), ("OMP_NUM_THREADS", "1")):
         monkeypatch.setenv(key, str(value))
     db.migrate(settings.database_url)
+    monkeypatch.setattr(security, "SCRYPT_N", 2**10)  # fast hashing for the test user
     Redis.from_url(EXPORT_REDIS_URL).flushdb()
     yield settings
     Redis.from_url(EXPORT_REDIS_URL).flushdb()
+    from lanner.backend.settings import get_settings
+
+    get_settings.cache_clear()  # signed_in_client's app read this test's environment
 
 
 def trained_job(settings: Settings, adapter) -> tuple[int, int]:
@@ -42,7 +48,8 @@ def trained_job(settings: Settings, adapter) -> tuple[int, int]:
     target = settings.data_dir / "artifacts" / "1" / "adapter"
     shutil.copytree(adapter, target)
     with db.session_factory(settings.database_url)() as session:
-        user = User(email=f"{uuid.uuid4().hex}@example.com", display_name="T", role="member", password_hash="x")
+        user = User(email=f"{uuid.uuid4().hex}@example.com", display_name="T", role="member",
+                    password_hash=security.hash_password(PASSWORD))
         session.add(user)
         session.flush()
         job = Job(owner_id=user.id, name="trained", method="lora", model="builtin/SmolLM2-135M-Instruct",
@@ -81,6 +88,31 @@ def test_an_export_job_runs_on_a_worker_and_records_verified_artifacts(settings,
     assert stages[0] == "check" and stages[-1] == "done"
     assert any(kind == "verification" for _, kind, _ in events)
 
+    # What the studio shows and serves: the files with sizes and verification, downloads in ranges.
+    client = signed_in_client(settings, owner)
+    listed = {a["kind"]: a for a in client.get(f"/api/jobs/{job.id}/artifacts").json()}
+    assert listed["gguf"]["size_bytes"] == gguf.size_bytes
+    assert listed["gguf"]["verification"]["passed"] is True and listed["gguf"]["verification"]["kl_bound"]
+    assert "adapter_model.safetensors" in listed["adapter"]["files"]
+    part = client.get(f"/api/artifacts/{gguf.id}/download", headers={"Range": "bytes=0-3"})
+    assert part.status_code == 206 and part.content == b"GGUF"
+    assert part.headers["content-range"] == f"bytes 0-3/{gguf.size_bytes}"
+
+
+def signed_in_client(settings: Settings, user_id: int):
+    from fastapi.testclient import TestClient
+
+    from lanner.backend.app import create_app
+    from lanner.backend.settings import get_settings
+
+    get_settings.cache_clear()  # the app reads the environment the settings fixture set
+    client = TestClient(create_app())
+    with db.session_factory(settings.database_url)() as session:
+        email = session.get(User, user_id).email
+    response = client.post("/api/auth/sign-in", json={"email": email, "password": PASSWORD})
+    assert response.status_code == 200, response.text
+    return client
+
 
 def test_exporting_a_job_without_an_adapter_fails_clearly(settings, trained_adapter):
     owner, parent = trained_job(settings, trained_adapter)
@@ -97,3 +129,12 @@ def test_exporting_a_job_without_an_adapter_fails_clearly(settings, trained_adap
     assert run_job(settings, sessions, redis, job, "cpu0@test", cpu_device()) == JobStatus.failed
     with sessions() as session:
         assert session.get(Job, job.id).error == f"Job {parent} has no adapter to export."
+
+
+def test_a_qlora_job_is_exported_from_its_dequantised_4bit_base():
+    from lanner.worker.export_process import base_quantization
+
+    assert base_quantization(Job(method="lora", config={})) is None
+    assert base_quantization(Job(method="qlora", config={})) == {}  # Lanner's QLoRA defaults
+    custom = {"double_quant": False, "dtype": "bfloat16"}
+    assert base_quantization(Job(method="qlora", config={"quantization": custom})) == custom

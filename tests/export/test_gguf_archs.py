@@ -4,44 +4,11 @@ weights are made large enough (and norms/biases non-trivial) that a wrong mappin
 a wrong q/k permutation shows up as a different distribution."""
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
+from export_helpers import tiny_model
 
 PROMPT = "The lanner falcon hunts small birds over open country."
-
-
-def tiny_model(kind: str, smollm2_dir, out_dir):
-    import torch
-    import transformers
-
-    common = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  tie_word_embeddings=False, initializer_range=0.3, bos_token_id=1, eos_token_id=2)
-    configs = {
-        "llama": lambda: transformers.LlamaConfig(**common),
-        # Llama 3.1+ RoPE scaling; a short original context so the scaling changes short prompts too.
-        "llama3-rope": lambda: transformers.LlamaConfig(**common, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 8}),
-        "mistral": lambda: transformers.MistralConfig(**common, sliding_window=None),
-        "qwen2": lambda: transformers.Qwen2Config(**common),
-        "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=32),
-        "gemma": lambda: transformers.GemmaConfig(**{**common, "tie_word_embeddings": True}, head_dim=16),
-    }
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(configs[kind]())
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(1 + 0.2 * torch.randn_like(param))
-            elif name.endswith(".bias"):
-                param.copy_(0.3 * torch.randn_like(param))
-    model.to(torch.float16).save_pretrained(out_dir)  # f16 weights: the f16 GGUF holds them exactly
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy2(smollm2_dir / name, out_dir / name)
-    return out_dir
 
 
 def compare(model_dir, gguf_path):
@@ -64,7 +31,7 @@ def compare(model_dir, gguf_path):
     return compare_logits([reference], [got])
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "gemma"])
+@pytest.mark.parametrize("kind", ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"])
 def test_tiny_model_converts_and_matches_in_llama_cpp(kind, smollm2_dir, tmp_path):
     from lanner.worker.export import convert_to_gguf
     from lanner.worker.export.verify import F16_KL_BOUND

@@ -13,6 +13,14 @@ def test_modelfile_without_chatml_leaves_the_template_to_the_gguf():
     assert "TEMPLATE" not in text and 'PARAMETER stop "<|eot_id|>"' in text
 
 
+def test_modelfile_for_gemma_stops_at_the_end_of_a_turn():
+    from lanner.worker.export.modelfile import modelfile_text
+
+    gemma = "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+    text = modelfile_text("gemma-q8_0.gguf", gemma, ["<eos>"])
+    assert 'PARAMETER stop "<end_of_turn>"' in text and 'PARAMETER stop "<eos>"' in text
+
+
 @pytest.mark.parametrize("pre_tokenizer, config, expected", [
     ({"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}, {}, "smollm"),
     ({"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}, {"clean_up_tokenization_spaces": True}, "gpt-2"),

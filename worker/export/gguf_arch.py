@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -47,6 +48,12 @@ class ArchSpec:
     always_head_dim: bool = False
     # Tensors of the HF checkpoint that have no place in the GGUF.
     skip_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
+    # Metadata only this architecture has (soft-capping, sliding window), written after the common keys.
+    extra_metadata: Callable[[gguf.GGUFWriter, dict], None] | None = None
+    # A factor folded into the queries (into this GGUF tensor, e.g. "attn_q" or "attn_q_norm"), for an
+    # attention scale llama.cpp fixes where Hugging Face reads it from the config.
+    query_scale: Callable[[dict], float] | None = None
+    query_scale_tensor: str = ""
     notes: str = ""
 
     @property
@@ -63,12 +70,67 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     # Gemma 1: NeoX rope, norms stored as w - 1, embeddings scaled by sqrt(hidden) inside llama.cpp.
     "gemma": ArchSpec(gguf.MODEL_ARCH.GEMMA, permute_qk=False, norm_offset=1.0, always_head_dim=True),
     "qwen3": ArchSpec(gguf.MODEL_ARCH.QWEN3, permute_qk=False),
+    # Gemma 2: Gemma 1 plus post-attention/post-FFN norms, attention and final logit soft-capping,
+    # sliding-window attention on every other layer.
+    "gemma2": ArchSpec(gguf.MODEL_ARCH.GEMMA2, permute_qk=False, norm_offset=1.0, always_head_dim=True,
+                       extra_metadata=lambda writer, config: _gemma2_metadata(writer, config),
+                       query_scale=lambda config: gemma_query_scale(config, layers_27b=46),
+                       query_scale_tensor="attn_q"),
+    # Gemma 3 (text; Gemma3ForCausalLM): Gemma 2's norms plus q/k norms, no attention soft-capping,
+    # 5 sliding-window layers to 1 global one, each kind with its own RoPE base.
+    "gemma3_text": ArchSpec(gguf.MODEL_ARCH.GEMMA3, permute_qk=False, norm_offset=1.0, always_head_dim=True,
+                            extra_metadata=lambda writer, config: _gemma3_metadata(writer, config),
+                            query_scale=lambda config: gemma_query_scale(config, layers_27b=62),
+                            query_scale_tensor="attn_q_norm"),
 }
+
+
+def gemma_query_scale(config: dict, *, layers_27b: int) -> float:
+    """Hugging Face scales Gemma 2/3 queries by query_pre_attn_scalar ** -0.5; llama.cpp by
+    1/sqrt(head_dim), or 1/sqrt(hidden // heads) for the 27B model (which it knows by its layer
+    count). The ratio is folded into the query weights (1.0 for Google's own checkpoints)."""
+    shape = model_shape(config)
+    llama_scalar = shape.hidden // shape.n_head if shape.n_layers == layers_27b else shape.head_dim
+    hf_scalar = config.get("query_pre_attn_scalar") or shape.head_dim
+    return math.sqrt(llama_scalar / hf_scalar)
+
+
+def sliding_layers(config: dict, default_pattern: int) -> list[bool]:
+    """Which layers use sliding-window attention, from `layer_types` (transformers >= 4.53) or the
+    older `sliding_window_pattern` (every n-th layer global)."""
+    n_layers = config["num_hidden_layers"]
+    if config.get("layer_types"):
+        return [kind == "sliding_attention" for kind in config["layer_types"]]
+    pattern = config.get("sliding_window_pattern") or default_pattern
+    return [bool((i + 1) % pattern) for i in range(n_layers)]
+
+
+def _gemma2_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if config.get(key) is None:
+            raise ExportError(f"This Gemma 2 model has no {key}; llama.cpp's gemma2 graph always applies it.")
+    writer.add_attn_logit_softcapping(float(config["attn_logit_softcapping"]))
+    writer.add_final_logit_softcapping(float(config["final_logit_softcapping"]))
+    writer.add_sliding_window(int(config.get("sliding_window") or 4096))
+    writer.add_sliding_window_pattern(sliding_layers(config, 2))
+
+
+def _gemma3_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
+    if config.get("attn_logit_softcapping") is not None:
+        raise ExportError("Gemma 3 with attention soft-capping is not supported by llama.cpp's gemma3 graph.")
+    if config.get("final_logit_softcapping") is not None:
+        writer.add_final_logit_softcapping(float(config["final_logit_softcapping"]))
+    if config.get("sliding_window"):
+        writer.add_sliding_window(int(config["sliding_window"]))
+        writer.add_sliding_window_pattern(sliding_layers(config, 6))
 
 
 def arch_for(config: dict) -> ArchSpec:
     model_type = config.get("model_type")
     spec = ARCHITECTURES.get(model_type)
+    if model_type == "gemma3":
+        raise ExportError("GGUF export supports Gemma 3 text models (gemma3_text, Gemma3ForCausalLM); "
+                          "this one is the multimodal Gemma3ForConditionalGeneration.")
     if spec is None:
         raise ExportError(
             f"GGUF export does not support the {model_type!r} architecture yet "
@@ -80,14 +142,23 @@ def rope_settings(config: dict) -> dict:
     """rope_theta and scaling from either transformers 5 (`rope_parameters`) or 4 (`rope_theta`,
     `rope_scaling`). Only the scaling types llama.cpp reads from metadata alone are accepted."""
     params = dict(config.get("rope_parameters") or {})
+    local = {}
+    if "full_attention" in params:  # one set per layer type (transformers 5: Gemma 3)
+        local = params.get("sliding_attention") or {}
+        params = dict(params["full_attention"])
     if "rope_theta" not in params and "rope_theta" in config:
         params["rope_theta"] = config["rope_theta"]
+    theta_local = local.get("rope_theta", config.get("rope_local_base_freq"))
+    if local.get("rope_type", "default") != "default":
+        raise ExportError(f"RoPE scaling {local['rope_type']!r} on sliding-window layers is not supported "
+                          "by llama.cpp.")
     scaling = config.get("rope_scaling") or {}
     params.update({k: v for k, v in scaling.items() if k not in params})
     rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type not in ("default", "linear", "yarn", "llama3"):
         raise ExportError(f"RoPE scaling {rope_type!r} is not supported by the GGUF export yet.")
     return {"theta": float(params.get("rope_theta", 10000.0)), "type": rope_type,
+            "theta_local": float(theta_local) if theta_local is not None else None,
             "factor": params.get("factor"), "low_freq_factor": params.get("low_freq_factor", 1.0),
             "high_freq_factor": params.get("high_freq_factor", 4.0),
             "original_max_position_embeddings": params.get("original_max_position_embeddings")}

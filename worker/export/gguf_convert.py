@@ -37,6 +37,7 @@ class PlannedTensor:
     qtype: QT
     permute_heads: int | None
     add: float = 0.0                # added to every value (Gemma's norm offset)
+    scale: float = 1.0              # then multiplied (a folded query scale)
     data: np.ndarray | None = None  # a tensor the converter makes (not read from the checkpoint)
 
 
@@ -70,6 +71,7 @@ def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) ->
     name_map = gguf.get_tensor_name_map(spec.arch, shape_info.n_layers)
     allowed = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[spec.arch]}
     tied = bool(config.get("tie_word_embeddings"))
+    query_scale = spec.query_scale(config) if spec.query_scale else 1.0
     planned = []
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
@@ -95,8 +97,9 @@ def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) ->
                 elif spec.permute_qk and base.endswith(".attn_k"):
                     heads = shape_info.n_head_kv
                 add = spec.norm_offset if gguf_name.endswith("norm.weight") else 0.0
+                scale = query_scale if base.endswith("." + spec.query_scale_tensor) else 1.0
                 planned.append(PlannedTensor(hf_name, file, gguf_name, shape,
-                                             _tensor_type(shape, out_type), heads, add=add))
+                                             _tensor_type(shape, out_type), heads, add=add, scale=scale))
     rope = rope_settings(config)
     if rope["type"] == "llama3":
         if spec.arch != gguf.MODEL_ARCH.LLAMA:
@@ -139,6 +142,8 @@ def _write_metadata(writer: gguf.GGUFWriter, config: dict, spec: ArchSpec, file_
         writer.add_value_length(shape.head_dim)
     rope = rope_settings(config)
     writer.add_rope_freq_base(rope["theta"])
+    if rope["theta_local"] is not None:
+        writer.add_rope_freq_base_swa(rope["theta_local"])
     if rope["type"] == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(rope["factor"]))
@@ -147,6 +152,8 @@ def _write_metadata(writer: gguf.GGUFWriter, config: dict, spec: ArchSpec, file_
         writer.add_rope_scaling_factor(float(rope["factor"]))
         if rope["original_max_position_embeddings"]:
             writer.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+    if spec.extra_metadata:
+        spec.extra_metadata(writer, config)
     writer.add_file_type(int(file_type))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
@@ -202,6 +209,8 @@ def convert_to_gguf(model_dir: Path, out_path: Path, *, out_type: str = "f16", n
                     data = permute_for_llama_rope(data, t.permute_heads)
                 if t.add:
                     data = data + np.float32(t.add)
+                if t.scale != 1.0:
+                    data = data * np.float32(t.scale)
                 writer.write_tensor_data(_convert(data, t.qtype))
                 written += _nbytes(t.shape, t.qtype)
                 progress(f"gguf-{out_type}", written / total)
@@ -209,5 +218,6 @@ def convert_to_gguf(model_dir: Path, out_path: Path, *, out_type: str = "f16", n
         finally:
             writer.close()
     return {"format": "gguf", "type": out_type, "path": str(out_path), "bytes": out_path.stat().st_size,
-            "architecture": spec.name, "tensors": len(planned), "tokenizer_pre": tokenizer.pre,
+            "architecture": spec.name, "tensors": len(planned), "tokenizer": tokenizer.model,
+            "tokenizer_pre": tokenizer.pre, "tokenizer_scores_from": tokenizer.scores_from,
             "chat_template": bool(tokenizer.chat_template)}

@@ -1,17 +1,21 @@
-"""Merged model: the adapter folded into a freshly loaded 16-bit copy of the base (never into
-quantised weights: a QLoRA adapter trained on an NF4 base is merged into the original 16/32-bit
-checkpoint, loaded here in the target dtype), saved as safetensors with tokenizer and chat template."""
+"""Merged model: the adapter folded into a freshly loaded 16-bit copy of the base, saved as
+safetensors with tokenizer and chat template. Never into quantised weights: a LoRA adapter is merged
+into the base checkpoint loaded in the target dtype; a QLoRA adapter into the base its training saw,
+quantised to 4 bits and dequantised once (dequantize.py), each layer merged in float32 and rounded
+to 16 bits once."""
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
 
+from .dequantize import Quantization, quantised_linears, round_trip
 from .files import ExportError, ProgressFn, atomic_dir, ensure_free_space, no_progress, tree_size
 
 DTYPES = ("bfloat16", "float16")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja", "tokenizer.model", "generation_config.json")
+# Copied beside what tokenizer.save_pretrained writes (transformers 5 no longer writes tokenizer.model,
+# which the GGUF converter reads SentencePiece scores from).
+EXTRA_FILES = ("chat_template.jinja", "generation_config.json", "tokenizer.model")
 
 
 def count_parameters(model_dir: Path) -> int:
@@ -54,9 +58,35 @@ def load_tokenizer_source(base_model_dir: Path, adapter_dir: Path | None) -> Pat
     return Path(base_model_dir)
 
 
+def _merge_into_dequantised(base, adapter_dir: Path, quantization: Quantization, dtype):
+    """The base with each quantised linear replaced by its 4-bit round trip plus the adapter's
+    delta: layer by layer in float32 (one layer at a time: memory stays at the loaded model), each
+    rounded to `dtype` once."""
+    import torch
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    layers = quantised_linears(base)
+    model = PeftModel.from_pretrained(base, adapter_dir)
+    lora_of = {id(m.get_base_layer()): m for m in model.modules() if isinstance(m, LoraLayer)}
+    source_dtype = base.dtype  # loaded in the dtype training quantised from
+    with torch.no_grad():
+        for linear in layers:
+            linear.weight.data = round_trip(linear.weight, quantization, source_dtype)
+            if id(linear) in lora_of:
+                lora_of[id(linear)].merge()
+            linear.weight.data = linear.weight.data.to(dtype)
+    merged_layers = sum(1 for m in lora_of.values() if m.merged)
+    if merged_layers != len(lora_of):
+        raise ExportError(f"Only {merged_layers} of the adapter's {len(lora_of)} layers are 4-bit linears of the base.")
+    return model.unload().to(dtype)
+
+
 def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dtype: str = "bfloat16",
-                  device: str = "cpu", progress: ProgressFn = no_progress, check_space: bool = True) -> dict:
-    """Merge adapter_dir into base_model_dir loaded in `dtype` and save to out_dir (atomically)."""
+                  device: str = "cpu", quantization: Quantization | None = None,
+                  progress: ProgressFn = no_progress, check_space: bool = True) -> dict:
+    """Merge adapter_dir into base_model_dir loaded in `dtype` and save to out_dir (atomically).
+    quantization: how QLoRA training quantised the base (None for a LoRA adapter)."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -69,10 +99,15 @@ def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dty
         ensure_free_space(out_dir.parent, expected_merged_bytes(base_model_dir))
     progress("merge", 0.0)
     torch_dtype = getattr(torch, dtype)
-    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch_dtype, device_map=device)
+    # A QLoRA base is loaded in the dtype its weights were quantised from: the 4-bit codes depend on it.
+    load_dtype = torch_dtype if quantization is None else quantization.source_dtype(base_model_dir)
+    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=load_dtype, device_map=device)
     progress("merge", 0.3)
-    model = PeftModel.from_pretrained(base, adapter_dir)
-    merged = model.merge_and_unload()
+    if quantization is None:
+        model = PeftModel.from_pretrained(base, adapter_dir)
+        merged = model.merge_and_unload()
+    else:
+        model = merged = _merge_into_dequantised(base, adapter_dir, quantization, torch_dtype)
     merged.config.dtype = torch_dtype
     progress("merge", 0.6)
     tokenizer_dir = load_tokenizer_source(base_model_dir, adapter_dir)
@@ -80,7 +115,7 @@ def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dty
     with atomic_dir(out_dir) as temp:
         merged.save_pretrained(temp, safe_serialization=True)
         tokenizer.save_pretrained(temp)
-        for name in ("chat_template.jinja", "generation_config.json"):
+        for name in EXTRA_FILES:
             source = tokenizer_dir / name if (tokenizer_dir / name).is_file() else base_model_dir / name
             if source.is_file() and not (temp / name).is_file():
                 shutil.copy2(source, temp / name)
@@ -89,5 +124,7 @@ def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dty
         progress("merge", 0.95)
     del merged, model, base
     progress("merge", 1.0)
-    return {"format": "merged-safetensors", "path": str(out_dir), "dtype": dtype,
-            "bytes": tree_size(out_dir)}
+    info = {"format": "merged-safetensors", "path": str(out_dir), "dtype": dtype, "bytes": tree_size(out_dir)}
+    if quantization is not None:
+        info["merged_into"] = {"dequantised_base": quantization.as_dict()}
+    return info

@@ -1,7 +1,8 @@
 """An Ollama Modelfile beside a GGUF. For ChatML-style chat templates (<|im_start|>role ... <|im_end|>:
 SmolLM2, Qwen2/2.5/3) the Jinja template is translated into Ollama's Go template, with the default
 system prompt the Jinja one inserts; for other templates Ollama is left to read the template from
-the GGUF's tokenizer.chat_template (it recognises the common ones), and only stop tokens are set."""
+the GGUF's tokenizer.chat_template (it recognises the common ones), and only stop tokens are set: eos
+and the template's end-of-turn marker (Gemma's <end_of_turn>, Llama 3's <|eot_id|>)."""
 from __future__ import annotations
 
 import re
@@ -14,6 +15,9 @@ CHATML_TEMPLATE = (
     "{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}"
     "<|im_start|>assistant\n"
 )
+
+
+TURN_END_MARKERS = ("<end_of_turn>", "<|eot_id|>")
 
 
 def is_chatml(chat_template: str | None) -> bool:
@@ -39,6 +43,9 @@ def modelfile_text(gguf_name: str, chat_template: str | None, stop_tokens: list[
         stop_tokens = list(dict.fromkeys(["<|im_end|>", "<|im_start|>", *stop_tokens]))
     else:
         lines.append("# The chat template is in the GGUF metadata (tokenizer.chat_template).")
+        # A turn ends on its marker, not on eos (Gemma ends each turn with <end_of_turn>).
+        turn_ends = [marker for marker in TURN_END_MARKERS if chat_template and marker in chat_template]
+        stop_tokens = list(dict.fromkeys([*turn_ends, *stop_tokens]))
     for token in stop_tokens:
         lines.append(f'PARAMETER stop "{token}"')
     return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .adapter import adapter_weights_size, export_adapter
+from .dequantize import Quantization
 from .files import ExportError, ProgressFn, atomic_dir, ensure_free_space, no_progress, remove_partials, tree_size
 from .gguf_convert import OUT_TYPES, convert_to_gguf, expected_gguf_bytes
 from .gguf_quantize import QUANT_TYPES, expected_quant_bytes, quantize_gguf
@@ -46,6 +47,9 @@ class ExportRequest:
     verify: bool = True
     device: str = "cpu"
     reserve_bytes: int = 0         # keep this much disk free after the export
+    # A QLoRA adapter: how training quantised the base (dequantize.Quantization's fields; {} for the
+    # defaults). The adapter is merged into that base, dequantised. None for a LoRA adapter.
+    base_quantization: dict | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -57,6 +61,11 @@ def validate(request: ExportRequest) -> None:
         raise ExportError(f"Unknown GGUF types {unknown}; known: {sorted(set(OUT_TYPES) | set(QUANT_TYPES))}")
     if not (request.adapter or request.merged or request.gguf_types):
         raise ExportError("Nothing to export: choose the adapter, the merged model or a GGUF type.")
+    _quantization(request)
+
+
+def _quantization(request: ExportRequest) -> Quantization | None:
+    return None if request.base_quantization is None else Quantization.from_config(request.base_quantization)
 
 
 def expected_bytes(request: ExportRequest) -> dict[str, int]:
@@ -107,14 +116,16 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
 
         if request.merged or request.gguf_types:
             info = export_merged(request.base_model_dir, adapter_dir, work / "merged", dtype=request.merged_dtype,
-                                 device=request.device, progress=progress, check_space=False)
+                                 device=request.device, quantization=_quantization(request), progress=progress,
+                                 check_space=False)
             if request.merged:
                 manifest["artifacts"].append(_relative(info, work, kind="merged"))
             reference = None
             if request.verify:
                 progress("verify-merged", 0.0)
                 result, reference = verify_merged(request.base_model_dir, adapter_dir, work / "merged",
-                                                  device=request.device, return_reference=True)
+                                                  device=request.device, quantization=_quantization(request),
+                                                  return_reference=True)
                 manifest["verification"]["merged"] = result
                 progress("verify-merged", 1.0)
                 if not result["passed"]:

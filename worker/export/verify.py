@@ -92,10 +92,11 @@ def compare_logits(reference: list[np.ndarray], candidate: list[np.ndarray]) -> 
 
 
 def verify_merged(base_model_dir: Path, adapter_dir: Path, merged_dir: Path, *, device: str = "cpu",
-                  return_reference: bool = False):
-    """Compare the merged 16-bit model with base + adapter (PEFT, unmerged, float32). Returns the
-    JSON-able result; with return_reference, also the merged model's prompt ids and logits (the
-    reference of the GGUF checks) as a second value."""
+                  quantization=None, return_reference: bool = False):
+    """Compare the merged 16-bit model with base + adapter (PEFT, unmerged, float32). For a QLoRA
+    adapter (quantization set) the base is the 4-bit one training saw, dequantised exactly: the
+    4-bit base with its adapter. Returns the JSON-able result; with return_reference, also the merged
+    model's prompt ids and logits (the reference of the GGUF checks) as a second value."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -103,6 +104,10 @@ def verify_merged(base_model_dir: Path, adapter_dir: Path, merged_dir: Path, *, 
     tokenizer = AutoTokenizer.from_pretrained(merged_dir)
     ids = prompt_ids(tokenizer)
     base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32, device_map=device)
+    if quantization is not None:
+        from .dequantize import dequantise_base_
+
+        dequantise_base_(base, quantization, quantization.source_dtype(base_model_dir))
     model = PeftModel.from_pretrained(base, adapter_dir)
     model.eval()
     reference = _logits(model, ids)
@@ -124,7 +129,8 @@ def verify_merged(base_model_dir: Path, adapter_dir: Path, merged_dir: Path, *, 
     adapter_effect = compare_logits(base32, reference)
     bound = MERGED_NOISE_FACTOR * noise["max_abs_logit_diff"] + MERGED_ABS_SLACK
     result.update(
-        check="merged (16-bit, float32 compute) vs base + adapter (PEFT, float32)",
+        check="merged (16-bit, float32 compute) vs base + adapter (PEFT, float32)" if quantization is None else
+              "merged (16-bit, float32 compute) vs 4-bit base (dequantised, float32) + adapter (PEFT, float32)",
         merged_dtype=str(dtype).replace("torch.", ""),
         noise_floor_max_abs_logit_diff=noise["max_abs_logit_diff"],
         bound_max_abs_logit_diff=bound,
