@@ -10,7 +10,7 @@ import logging
 from datetime import datetime, timezone
 from functools import lru_cache
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import and_, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from lanner.backend.models import Job, JobKind, JobStatus
@@ -48,33 +48,83 @@ def wake_workers(settings: Settings) -> bool:
         return False
 
 
-def _runnable(device: dict, kinds: tuple[JobKind, ...]):
-    conditions = [Job.status == JobStatus.queued, Job.kind.in_(kinds), Job.gpus <= 1]
-    capacity = device.get("memory_total_bytes")
-    if capacity:
-        conditions.append(or_(Job.memory_estimate_bytes.is_(None), Job.memory_estimate_bytes <= capacity))
+def wake_worker(settings: Settings, worker_name: str) -> bool:
+    """Ask one worker, by its Celery name, to look at the queue: through its own queue (Celery's
+    worker_direct), so that the wake-up reaches the worker that has room, not any idle one."""
+    from celery.utils import worker_direct
+
+    try:
+        _celery(settings.redis_url).send_task(DISPATCH_TASK, queue=worker_direct(worker_name), retry=False)
+        return True
+    except Exception as error:
+        log.warning("Could not wake the worker %s through %s: %s", worker_name, settings.redis_url, error)
+        return False
+
+
+def device_capacity(device: dict) -> int | None:
+    """Bytes a job may use on the device: its free memory when measured, else its total."""
+    return device.get("memory_free_bytes", device.get("memory_total_bytes"))
+
+
+def multi_device_capacity(device: dict, others: list[int], count: int) -> int | None:
+    """The free memory of the emptiest of `count` devices: this worker's own and the roomiest
+    count - 1 of `others` (the free memory of the other devices it could reserve). None when there
+    are not that many."""
+    if count - 1 > len(others):
+        return None
+    best = sorted(others, reverse=True)[:count - 1]
+    own = device_capacity(device)
+    return min([own, *best]) if own is not None else min(best, default=None)
+
+
+def _fits(capacity: int | None, per_device_share: int = 1):
+    """The job's estimate fits devices of this capacity (spread over per_device_share devices when
+    they shard the model, FSDP). No estimate or no capacity known: it fits."""
+    if not capacity:
+        return true()
+    return or_(Job.memory_estimate_bytes.is_(None), Job.memory_estimate_bytes <= capacity * per_device_share)
+
+
+def _runnable(device: dict, kinds: tuple[JobKind, ...], others: list[int] = (), exclude: tuple[int, ...] = ()):
+    """A queued job this worker could run: one device that fits (gpus 0 or 1), or N devices (this
+    one and N - 1 of `others`) that fit it, replicated (DDP) or, failing that, sharded (FSDP)."""
+    single = and_(Job.gpus <= 1, _fits(device_capacity(device)))
+    fitting = [single]
+    for count in range(2, len(others) + 2):
+        capacity = multi_device_capacity(device, list(others), count)
+        fitting.append(and_(Job.gpus == count, _fits(capacity, count)))
+    conditions = [Job.status == JobStatus.queued, Job.kind.in_(kinds), or_(*fitting)]
+    if exclude:
+        conditions.append(Job.id.not_in(exclude))
     return conditions
 
 
-def has_runnable_job(session: Session, device: dict, kinds: tuple[JobKind, ...] = tuple(JobKind)) -> bool:
-    """Whether a queued job that this device could take is waiting."""
-    return session.execute(select(Job.id).where(*_runnable(device, kinds)).limit(1)).first() is not None
+def has_runnable_job(session: Session, device: dict, kinds: tuple[JobKind, ...] = tuple(JobKind),
+                     others: list[int] = ()) -> bool:
+    """Whether a queued job that this device (with `others`, see claim_next_job) could take is waiting."""
+    return session.execute(select(Job.id).where(*_runnable(device, kinds, others)).limit(1)).first() is not None
 
 
 def claim_next_job(session: Session, worker_name: str, device: dict,
-                   kinds: tuple[JobKind, ...] = tuple(JobKind)) -> Job | None:
-    """Take the highest-priority queued job (priority desc, queue_order asc, id asc) whose memory
-    estimate fits the device, mark it running on this worker, commit, and return it.
+                   kinds: tuple[JobKind, ...] = tuple(JobKind), others: list[int] = (),
+                   exclude: tuple[int, ...] = ()) -> Job | None:
+    """Take the highest-priority queued job (priority desc, queue_order asc, id asc) that fits, mark
+    it running on this worker, commit, and return it.
+
+    A job fits when its memory estimate fits the device's free memory (`memory_free_bytes`, else its
+    total); a job asking for N >= 2 GPUs fits when this device and N - 1 of `others` (the free memory
+    of the other idle devices the worker could reserve) can hold it: each a whole replica (DDP) or,
+    failing that, a 1/N shard (FSDP). The caller then reserves those devices (worker_registry),
+    and gives the job back with `unclaim_job` when another worker was quicker.
 
     Safe when workers race: on PostgreSQL the row is locked with FOR UPDATE SKIP LOCKED, so a second
     worker skips to the next job; elsewhere (SQLite) the update only applies while the row is still
-    queued, and a worker that loses the race tries the next candidate. Jobs asking for more than one
-    GPU are not taken (multi-GPU runs are not implemented yet).
+    queued, and a worker that loses the race tries the next candidate.
     """
     order = (Job.priority.desc(), Job.queue_order.asc(), Job.id.asc())
     postgres = session.get_bind().dialect.name == "postgresql"
     for _attempt in range(50):
-        query = select(Job.id).where(*_runnable(device, kinds)).order_by(*order).limit(1)
+        query = select(Job.id).where(*_runnable(device, kinds, others, exclude)).order_by(*order).limit(1)
         if postgres:
             query = query.with_for_update(skip_locked=True)
         job_id = session.execute(query).scalar_one_or_none()
@@ -92,6 +142,18 @@ def claim_next_job(session: Session, worker_name: str, device: dict,
             job = session.get(Job, job_id, populate_existing=True)
             return job
     return None
+
+
+def unclaim_job(session: Session, job_id: int, worker_name: str) -> bool:
+    """Put a job this worker claimed but could not start (its devices were taken meanwhile) back in
+    the queue, where it was. Returns whether it did (False: it is no longer this worker's)."""
+    returned = session.execute(
+        update(Job).where(Job.id == job_id, Job.status == JobStatus.running, Job.worker == worker_name)
+        .values(status=JobStatus.queued, worker=None, device=None, started_at=None)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    session.commit()
+    return returned == 1
 
 
 def fail_orphaned_jobs(session: Session, live_workers: set[str], reason: str | None = None,

@@ -1,5 +1,10 @@
-"""Which workers are alive, and on what device: each worker refreshes a key in Redis every few
-seconds with a short expiry, so a dead worker disappears by itself within WORKER_TTL_SECONDS."""
+"""Which workers are alive, on what device, and which devices a job holds.
+
+Each worker refreshes a key in Redis every few seconds with a short expiry, so a dead worker
+disappears by itself within WORKER_TTL_SECONDS. A job holds its devices through reservation keys
+(`lanner:device:<device id>:reserved`, the holding worker's name as value) with the same expiry,
+refreshed while the job runs: a worker that dies mid-job frees its devices by itself too.
+"""
 from __future__ import annotations
 
 import json
@@ -22,8 +27,13 @@ def retire_worker(redis: Redis, name: str) -> None:
 
 
 def live_workers(redis: Redis) -> list[dict]:
+    """Every live worker's record, each with `reserved_by`: the worker whose job holds its device
+    (itself while it runs a job, another worker while it lends the device to a multi-GPU job)."""
     keys = sorted(redis.scan_iter(match=WORKER_KEY_PREFIX + "*", count=100))
     records = [json.loads(raw) for raw in redis.mget(keys) if raw] if keys else []
+    holders = device_holders(redis, [record["device"].get("id") for record in records])
+    for record in records:
+        record["reserved_by"] = holders.get(record["device"].get("id"))
     return sorted(records, key=lambda record: record["name"])
 
 
@@ -41,3 +51,61 @@ def claim_gpu(redis: Redis, gpu_uuids: list[str], owner: str) -> str | None:
 
 def keep_gpu_claim(redis: Redis, uuid: str, owner: str) -> None:
     redis.set(GPU_CLAIM_PREFIX + uuid, owner, ex=WORKER_TTL_SECONDS)
+
+
+def reservation_key(device_id: str) -> str:
+    return f"lanner:device:{device_id}:reserved"
+
+
+# All or nothing, in one step on the Redis server: two workers reserving overlapping sets never both
+# succeed, and neither is left holding half of what it asked for. Taking again what the holder already
+# holds succeeds (its own device, reserved before it looks at the queue).
+_RESERVE = """
+for i, key in ipairs(KEYS) do
+  local holder = redis.call('GET', key)
+  if holder and holder ~= ARGV[1] then return 0 end
+end
+for i, key in ipairs(KEYS) do redis.call('SET', key, ARGV[1], 'EX', ARGV[2]) end
+return 1
+"""
+_KEEP = """
+local kept = 0
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then redis.call('EXPIRE', key, ARGV[2]); kept = kept + 1 end
+end
+return kept
+"""
+_RELEASE = """
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then redis.call('DEL', key) end
+end
+return 1
+"""
+
+
+def reserve_devices(redis: Redis, device_ids: list[str], holder: str) -> bool:
+    """Reserve every device in device_ids for `holder`, or none of them. Returns whether it did."""
+    keys = [reservation_key(device_id) for device_id in device_ids]
+    return bool(redis.eval(_RESERVE, len(keys), *keys, holder, WORKER_TTL_SECONDS))
+
+
+def keep_devices(redis: Redis, device_ids: list[str], holder: str) -> int:
+    """Refresh the expiry of the reservations `holder` still holds; returns how many it holds."""
+    keys = [reservation_key(device_id) for device_id in device_ids]
+    return int(redis.eval(_KEEP, len(keys), *keys, holder, WORKER_TTL_SECONDS))
+
+
+def release_devices(redis: Redis, device_ids: list[str], holder: str) -> None:
+    """Free the reservations `holder` holds among device_ids (never another holder's)."""
+    keys = [reservation_key(device_id) for device_id in device_ids]
+    if keys:
+        redis.eval(_RELEASE, len(keys), *keys, holder)
+
+
+def device_holders(redis: Redis, device_ids: list[str | None]) -> dict[str, str]:
+    """device id -> the worker holding it, for the reserved ones among device_ids."""
+    ids = [device_id for device_id in device_ids if device_id]
+    if not ids:
+        return {}
+    holders = redis.mget([reservation_key(device_id) for device_id in ids])
+    return {device_id: holder for device_id, holder in zip(ids, holders) if holder}

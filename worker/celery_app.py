@@ -1,5 +1,6 @@
 """The Celery application. A worker owns one device and runs one job at a time: concurrency 1,
-prefetch 1, late acknowledgement. The queue itself is the database (lanner.backend.queue); Celery
+prefetch 1, late acknowledgement (a job on several devices borrows the idle devices of other workers
+of its machine: lanner.worker.runner). The queue itself is the database (lanner.backend.queue); Celery
 messages only wake workers, and a worker also looks at the queue when it starts and while idle.
 
 The solo pool runs the task in the worker's own process, so the training subprocess is the worker's
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
@@ -15,8 +17,11 @@ from celery.signals import worker_ready, worker_shutdown
 from lanner.backend.queue import DISPATCH_TASK
 from lanner.backend.redis_client import get_redis
 from lanner.backend.settings import get_settings
-from lanner.backend.worker_registry import HEARTBEAT_SECONDS, announce_worker, keep_gpu_claim, retire_worker
-from lanner.worker.devices import current_device
+from lanner.backend.streams import HARDWARE_STREAM, SHARED_STREAM_MAXLEN, publish
+from lanner.backend.worker_registry import (HEARTBEAT_SECONDS, announce_worker, device_holders, keep_gpu_claim,
+                                            retire_worker)
+from lanner.worker.devices import current_device, free_memory
+from lanner.worker.telemetry import device_sampler
 
 settings = get_settings()
 app = Celery("lanner", broker=settings.redis_url)
@@ -30,10 +35,14 @@ app.conf.update(
     accept_content=["json"],
     worker_hijack_root_logger=False,
     worker_pool="solo",
+    # Each worker also listens on a queue of its own (<name>.dq), so that a wake-up can reach the one
+    # worker that has room for a job (its janitor; the end of a job that borrowed its device).
+    worker_direct=True,
     include=["lanner.worker.tasks"],
 )
 
 JANITOR_SECONDS = 15.0
+IDLE_LOOK_SECONDS = 5.0
 
 
 class WorkerState:
@@ -47,33 +56,40 @@ _stop_heartbeat = threading.Event()
 
 
 def _heartbeat(name: str, device: dict) -> None:
+    """Every HEARTBEAT_SECONDS: this worker's record (with its device's free memory, which other
+    workers read to place multi-GPU jobs) and a sample of its device on the hardware stream."""
     redis = get_redis(settings.redis_url)
+    sample = device_sampler(device)
     while not _stop_heartbeat.is_set():
         try:
-            announce_worker(redis, name, device)
+            announce_worker(redis, name, {**device, "memory_free_bytes": free_memory(device)})
             if os.environ.get("LANNER_GPU_CLAIM"):
                 keep_gpu_claim(redis, os.environ["LANNER_GPU_CLAIM"], name)
+            holder = device_holders(redis, [device["id"]]).get(device["id"])
+            publish(redis, HARDWARE_STREAM, "device",
+                    {"worker": name, "device_id": device["id"], "name": device["name"], "index": device.get("index"),
+                     "reserved_by": holder, **sample()}, maxlen=SHARED_STREAM_MAXLEN)
         except Exception:  # Redis restarting: keep trying, the key expires meanwhile
             pass
         _stop_heartbeat.wait(HEARTBEAT_SECONDS)
 
 
-def _janitor() -> None:
-    """Fails jobs left running by dead workers, and wakes this worker when jobs wait while it idles
-    (a wake-up message lost with a Redis flush must not strand the queue)."""
-    from lanner.backend.db import session_factory
-    from lanner.backend.queue import has_runnable_job
-    from lanner.worker.runner import sweep_orphans
+def _janitor(name: str, device: dict) -> None:
+    """Fails jobs left running by dead workers, and wakes this worker when a job it could take waits
+    while it idles (a wake-up lost with a Redis flush, or taken by a worker that had no room for the
+    job, must not strand the queue)."""
+    from celery.utils import worker_direct
 
-    device = current_device()
-    while not _stop_heartbeat.wait(JANITOR_SECONDS):
+    from lanner.worker.runner import could_run_a_job, sweep_orphans
+
+    last_sweep = time.monotonic()
+    while not _stop_heartbeat.wait(IDLE_LOOK_SECONDS):
         try:
-            sweep_orphans(settings)
-            if not worker_state.busy.is_set():
-                with session_factory(settings.database_url)() as session:
-                    waiting = has_runnable_job(session, device)
-                if waiting:
-                    app.send_task(DISPATCH_TASK)
+            if time.monotonic() - last_sweep >= JANITOR_SECONDS:
+                last_sweep = time.monotonic()
+                sweep_orphans(settings)
+            if not worker_state.busy.is_set() and could_run_a_job(settings, name, device):
+                app.send_task(DISPATCH_TASK, queue=worker_direct(name))
         except Exception:  # database or Redis away: try again next round
             pass
 
@@ -88,9 +104,9 @@ def _start_heartbeat(sender, **_):
         sweep_orphans(settings, sender.hostname)
     except Exception as error:
         print(f"lanner: could not sweep the jobs of {sender.hostname}: {error}", flush=True)
-    threading.Thread(target=_heartbeat, args=(sender.hostname, current_device()), daemon=True,
-                     name="lanner-heartbeat").start()
-    threading.Thread(target=_janitor, daemon=True, name="lanner-janitor").start()
+    device = current_device(sender.hostname)
+    threading.Thread(target=_heartbeat, args=(sender.hostname, device), daemon=True, name="lanner-heartbeat").start()
+    threading.Thread(target=_janitor, args=(sender.hostname, device), daemon=True, name="lanner-janitor").start()
     # Look at the queue at once: jobs may have been queued while no worker ran.
     app.send_task(DISPATCH_TASK)
 

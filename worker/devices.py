@@ -1,8 +1,15 @@
-"""What device this worker owns: one GPU through NVML, or the CPU through psutil."""
+"""What device this worker owns: one GPU through NVML, or the CPU through psutil.
+
+A device is a dict: kind ("cuda" or "cpu"), name, memory_total_bytes, index (NVML's), id and host.
+The id names it in the device reservations (lanner.backend.worker_registry): a GPU's UUID, unique
+across hosts; for the CPU, the worker's own name, so that several CPU workers of one machine stand
+in for several GPUs (tests, and a CPU box that runs multi-process jobs).
+"""
 from __future__ import annotations
 
 import os
 import platform
+import socket
 
 import psutil
 
@@ -22,37 +29,62 @@ def gpu_count() -> int:
     return nvml.nvmlDeviceGetCount() if nvml else 0
 
 
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def gpu_uuids() -> list[str]:
+    """Every GPU of this machine, whatever CUDA_VISIBLE_DEVICES says (NVML does not read it)."""
     nvml = _nvml()
     if not nvml:
         return []
-    uuids = [nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())]
-    return [u.decode() if isinstance(u, bytes) else u for u in uuids]
+    return [_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(nvml.nvmlDeviceGetCount())]
 
 
-def cpu_device() -> dict:
+def cpu_device(worker_name: str | None = None) -> dict:
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             name = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    host = socket.gethostname()
     return {"kind": "cpu", "name": f"{name} ({psutil.cpu_count()} threads)",
-            "memory_total_bytes": psutil.virtual_memory().total, "index": None}
+            "memory_total_bytes": psutil.virtual_memory().total, "index": None,
+            "id": f"cpu:{worker_name or host}", "host": host}
 
 
-def current_device() -> dict:
+def current_device(worker_name: str | None = None) -> dict:
     """The device this process trains on: the first GPU CUDA_VISIBLE_DEVICES shows it, or the CPU."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1"):
-        return cpu_device()
+        return cpu_device(worker_name)
     nvml = _nvml()
     if not nvml or nvml.nvmlDeviceGetCount() == 0:
-        return cpu_device()
+        return cpu_device(worker_name)
     first = (visible or "0").split(",")[0].strip()
     handle = (nvml.nvmlDeviceGetHandleByUUID(first) if first.startswith(("GPU-", "MIG-"))
               else nvml.nvmlDeviceGetHandleByIndex(int(first)))
-    name = nvml.nvmlDeviceGetName(handle)
-    return {"kind": "cuda", "name": name.decode() if isinstance(name, bytes) else name,
+    return {"kind": "cuda", "name": _text(nvml.nvmlDeviceGetName(handle)),
             "memory_total_bytes": int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
-            "index": int(nvml.nvmlDeviceGetIndex(handle))}
+            "index": int(nvml.nvmlDeviceGetIndex(handle)), "id": _text(nvml.nvmlDeviceGetUUID(handle)),
+            "host": socket.gethostname()}
+
+
+def free_memory(device: dict) -> int:
+    """Bytes a new job could use on the device now: NVML's free memory for a GPU (what other
+    processes hold is not free), the memory available to new processes for the CPU."""
+    if device.get("kind") == "cuda":
+        nvml = _nvml()
+        if nvml:
+            return int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByUUID(device["id"])).free)
+        return int(device["memory_total_bytes"])
+    return int(psutil.virtual_memory().available)
+
+
+def is_local(device: dict) -> bool:
+    """Whether this process can run on the device: a GPU of this machine (containers of one box
+    each see all its GPUs), or a CPU slot of this host. One job's ranks all run on one machine."""
+    if device.get("kind") == "cuda":
+        return device.get("id") in gpu_uuids()
+    return device.get("kind") == "cpu" and device.get("host") == socket.gethostname()

@@ -11,18 +11,25 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lanner.backend.models import DeviceSample, Job, JobMetric, JobStatus
 from lanner.backend.streams import job_stream, publish
+from lanner.worker.distributed import is_main_process
 
 log = logging.getLogger(__name__)
 
 
 class JobEvents:
+    """One job's events. In a job spread over several processes (torchrun) only rank 0 speaks: the
+    other ranks' events are dropped here, so the trainer code needs no rank checks of its own."""
+
     def __init__(self, job_id: int, redis: Redis, sessions: sessionmaker[Session]):
+        self.silent = not is_main_process()
         self.job_id = job_id
         self.redis = redis
         self.sessions = sessions
         self.stream = job_stream(job_id)
 
     def _publish(self, event_type: str, data: dict[str, Any]) -> str | None:
+        if self.silent:
+            return None
         try:
             return publish(self.redis, self.stream, event_type, data)
         except Exception as error:  # Redis away: the database record still gets written
@@ -38,6 +45,8 @@ class JobEvents:
         self._publish(event_type, data)
 
     def metric(self, step: int, values: dict[str, Any], total_steps: int | None = None) -> None:
+        if self.silent:
+            return
         event_id = self._publish("metric", {"step": step, **values})
         with self.sessions() as session:
             session.add(JobMetric(job_id=self.job_id, step=step, values=values))
@@ -50,11 +59,15 @@ class JobEvents:
             session.commit()
 
     def total_steps(self, total: int) -> None:
+        if self.silent:
+            return
         with self.sessions() as session:
             session.get(Job, self.job_id).total_steps = total
             session.commit()
 
     def device(self, values: dict[str, Any]) -> None:
+        if self.silent:
+            return
         self._publish("device", values)
         with self.sessions() as session:
             session.add(DeviceSample(job_id=self.job_id, values=values))

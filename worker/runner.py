@@ -1,4 +1,6 @@
-"""The worker's side of a job: take jobs from the database queue, run each in a fresh subprocess,
+"""The worker's side of a job: take jobs from the database queue, reserve the devices each needs
+(this worker's own, and for a job on N GPUs N - 1 idle ones of this machine: docs/multi-gpu.md), run
+it in a fresh subprocess (a job on several devices: under lanner.worker.distributed's launcher),
 watch it (cancel key, device telemetry), and write the final status.
 
 The subprocess is a separate interpreter so that a crash, an OOM or a cancel never poisons the
@@ -8,10 +10,12 @@ worker killed with SIGKILL leaves no training behind; its job is then failed by 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,10 +25,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lanner.backend.db import session_factory
 from lanner.backend.models import Artifact, Job, JobKind, JobStatus
-from lanner.backend.queue import cancel_key, claim_next_job, fail_orphaned_jobs
+from lanner.backend.job_queue import job_summary, publish_queue_event
+from lanner.backend.queue import (cancel_key, claim_next_job, device_capacity, fail_orphaned_jobs, has_runnable_job,
+                                  multi_device_capacity, unclaim_job, wake_worker)
 from lanner.backend.redis_client import get_redis
 from lanner.backend.settings import Settings
-from lanner.backend.worker_registry import HEARTBEAT_SECONDS, live_workers
+from lanner.backend.worker_registry import (HEARTBEAT_SECONDS, device_holders, keep_devices, live_workers,
+                                            release_devices, reserve_devices)
+from lanner.worker.devices import free_memory, is_local
 from lanner.worker.events import JobEvents, finish_job
 from lanner.worker.job_process import EXIT_CANCELLED
 from lanner.worker.telemetry import DeviceSampler
@@ -34,6 +42,8 @@ CANCEL_GRACE_SECONDS = 7.0  # SIGTERM lets the trainer save a checkpoint; SIGKIL
 _PR_SET_PDEATHSIG = 1
 PROCESS_MODULES = {JobKind.train: "lanner.worker.train_process", JobKind.export: "lanner.worker.export_process"}
 PROCESS_LABELS = {JobKind.train: "Training", JobKind.export: "Export"}
+
+log = logging.getLogger(__name__)
 
 
 def _die_with_parent() -> None:
@@ -47,55 +57,190 @@ def job_log_path(settings: Settings, job_id: int) -> Path:
     return settings.logs_dir / f"job-{job_id}.log"
 
 
+class DeviceLease:
+    """The devices this worker's job holds in the registry: taken all or nothing, kept alive while
+    the job runs (their reservations expire a few seconds after a worker dies), freed on every exit
+    path of the `with` block."""
+
+    def __init__(self, redis: Redis, holder: str):
+        self.redis = redis
+        self.holder = holder
+        self.device_ids: list[str] = []
+        self._stop = threading.Event()
+        self._keeper = threading.Thread(target=self._keep, daemon=True, name="lanner-device-lease")
+
+    def take(self, device_ids: list[str]) -> bool:
+        wanted = list(dict.fromkeys([*self.device_ids, *device_ids]))
+        if not reserve_devices(self.redis, wanted, self.holder):
+            return False
+        self.device_ids = wanted
+        if not self._keeper.is_alive():
+            self._keeper.start()
+        return True
+
+    def _keep(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                keep_devices(self.redis, self.device_ids, self.holder)
+            except Exception:  # Redis away for a moment: try again at the next beat
+                pass
+
+    def __enter__(self) -> "DeviceLease":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+        try:
+            release_devices(self.redis, self.device_ids, self.holder)
+        except Exception:  # Redis away: the reservations expire by themselves
+            log.warning("could not release devices %s", self.device_ids, exc_info=True)
+
+
+def idle_devices(redis: Redis, device: dict) -> list[dict]:
+    """The other devices of this machine (same kind) that a live worker owns and no job holds, with
+    their free memory as their worker last measured it: what a multi-GPU job may borrow."""
+    return [record["device"] for record in live_workers(redis)
+            if record["device"].get("id") != device.get("id") and record["device"].get("kind") == device.get("kind")
+            and not record["reserved_by"] and is_local(record["device"])]
+
+
+def could_run_a_job(settings: Settings, worker_name: str, device: dict) -> bool:
+    """Whether this idle worker would find a job to take now (its device is not lent out, and a
+    queued job fits it, alone or with idle devices)."""
+    redis = get_redis(settings.redis_url)
+    holder = device_holders(redis, [device.get("id")]).get(device.get("id"))
+    if holder not in (None, worker_name):
+        return False
+    own = {**device, "memory_free_bytes": free_memory(device)}
+    others = [device_capacity(other) for other in idle_devices(redis, device)]
+    with session_factory(settings.database_url)() as session:
+        return has_runnable_job(session, own, others=others)
+
+
 def run_queue(settings: Settings, worker_name: str, device: dict) -> list[int]:
     """Runs queued jobs that fit this device until none is left; returns the ids it ran."""
     sessions = session_factory(settings.database_url)
     redis = get_redis(settings.redis_url)
     sweep_orphans(settings, worker_name)
-    ran = []
+    ran: list[int] = []
+    passed_over: set[int] = set()  # jobs whose devices another worker took while this one claimed them
     while True:
-        with sessions() as session:
-            job = claim_next_job(session, worker_name, device)
-        if job is None:
-            return ran
-        run_job(settings, sessions, redis, job, worker_name, device)
+        with DeviceLease(redis, worker_name) as lease:
+            if not lease.take([device["id"]]):
+                return ran  # the device is lent to another worker's multi-GPU job
+            placed = _claim(sessions, redis, worker_name, device, lease, passed_over)
+            if placed is None:
+                return ran
+            job, placement = placed
+            if job is None:
+                continue
+            run_job(settings, sessions, redis, job, worker_name, placement)
+            lent = [device_id for device_id in lease.device_ids if device_id != device["id"]]
         ran.append(job.id)
+        if lent:  # wake the workers whose devices this job borrowed: jobs may wait for them
+            _wake_owners(settings, redis, lent)
+
+
+def _claim(sessions: sessionmaker[Session], redis: Redis, worker_name: str, device: dict, lease: DeviceLease,
+           passed_over: set[int]) -> tuple[Job | None, dict] | None:
+    """Claims the next job that fits and reserves the devices it needs. None: nothing fits;
+    (None, {}): the job's devices were taken meanwhile, it went back to the queue, look again."""
+    own = {**device, "memory_free_bytes": free_memory(device)}
+    others = sorted(idle_devices(redis, device), key=device_capacity, reverse=True)
+    with sessions() as session:
+        job = claim_next_job(session, worker_name, own, others=[device_capacity(other) for other in others],
+                             exclude=tuple(passed_over))
+        if job is None:
+            return None
+        count = max(job.gpus or 1, 1) if job.kind == JobKind.train else 1
+        if count == 1:
+            return job, own
+        borrowed = others[:count - 1]
+        if len(borrowed) < count - 1 or not lease.take([other["id"] for other in borrowed]):
+            unclaim_job(session, job.id, worker_name)
+            passed_over.add(job.id)
+            return None, {}
+        devices = [own, *borrowed]
+        capacity = multi_device_capacity(own, [device_capacity(other) for other in borrowed], count)
+        estimate = job.memory_estimate_bytes
+        placement = {"kind": own["kind"], "name": f"{count} × {own['name']}",
+                     "memory_total_bytes": sum(d["memory_total_bytes"] for d in devices),
+                     "index": own.get("index"), "id": own["id"], "host": own.get("host"), "devices": devices,
+                     "strategy": "ddp" if estimate is None or not capacity or estimate <= capacity else "fsdp"}
+        job.device = placement
+        session.commit()
+        return job, placement
+
+
+def _wake_owners(settings: Settings, redis: Redis, device_ids: list[str]) -> None:
+    for record in live_workers(redis):
+        if record["device"].get("id") in device_ids:
+            wake_worker(settings, record["name"])
+
+
+def _launch_command(job: Job, device: dict) -> tuple[list[str], dict]:
+    """The command line and the environment changes that run the job on its device(s)."""
+    devices = device.get("devices")
+    if not devices:
+        return [sys.executable, "-m", PROCESS_MODULES[job.kind], str(job.id)], {}
+    visible = ",".join(d["id"] for d in devices) if device["kind"] == "cuda" else ""
+    return ([sys.executable, "-m", "lanner.worker.distributed", "launch", str(job.id), "--nproc", str(len(devices)),
+             "--strategy", device["strategy"]], {"CUDA_VISIBLE_DEVICES": visible})
 
 
 def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, job: Job,
             worker_name: str, device: dict) -> JobStatus:
+    """Runs one claimed job on `device` (one device, or several under "devices" with a "strategy")
+    and writes its final status."""
     events = JobEvents(job.id, redis, sessions)
+    devices = device.get("devices") or [device]
     events.status(JobStatus.running, worker=worker_name, device=device)
+    publish_queue_event(redis, "started", {**job_summary(job), "status": JobStatus.running.value,
+                                           "worker": worker_name, "devices": [d.get("id") for d in devices]})
     settings.ensure_dirs()
     log_path = job_log_path(settings, job.id)
+    command, env_changes = _launch_command(job, device)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
            "LANNER_DATA_DIR": str(settings.data_dir), "LANNER_DATABASE_URL": settings.database_url,
-           "LANNER_REDIS_URL": settings.redis_url}
+           "LANNER_REDIS_URL": settings.redis_url, **env_changes}
     with open(log_path, "ab") as out:
-        process = subprocess.Popen([sys.executable, "-m", PROCESS_MODULES[job.kind], str(job.id)],
-                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                    preexec_fn=_die_with_parent)
-    events.log(f"{PROCESS_LABELS[job.kind]} process started (pid {process.pid}) on {device.get('name')}")
-    sampler = DeviceSampler(device, events.device, pid=process.pid)
-    sampler.start()
+    where = f"{len(devices)} devices ({device['strategy'].upper()})" if len(devices) > 1 else device.get("name")
+    events.log(f"{PROCESS_LABELS[job.kind]} process started (pid {process.pid}) on {where}")
+    samplers = _samplers(devices, events, process.pid)
     cancel_requested_at = None
     try:
         while process.poll() is None:
             time.sleep(POLL_SECONDS)
             if cancel_requested_at is None and _cancel_requested(redis, job.id):
                 cancel_requested_at = time.monotonic()
-                events.log("Cancel requested: stopping the training process")
+                events.log("Cancel requested: stopping the training process"
+                           + (" on every rank" if len(devices) > 1 else ""))
                 process.send_signal(signal.SIGTERM)
             elif cancel_requested_at is not None and time.monotonic() - cancel_requested_at > CANCEL_GRACE_SECONDS:
-                process.kill()
+                process.kill()  # ranks die with their launcher (PDEATHSIG)
                 process.wait()
     finally:
-        sampler.stop()
+        for sampler in samplers:
+            sampler.stop()
     status, error = _outcome(sessions, job.id, process.returncode, cancel_requested_at is not None, log_path)
     if finish_job(sessions, job.id, worker_name, status, error):
         events.status(status, error=error)
+        publish_queue_event(redis, "finished", {**job_summary(job), "status": status.value, "error": error})
     redis.delete(cancel_key(job.id))
     return status
+
+
+def _samplers(devices: list[dict], events: JobEvents, pid: int) -> list[DeviceSampler]:
+    """One telemetry sampler per GPU of the job; one for the CPU (its slots share one machine)."""
+    samplers = []
+    for rank, device in enumerate(devices if devices[0].get("kind") == "cuda" else devices[:1]):
+        labels = {"device_id": device.get("id")} | ({"rank": rank} if len(devices) > 1 else {})
+        sampler = DeviceSampler(device, lambda values, labels=labels: events.device({**values, **labels}), pid=pid)
+        sampler.start()
+        samplers.append(sampler)
+    return samplers
 
 
 def _cancel_requested(redis: Redis, job_id: int) -> bool:
@@ -156,6 +301,7 @@ def sweep_orphans(settings: Settings, worker_name: str | None = None) -> list[in
             alive |= {record["name"] for record in live_workers(redis)}
             failed = fail_orphaned_jobs(session, alive)
         requeued = [job_id for job_id in failed if _requeue_from_checkpoint(session, settings, job_id)]
+        summaries = {job_id: job_summary(session.get(Job, job_id)) for job_id in failed}
         errors = {job_id: session.get(Job, job_id).error for job_id in failed}
         resume = {job_id: session.get(Job, job_id).resume_from for job_id in requeued}
     for job_id in failed:
@@ -163,8 +309,10 @@ def sweep_orphans(settings: Settings, worker_name: str | None = None) -> list[in
         if job_id in requeued:
             events.status(JobStatus.queued, error=None, resume_from=resume[job_id])
             events.log(f"Its worker was lost; queued again to resume from {resume[job_id]}", level="warning")
+            publish_queue_event(redis, "requeued", summaries[job_id])
         else:
             events.status(JobStatus.failed, error=errors[job_id])
+            publish_queue_event(redis, "finished", {**summaries[job_id], "error": errors[job_id]})
     return failed
 
 

@@ -13,6 +13,6 @@ from lanner.worker.runner import run_queue
 def dispatch(self) -> list[int]:
     worker_state.busy.set()
     try:
-        return run_queue(get_settings(), self.request.hostname, current_device())
+        return run_queue(get_settings(), self.request.hostname, current_device(self.request.hostname))
     finally:
         worker_state.busy.clear()

@@ -1,4 +1,6 @@
-"""Device telemetry while a job runs: NVML for a GPU, psutil for the CPU and RAM, every 2 s."""
+"""Device telemetry: NVML for a GPU, psutil for the CPU and RAM. While a job runs, every 2 s on the
+job's stream (with the job's own processes' CPU and memory on the CPU); the worker's heartbeat also
+samples its device for the hardware stream."""
 from __future__ import annotations
 
 import threading
@@ -31,25 +33,47 @@ def _gpu_sampler(index: int) -> Callable[[], dict]:
 
 
 def _cpu_sampler(pid: int | None) -> Callable[[], dict]:
-    process = psutil.Process(pid) if pid else None
+    root = psutil.Process(pid) if pid else None
+    known: dict[int, psutil.Process] = {}  # kept between samples: cpu_percent measures since the last call
     psutil.cpu_percent(None)
-    if process:
-        process.cpu_percent(None)
+
+    def tree() -> list[psutil.Process]:
+        """The job's process and its descendants (a multi-process job's ranks run under a launcher)."""
+        try:
+            current = [root, *root.children(recursive=True)]
+        except psutil.Error:  # the process just ended
+            return []
+        for process in current:
+            known.setdefault(process.pid, process)
+        return [known[process.pid] for process in current]
+
+    if root:
+        for process in tree():
+            process.cpu_percent(None)
 
     def sample() -> dict:
         memory = psutil.virtual_memory()
         values = {"kind": "cpu", "cpu_percent": psutil.cpu_percent(None),
                   "memory_used_bytes": int(memory.total - memory.available), "memory_total_bytes": int(memory.total)}
-        if process:
-            try:
-                with process.oneshot():
-                    values["process_cpu_percent"] = process.cpu_percent(None)
-                    values["process_rss_bytes"] = int(process.memory_info().rss)
-            except psutil.Error:  # the process just ended
-                pass
+        if root:
+            cpu, rss = 0.0, 0
+            for process in tree():
+                try:
+                    with process.oneshot():
+                        cpu += process.cpu_percent(None)
+                        rss += int(process.memory_info().rss)
+                except psutil.Error:  # this one just ended
+                    pass
+            if rss:
+                values["process_cpu_percent"], values["process_rss_bytes"] = cpu, rss
         return values
 
     return sample
+
+
+def device_sampler(device: dict) -> Callable[[], dict]:
+    """A sample of the whole device, whoever uses it (the hardware view)."""
+    return _gpu_sampler(device["index"]) if device.get("kind") == "cuda" else _cpu_sampler(None)
 
 
 class DeviceSampler(threading.Thread):

@@ -13,13 +13,19 @@ import sys
 from pathlib import Path
 
 from lanner.backend.models import Artifact, Dataset, Job
+from lanner.worker.distributed import is_main_process, world_size
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 
-# method -> (trainer module, dataset tasks it accepts)
+# method -> (trainer module, dataset tasks it accepts). Which weights train is the model's part
+# (lanner.worker.training.model): an adapter for lora and qlora, every weight for full and pretrain.
 METHODS = {
     "lora": ("lanner.worker.training.sft", ("sft",)),
+    "qlora": ("lanner.worker.training.sft", ("sft",)),
+    "full": ("lanner.worker.training.sft", ("sft", "text")),
     "pretrain": ("lanner.worker.training.sft", ("text",)),
     "dpo": ("lanner.worker.training.dpo", ("preference",)),
+    "orpo": ("lanner.worker.training.orpo", ("preference",)),
+    "kto": ("lanner.worker.training.kto", ("kto", "preference")),
 }
 
 log = logging.getLogger("lanner.train")
@@ -44,6 +50,8 @@ class TrainProcess(JobProcess):
         self.cancel.requested = True
 
     def add_artifact(self, kind: str, name: str, path: Path) -> None:
+        if not is_main_process():  # a multi-GPU job's artifacts are rank 0's to record
+            return
         with self.sessions() as session:
             session.add(Artifact(job_id=self.job_id, kind=kind, name=name,
                                  path=str(path.relative_to(self.settings.data_dir)), size_bytes=_dir_size(path)))
@@ -90,52 +98,107 @@ class TrainProcess(JobProcess):
         from lanner.worker.training.options import TrainingOptions
 
         job, dataset_path = self.load()
-        options = TrainingOptions.from_config(job.config)
         if job.method not in METHODS:
             raise JobFailed(f"The method {job.method!r} is not supported by this worker yet "
                             f"({', '.join(METHODS)}).")
+        options = TrainingOptions.from_config(job.config, job.method)
+        if problem := options.problem():
+            raise JobFailed(problem)
         trainer_module, tasks = METHODS[job.method]
         # The dataset is checked before torch is imported (seconds to tens of seconds), so a bad one fails fast.
         rows = self.rows(dataset_path, tasks)
 
-        import torch
+        from lanner.worker.training.callbacks import CancelCallback
+        from lanner.worker.training.model import load_tokenizer, resolve_model
 
-        from lanner.worker.training.callbacks import CancelCallback, MetricsCallback
-        from lanner.worker.training.model import load_lora_model, load_tokenizer, resolve_model
-        build_trainer = importlib.import_module(trainer_module).build_trainer
-
-        torch.manual_seed(options.seed)
         model_path = resolve_model(job.model, self.settings)
         tokenizer = load_tokenizer(model_path, options)
-        model = load_lora_model(model_path, options, self.events)
-
         out = artifacts_dir(self.settings.data_dir, self.job_id)
-        checkpoints = out / "checkpoints"
+        cancel = CancelCallback()
+
+        def attempt(attempt_options, start: Path | None):
+            return self.train(trainer_module, model_path, tokenizer, rows, attempt_options, out / "checkpoints",
+                              start, cancel)
+
         resume = self.resume_path(job)
-        self.cancel = CancelCallback()
-        samples_per_step = options.per_device_train_batch_size * options.gradient_accumulation_steps
-        metrics = MetricsCallback(self.events, samples_per_step, on_checkpoint=self.on_checkpoint)
-        trainer = build_trainer(model, tokenizer, rows, options, str(checkpoints), [metrics, self.cancel])
-        if resume:
-            self.events.log(f"Resuming from {resume.name}")
-        try:
-            trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-        except torch.OutOfMemoryError as error:
-            raise JobFailed(_oom_message(error, options)) from None
-        except MemoryError:
-            raise JobFailed(_oom_message(None, options)) from None
-        if self.cancel.stopped:
+        trainer, out_of_memory = attempt(options, resume)
+        if out_of_memory is not None:
+            if cancel.requested:
+                self.events.log("Stopped at the cancel request (the step had run out of memory); "
+                                "the last checkpoint is kept")
+                return EXIT_CANCELLED
+            trainer = self.retry_smaller(out_of_memory, options, out / "checkpoints", resume, attempt)
+        if cancel.stopped:
             self.events.log("Stopped at the cancel request; the last checkpoint is kept")
             return EXIT_CANCELLED
         if trainer.eval_dataset is not None and trainer.state.global_step % (options.eval_steps or options.save_steps):
             trainer.evaluate()
-        adapter = out / "adapter"
-        shutil.rmtree(adapter, ignore_errors=True)
-        trainer.save_model(str(adapter))
-        tokenizer.save_pretrained(str(adapter))
-        self.add_artifact("adapter", "adapter", adapter)
-        self.events.log(f"Adapter saved ({_dir_size(adapter) / 1e6:.1f} MB)")
+        self.save(trainer, tokenizer, out, adapter=options.lora)
         return 0
+
+    def train(self, trainer_module: str, model_path: str, tokenizer, rows: list[dict], options,
+              checkpoints: Path, resume: Path | None, cancel):
+        """One attempt: a fresh model and trainer, trained from `resume` (or the start). Returns
+        (trainer, None), or (None, OutOfMemory) when it ran out of memory; by then nothing refers to the
+        attempt's model, so its memory can be given back."""
+        import torch
+
+        from lanner.worker.training.callbacks import MetricsCallback
+        from lanner.worker.training.memory import OutOfMemory, is_out_of_memory, memory_limit
+        from lanner.worker.training.model import load_model
+        build_trainer = importlib.import_module(trainer_module).build_trainer
+
+        torch.manual_seed(options.seed)
+        trainer = None
+        try:
+            model = load_model(model_path, options, self.events)
+            samples_per_step = options.per_device_train_batch_size * options.gradient_accumulation_steps * world_size()
+            metrics = MetricsCallback(self.events, samples_per_step, on_checkpoint=self.on_checkpoint)
+            trainer = build_trainer(model, tokenizer, rows, options, str(checkpoints), [metrics, cancel])
+            if resume:
+                self.events.log(f"Resuming from {resume.name}")
+            self.cancel = cancel
+            with memory_limit(options.memory_limit_mb):
+                trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+            return trainer, None
+        except Exception as error:  # the traceback holds the attempt's tensors: only a summary leaves here
+            if not is_out_of_memory(error):
+                raise
+            self.cancel = None  # until the next attempt trains, a cancel ends the process at once
+            failure = OutOfMemory.of(options, trainer)
+        return None, failure
+
+    def retry_smaller(self, failure, options, checkpoints: Path, resume: Path | None, attempt):
+        """Once more, from the last checkpoint (or where the job started), at half the micro-batch and
+        twice the accumulation; the job fails with the reason when that is off, impossible or not enough."""
+        from lanner.worker.training.memory import latest_checkpoint, release_memory, smaller_micro_batch
+
+        smaller = smaller_micro_batch(options) if options.oom_retry else None
+        if smaller is None:
+            raise JobFailed(failure.message(retry="off" if not options.oom_retry else "impossible"))
+        release_memory()
+        start = latest_checkpoint(checkpoints) or resume
+        self.events.log(f"{failure.summary()}; retrying once from {start.name if start else 'the start'} with "
+                        f"micro-batch {smaller.per_device_train_batch_size} x {smaller.gradient_accumulation_steps} "
+                        f"accumulation steps, the same {failure.effective_batch} samples per optimizer step",
+                        level="warning")
+        trainer, again = attempt(smaller, start)
+        if again is not None:
+            raise JobFailed(again.message(retry="failed", first=failure))
+        return trainer
+
+    def save(self, trainer, tokenizer, out: Path, adapter: bool) -> None:
+        """The adapter (LoRA, QLoRA), or the whole model in the training dtype (full, pretrain)."""
+        kind = "adapter" if adapter else "model"
+        path = out / kind
+        if is_main_process():  # every rank of a multi-GPU job gets here; one of them writes
+            shutil.rmtree(path, ignore_errors=True)
+        trainer.save_model(str(path))  # on every rank: FSDP gathers the shards for rank 0 to write
+        if not is_main_process():
+            return
+        tokenizer.save_pretrained(str(path))
+        self.add_artifact(kind, kind, path)
+        self.events.log(f"{kind.capitalize()} saved ({_dir_size(path) / 1e6:.1f} MB)")
 
     def resume_path(self, job: Job) -> Path | None:
         """resume_from names a checkpoint of this job or, for a job that continues another, of
@@ -148,18 +211,6 @@ class TrainProcess(JobProcess):
                 if path.is_dir():
                     return path
         raise JobFailed(f"The checkpoint {job.resume_from!r} to resume from does not exist.")
-
-
-def _oom_message(error, options) -> str:
-    import torch
-
-    detail = ""
-    if torch.cuda.is_available():
-        peak, total = torch.cuda.max_memory_allocated(), torch.cuda.get_device_properties(0).total_memory
-        detail = f" (peak {peak / 2**30:.1f} GiB of {total / 2**30:.1f} GiB)"
-    return (f"Out of memory{detail} at micro-batch {options.per_device_train_batch_size} and sequence length "
-            f"{options.max_seq_length}. Try a smaller micro-batch with more gradient accumulation, a shorter "
-            f"max_seq_length, gradient checkpointing, or QLoRA.")
 
 
 if __name__ == "__main__":

@@ -25,12 +25,16 @@ class Device(BaseModel):
     name: str
     memory_total_bytes: int
     index: int | None = None
+    id: str | None = None
+    host: str | None = None
+    memory_free_bytes: int | None = None
 
 
 class WorkerHealth(BaseModel):
     name: str
     device: Device
     last_seen: str
+    reserved_by: str | None = None  # the worker whose job holds this device (itself, or a multi-GPU job's)
 
 
 class Health(BaseModel):

@@ -1,20 +1,13 @@
 """The training process on its own (no Celery): a real LoRA SFT of SmolLM2-135M on the CPU."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from sqlalchemy import select
 
 from lanner.backend.models import Artifact, JobMetric
 from lanner.backend.streams import job_stream, read_after
 
-from worker_helpers import REPO, qa_rows
-
-
-def run_train_process(studio, job_id: int, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lanner.worker.train_process", str(job_id)], cwd=REPO,
-                          env=studio.env, capture_output=True, text=True, timeout=timeout)
+from training_run import run_train_process
+from worker_helpers import qa_rows
 
 
 def test_lora_sft_trains_streams_and_saves(studio):
@@ -45,7 +38,7 @@ def test_lora_sft_trains_streams_and_saves(studio):
         stored = session.execute(select(JobMetric).where(JobMetric.job_id == job_id).order_by(JobMetric.id)).scalars().all()
         assert [m.values["loss"] for m in stored if "loss" in m.values] == [m["loss"] for m in metrics]
         artifacts = {a.name: a for a in session.execute(select(Artifact).where(Artifact.job_id == job_id)).scalars()}
-    assert set(artifacts) == {"checkpoint-2", "checkpoint-4", "adapter"}
+    assert set(artifacts) == {"checkpoint-2", "checkpoint-4", "adapter", "evaluation.json"}  # evaluation.py
     adapter = studio.data_dir / artifacts["adapter"].path
     assert (adapter / "adapter_model.safetensors").is_file() and artifacts["adapter"].size_bytes > 0
     assert (studio.data_dir / artifacts["checkpoint-2"].path / "optimizer.pt").is_file()

@@ -10,7 +10,7 @@ import time
 from lanner.backend.models import DeviceSample, JobStatus
 from lanner.backend.queue import cancel_key, wake_workers
 from lanner.backend.settings import Settings
-from lanner.backend.streams import job_stream, read_after
+from lanner.backend.streams import QUEUE_STREAM, job_stream, read_after
 
 from worker_helpers import WORKER_REDIS_URL, pid_gone, qa_rows, training_pid
 
@@ -23,7 +23,8 @@ def wake(studio) -> None:
 
 
 def test_jobs_run_in_priority_order_with_ordered_events_and_clear_failures(studio, celery_worker):
-    good = studio.job(studio.dataset("qa.jsonl", qa_rows(8) + ["not json"]), {"max_steps": 2}, name="good")
+    good = studio.job(studio.dataset("qa.jsonl", qa_rows(8) + ["not json"]), {"max_steps": 2, "before_after_eval": False},
+                      name="good")
     empty = studio.job(studio.dataset("empty.jsonl", []), name="empty", priority=5)
     all_bad = studio.job(studio.dataset("bad.jsonl", [{"instruction": "x", "output": ""}, "{oops"]), name="all bad", priority=5)
     worker = celery_worker()  # queued before any worker ran: a starting worker looks at the queue itself
@@ -63,6 +64,11 @@ def test_jobs_run_in_priority_order_with_ordered_events_and_clear_failures(studi
 
     failed = read_after(studio.redis, job_stream(empty), count=100)
     assert failed[-1][1:] == ("status", {"status": "failed", "error": empty_job.error})
+    # The queue page hears of every start and end, with the final status, without polling.
+    queue = [(kind, data["job_id"], data["status"]) for _, kind, data in read_after(studio.redis, QUEUE_STREAM)]
+    assert queue == [("started", empty, "running"), ("finished", empty, "failed"),
+                     ("started", all_bad, "running"), ("finished", all_bad, "failed"),
+                     ("started", good, "running"), ("finished", good, "succeeded")]
 
 
 def test_cancel_stops_the_job_within_10_seconds_and_keeps_its_checkpoint(studio, celery_worker):
@@ -103,12 +109,15 @@ def test_a_worker_killed_with_sigkill_fails_its_job_within_60_seconds(studio, ce
     assert time.monotonic() - killed <= 60
     assert job.status == JobStatus.failed and "stopped while running this job" in job.error
     assert read_after(studio.redis, job_stream(job_id), count=10_000)[-1][2]["status"] == "failed"
+    assert read_after(studio.redis, QUEUE_STREAM)[-1][1:] == (
+        "finished", {"job_id": job_id, "owner_id": job.owner_id, "name": job.name, "status": "failed",
+                     "priority": job.priority, "error": job.error})
 
 
 def test_a_job_that_asked_for_it_resumes_from_its_checkpoint_after_a_sigkill(studio, celery_worker):
     worker = celery_worker()
     job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)),
-                        {"max_steps": 4, "save_steps": 1, "requeue_on_worker_loss": True})
+                        {"max_steps": 4, "save_steps": 1, "requeue_on_worker_loss": True, "before_after_eval": False})
     wake(studio)
     studio.wait_for(job_id, lambda j: j.step >= 2, 180, "its second step")
     os.kill(worker.process.pid, signal.SIGKILL)

@@ -71,7 +71,7 @@ class Studio:
         with self.sessions() as session:
             job = Job(owner_id=self.owner_id, name=fields.pop("name", "test job"), method=fields.pop("method", "lora"),
                       model="builtin/SmolLM2-135M-Instruct", dataset_id=dataset_id,
-                      config={**TINY, **(config or {})}, gpus=0, **fields)
+                      config={**TINY, **(config or {})}, gpus=fields.pop("gpus", 0), **fields)
             session.add(job)
             session.commit()
             return job.id

@@ -7,11 +7,13 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from lanner.worker.distributed import any_rank
 from lanner.worker.events import JobEvents
 
 # Per-step values from TRL/transformers' logs passed on as they are (besides the ones computed here).
 PASSED_ON = ("loss", "learning_rate", "grad_norm", "epoch", "mean_token_accuracy", "entropy", "num_tokens",
-             "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins")
+             "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+             "nll_loss", "log_odds_ratio", "kl")  # ORPO's SFT and odds-ratio terms; KTO's KL estimate
 
 
 class MetricsCallback(TrainerCallback):
@@ -72,7 +74,7 @@ class CancelCallback(TrainerCallback):
         self.stopped = False
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.requested:
+        if any_rank(self.requested):  # every rank of a multi-GPU job stops at the same step
             control.should_save = True
             control.should_training_stop = True
             self.stopped = True

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 from datasets import Dataset
 
+from lanner.worker.distributed import trainer_args
 from lanner.worker.training.options import TrainingOptions
 
 
@@ -41,7 +42,7 @@ def common_args(options: TrainingOptions, output_dir: str, has_eval: bool) -> di
         eval_steps=options.eval_steps or options.save_steps,
         seed=options.seed,
         data_seed=options.seed,
-        # The model arrives LoRA-wrapped, with checkpointing already set by get_lora_model.
+        # The model arrives with checkpointing already set as the job asked (lanner.worker.training.model).
         gradient_checkpointing=False,
         bf16=cuda and options.dtype in ("auto", "bfloat16") and torch.cuda.is_bf16_supported(),
         fp16=False,
@@ -49,4 +50,5 @@ def common_args(options: TrainingOptions, output_dir: str, has_eval: bool) -> di
         report_to=[],
         disable_tqdm=True,
         dataloader_num_workers=0,
+        **trainer_args(cuda),  # a multi-GPU job's share: DDP or FSDP (lanner.worker.distributed)
     )

@@ -1,5 +1,6 @@
-"""Direct preference optimisation with TRL's DPOTrainer on a LoRA model. The reference model is the
-same network with the adapter switched off, so it costs no second copy of the weights."""
+"""Direct preference optimisation with TRL's DPOTrainer. On a LoRA model the reference is the same
+network with the adapter switched off, so it costs no second copy of the weights; a whole-model run
+gets TRL's frozen copy of the starting model."""
 from __future__ import annotations
 
 from trl import DPOConfig, DPOTrainer

@@ -1,5 +1,6 @@
-"""The model a job trains: resolved from its id, loaded on this process's device, wrapped with LoRA,
-and put on lanner.kernels when the job wants them and they can run here."""
+"""The model a job trains: resolved from its id, loaded on this process's device, wrapped with LoRA
+(over a 4-bit base for QLoRA) or trained whole, and put on lanner.kernels when the job wants them and
+they can run here."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,6 +34,10 @@ def training_dtype(options: TrainingOptions) -> torch.dtype:
     return torch.float32
 
 
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def load_tokenizer(path: str, options: TrainingOptions):
     tokenizer = AutoTokenizer.from_pretrained(path)
     if options.chat_template:
@@ -42,26 +47,62 @@ def load_tokenizer(path: str, options: TrainingOptions):
     return tokenizer
 
 
-def load_lora_model(path: str, options: TrainingOptions, events: JobEvents):
-    from lanner.kernels import get_lora_model, patch_model
+def load_model(path: str, options: TrainingOptions, events: JobEvents):
+    """The model the job's method trains, on the kernels unless the job switched them off."""
+    if options.method == "qlora":
+        model, how = _nf4_lora_model(path, options), "LoRA over a 4-bit NF4 base"
+    elif options.lora:
+        model, how = _lora_model(_load(path, options), options), "LoRA"
+    else:
+        model, how = _whole_model(_load(path, options), options), "every weight"
+    _put_on_kernels(model, options, events)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    dtype = str(training_dtype(options)).removeprefix("torch.")
+    events.log(f"Model {path} ({how}) in {dtype}: {trainable:,} trainable of {total:,} parameters; "
+               f"gradient checkpointing {'on' if options.gradient_checkpointing else 'off'}")
+    return model
 
-    dtype = training_dtype(options)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    if torch.cuda.is_available():
-        model.to("cuda")  # before patching: the kernels check the device the weights are on
-    lora = get_lora_model(model, r=options.lora_r, lora_alpha=options.lora_alpha,
+
+def _load(path: str, options: TrainingOptions):
+    # On the device before patching: the kernels check the device the weights are on.
+    return AutoModelForCausalLM.from_pretrained(path, dtype=training_dtype(options)).to(device())
+
+
+def _lora_model(model_or_path, options: TrainingOptions, **kwargs):
+    from lanner.kernels import get_lora_model
+
+    return get_lora_model(model_or_path, r=options.lora_r, lora_alpha=options.lora_alpha,
                           target_modules=options.target_modules or DEFAULT_TARGET_MODULES,
                           lora_dropout=options.lora_dropout, use_kernels=False,
-                          gradient_checkpointing=options.gradient_checkpointing)
+                          gradient_checkpointing=options.gradient_checkpointing, **kwargs)
+
+
+def _nf4_lora_model(path: str, options: TrainingOptions):
+    """QLoRA through lanner.kernels: every linear layer but the head stored in 4-bit NF4 (bitsandbytes'
+    format, double-quantised statistics), quantised on load on this process's device and dequantised
+    on use in the training dtype; LoRA trained over it."""
+    return _lora_model(path, options, load_in_4bit=True, model_kwargs={"dtype": training_dtype(options)})
+
+
+def _whole_model(model, options: TrainingOptions):
+    """Every weight trained. Checkpointing each decoder layer trades a second forward for not keeping
+    the activations, which is what makes a whole-model run fit where a LoRA one does."""
+    if options.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    model.requires_grad_(True)
+    return model
+
+
+def _put_on_kernels(model, options: TrainingOptions, events: JobEvents) -> None:
+    from lanner.kernels import patch_model
+
     if not options.use_kernels:
-        events.log("lanner.kernels: off (the job's use_kernels option); plain PEFT")
+        events.log("lanner.kernels: off (the job's use_kernels option); plain PyTorch and PEFT")
+        return
+    report = patch_model(model)
+    if report.active:
+        events.log(f"lanner.kernels: on for {report.family} ({dict(report.patched)})")
     else:
-        report = patch_model(lora)
-        if report.active:
-            events.log(f"lanner.kernels: on for {report.family} ({dict(report.patched)})")
-        else:
-            events.log(f"lanner.kernels: not used — {report.fallback_reason}; plain PEFT", level="warning")
-    trainable = sum(p.numel() for p in lora.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in lora.parameters())
-    events.log(f"Model {path} in {str(dtype).removeprefix('torch.')}: {trainable:,} trainable of {total:,} parameters")
-    return lora
+        events.log(f"lanner.kernels: not used — {report.fallback_reason}; plain PyTorch and PEFT", level="warning")
