@@ -5,11 +5,25 @@ import logging
 
 from fastapi import FastAPI
 
-from lanner.backend.errors import BodyLimit, install_error_handlers
+from lanner.backend.errors import BodyLimit, document_common_errors, install_error_handlers
 from lanner.backend.frontend_files import mount_frontend
-from lanner.backend.routers import artifacts, auth, catalog, datasets, health, jobs, live, metrics, tokens, users
+from lanner.backend.routers import artifacts, auth, catalog, datasets, health, jobs, live, metrics, playground, tokens, users
 from lanner.backend.settings import get_settings
 
+# One router per resource; another part of the studio adds its router with one line here.
+ROUTERS = [
+    health.router,
+    auth.router,
+    users.router,
+    tokens.router,
+    jobs.router,
+    metrics.router,
+    datasets.router,
+    catalog.router,
+    artifacts.router,
+    live.router,
+    playground.router,
+]
 # Dataset uploads stream to disk under their own, larger limit (LANNER_MAX_UPLOAD_BYTES).
 STREAMING_UPLOAD_PATHS = ("/api/datasets",)
 
@@ -19,8 +33,9 @@ def create_app() -> FastAPI:
     logging.basicConfig(level=settings.log_level.upper())
     app = FastAPI(title="Lanner", version=health.VERSION, docs_url="/api/docs", openapi_url="/api/openapi.json")
     install_error_handlers(app)
-    for module in (health, auth, users, tokens, jobs, metrics, datasets, catalog, artifacts, live):
-        app.include_router(module.router)
+    for router in ROUTERS:
+        app.include_router(router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, exempt=STREAMING_UPLOAD_PATHS)
     mount_frontend(app, settings.frontend_dir)
+    document_common_errors(app)
     return app

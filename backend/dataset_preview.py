@@ -32,10 +32,13 @@ def tokenizer_dir(model: str, settings: Settings) -> str:
     path = Path(model)
     if not path.is_absolute():
         path = settings.models_dir / model
-    if (path / "tokenizer.json").is_file():
-        return str(path)
-    raise TokenizerUnavailable(f"no tokenizer of {model} on this machine (a hub model is readable once a "
-                               "job has downloaded it into DATA_DIR/models)")
+    try:
+        if (path / "tokenizer.json").is_file():
+            return str(path)
+    except OSError:  # a name no file system takes (too long, …) names no tokenizer either
+        pass
+    raise TokenizerUnavailable(f"no tokenizer of {model} on this machine (a hub model is readable once it is "
+                               "downloaded into DATA_DIR/models: POST /api/models/downloads)")
 
 
 @lru_cache(maxsize=4)
@@ -112,4 +115,5 @@ def token_stats(tokenizer, rows: list[dict], task: str, max_seq_len: int) -> dic
             "min": ordered[0], "max": ordered[-1], "mean": round(statistics.fmean(ordered), 1),
             "p50": ordered[len(ordered) // 2], "p95": ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))],
             "total_tokens": sum(ordered), "trained_tokens": trained, "max_seq_len": max_seq_len,
-            "over_max_seq_len": sum(length > max_seq_len for length in ordered)}
+            "over_max_seq_len": sum(length > max_seq_len for length in ordered),
+            "lengths": ordered}  # sorted, for the new-job page's length histogram

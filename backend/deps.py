@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from lanner.backend import db
 from lanner.backend.models import ApiToken, Role, User
+from lanner.backend.rate_limits import charge
 from lanner.backend.redis_client import get_redis
 from lanner.backend.security import API_TOKEN_PREFIX, SESSION_COOKIE, session_user_id, sha256_hex
 from lanner.backend.settings import Settings, get_settings
@@ -56,8 +57,9 @@ def _bearer(authorization: str | None) -> str | None:
     return None
 
 
-def current_user(request: Request, session: Session = Depends(get_db),
-                 redis: Redis = Depends(redis_client)) -> User:
+def current_user(request: Request, session: Session = Depends(get_db), redis: Redis = Depends(redis_client),
+                 settings: Settings = Depends(get_settings)) -> User:
+    """The signed-in user, counted against their requests_per_minute."""
     authorization = request.headers.get("authorization")
     bearer = _bearer(authorization)
     if authorization and not bearer:
@@ -66,6 +68,7 @@ def current_user(request: Request, session: Session = Depends(get_db),
     if user is None:
         raise HTTPException(401, "Sign in first (session cookie or bearer API token)",
                             headers={"WWW-Authenticate": "Bearer"})
+    charge(redis, "requests", f"user:{user.id}", settings.requests_per_minute)
     return user
 
 
@@ -96,3 +99,21 @@ def websocket_user(websocket: WebSocket, session: Session, redis: Redis) -> User
         if origin.split("://", 1)[-1].rstrip("/") != host:
             return None
     return authenticate(session, redis, cookie, bearer)
+
+
+def per_user(bucket: str):
+    """A rate limit for a route: `dependencies=[per_user("uploads")]` allows settings.uploads_per_minute."""
+    def limit(user: User = Depends(current_user), redis: Redis = Depends(redis_client),
+              settings: Settings = Depends(get_settings)) -> None:
+        charge(redis, bucket, f"user:{user.id}", getattr(settings, f"{bucket}_per_minute"))
+
+    return Depends(limit)
+
+
+def per_client(bucket: str):
+    """A rate limit for routes used before sign-in, counted per client address."""
+    def limit(request: Request, redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> None:
+        address = request.client.host if request.client else "unknown"
+        charge(redis, bucket, f"client:{address}", getattr(settings, f"{bucket}_per_minute"))
+
+    return Depends(limit)

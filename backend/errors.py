@@ -10,6 +10,39 @@ from fastapi.responses import JSONResponse
 log = logging.getLogger(__name__)
 
 
+_ANY_ROUTE_ERRORS = {
+    400: "The body is not what its content type says (not JSON, not UTF-8)",
+    404: "No such resource",
+    413: "The request body is over its limit",
+    422: "Invalid input: one entry per field, or a sentence",
+}
+
+
+def document_common_errors(app: FastAPI) -> None:
+    """Completes the OpenAPI document with the errors any route can answer without saying so: 400 and
+    413 where there is a body, 404 where the path names a resource, 422 where there is input. Each is
+    an ErrorOut, as every error body is; what a route declares itself stays as it is."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = build()
+        error = {"$ref": "#/components/schemas/ErrorOut"}
+        for path, operations in document.get("paths", {}).items():
+            for operation in operations.values():
+                has_body, has_input = "requestBody" in operation, bool(operation.get("parameters"))
+                codes = ([400, 413] if has_body else []) + ([404] if "{" in path else []) + \
+                        ([422] if has_body or has_input else [])
+                responses = operation.setdefault("responses", {})
+                for code in codes:
+                    responses.setdefault(str(code), {"description": _ANY_ROUTE_ERRORS[code],
+                                                     "content": {"application/json": {"schema": error}}})
+        return document
+
+    app.openapi = openapi
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

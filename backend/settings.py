@@ -25,7 +25,18 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1024**2, ge=1024, description="Largest JSON request body")
     session_days: int = Field(default=14, ge=1, description="How long a browser stays signed in")
     hub_url: str = Field(default="https://huggingface.co", description="Model hub searched by /api/models/search")
-    hub_timeout_s: float = Field(default=5.0, gt=0, description="How long a hub search waits before answering offline")
+    hub_timeout_s: float = Field(default=5.0, gt=0, description="How long a hub request waits before answering offline")
+    hub_token: str = Field(default="", description="Hugging Face access token, for gated and private models")
+    min_free_bytes: int = Field(default=1024**3, ge=0,
+                                description="Disk space uploads and model downloads leave free (for checkpoints)")
+    # Requests per minute, per user (per client address for sign-in), as a token bucket: bursts up
+    # to the limit, then one more every 60/limit seconds.
+    requests_per_minute: int = Field(default=600, ge=1, description="Any signed-in request")
+    uploads_per_minute: int = Field(default=20, ge=1, description="Dataset uploads")
+    jobs_per_minute: int = Field(default=60, ge=1, description="Jobs created, retried, cloned, exported")
+    hub_requests_per_minute: int = Field(default=30, ge=1, description="Hub searches and model downloads")
+    previews_per_minute: int = Field(default=60, ge=1, description="Dataset previews and token statistics")
+    sign_ins_per_minute: int = Field(default=30, ge=1, description="Sign-in and setup attempts per client address")
 
     @model_validator(mode="after")
     def _derive(self) -> "Settings":

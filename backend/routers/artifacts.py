@@ -14,11 +14,11 @@ from sqlalchemy.orm import Session
 from lanner.backend.deps import current_user, get_db, require_owner_or_admin
 from lanner.backend.models import Artifact, Job, User
 from lanner.backend.paths import inside
-from lanner.backend.schemas.common import PathId
+from lanner.backend.schemas.common import SIGNED_IN_ERRORS, PathId, errors
 from lanner.backend.schemas.artifacts import ArtifactOut
 from lanner.backend.settings import Settings, get_settings
 
-router = APIRouter(tags=["artifacts"])
+router = APIRouter(tags=["artifacts"], responses={**SIGNED_IN_ERRORS, **errors(404)})
 SINGLE_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
 MAX_LISTED_FILES = 1000
 
@@ -72,7 +72,11 @@ def _check_range(header: str, size: int) -> None:
 
 
 @router.get("/api/artifacts/{artifact_id}/download",
-            responses={206: {"description": "The requested range"}, 416: {"description": "Invalid range"}})
+            response_class=FileResponse,
+            responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                             "description": "The whole file"},
+                       206: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+                             "description": "The requested range"}, **errors(416)})
 def download_artifact(artifact_id: PathId, request: Request,
                       file: str | None = Query(default=None, max_length=1024,
                                                description="For a folder artifact: the file inside it"),
@@ -97,7 +101,7 @@ def download_artifact(artifact_id: PathId, request: Request,
     return FileResponse(location, filename=location.name, media_type="application/octet-stream")
 
 
-@router.delete("/api/artifacts/{artifact_id}", status_code=204)
+@router.delete("/api/artifacts/{artifact_id}", status_code=204, responses=errors(403))
 def delete_artifact(artifact_id: PathId, user: User = Depends(current_user), session: Session = Depends(get_db),
                     settings: Settings = Depends(get_settings)) -> Response:
     artifact = _artifact(session, artifact_id)

@@ -6,9 +6,10 @@ from redis import Redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from lanner.backend.deps import current_user, get_db, redis_client
+from lanner.backend.deps import current_user, get_db, per_client, redis_client
 from lanner.backend.models import Role, User
 from lanner.backend.schemas.accounts import NewUser, SetupState, SignIn, UserOut, UserUpdate
+from lanner.backend.schemas.common import SIGNED_IN_ERRORS, errors
 from lanner.backend.security import (SESSION_COOKIE, close_session, hash_password, open_session,
                                      verify_password)
 from lanner.backend.settings import Settings, get_settings
@@ -38,8 +39,8 @@ def setup_state(session: Session = Depends(get_db)) -> SetupState:
     return SetupState(needed=not _has_users(session))
 
 
-@router.post("/api/setup", response_model=UserOut, status_code=201,
-             responses={409: {"description": "Setup is already done"}})
+@router.post("/api/setup", response_model=UserOut, status_code=201, dependencies=[per_client("sign_ins")],
+             responses=errors(409, 422, 429))
 def setup(body: NewUser, request: Request, response: Response, session: Session = Depends(get_db),
           redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> User:
     """Creates the first admin and signs them in; refused once any user exists."""
@@ -58,7 +59,8 @@ def setup(body: NewUser, request: Request, response: Response, session: Session 
     return user
 
 
-@router.post("/api/auth/sign-in", response_model=UserOut, responses={401: {"description": "Wrong email or password"}})
+@router.post("/api/auth/sign-in", response_model=UserOut, dependencies=[per_client("sign_ins")],
+             responses={**errors(422, 429), 401: {**errors(401)[401], "description": "Wrong email or password"}})
 def sign_in(body: SignIn, request: Request, response: Response, session: Session = Depends(get_db),
             redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> User:
     email = body.email.strip().lower()
@@ -93,7 +95,7 @@ def sign_out(request: Request, redis: Redis = Depends(redis_client)) -> Response
     return response
 
 
-@router.get("/api/me", response_model=UserOut)
+@router.get("/api/me", response_model=UserOut, responses=SIGNED_IN_ERRORS)
 def me(user: User = Depends(current_user)) -> User:
     return user
 
@@ -102,7 +104,7 @@ class _OwnUpdate(UserUpdate):
     current_password: str | None = None
 
 
-@router.patch("/api/me", response_model=UserOut)
+@router.patch("/api/me", response_model=UserOut, responses={**SIGNED_IN_ERRORS, **errors(403)})
 def update_me(body: _OwnUpdate, user: User = Depends(current_user), session: Session = Depends(get_db)) -> User:
     """Changes one's own display name or password (the current password is needed for the latter)."""
     if body.role is not None or body.is_active is not None:

@@ -1,20 +1,25 @@
-"""GET /api/models: what a job can start from; /api/models/search asks the hub when there is network."""
+"""GET /api/models: what a job can start from. The hub routes (search, download) answer 503
+"offline: …" when the hub cannot be reached from this machine."""
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.parse
-import urllib.request
+from typing import Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query
-from pydantic import BaseModel
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from pydantic import BaseModel, Field
+from redis import Redis
 
-from lanner.backend.deps import current_user
-from lanner.backend.model_catalog import DEFAULT_MODEL_ID, catalog_entries, local_models
+from lanner.backend import model_downloads
+from lanner.backend.deps import current_user, per_user, redis_client
+from lanner.backend.disk_space import NoRoom
+from lanner.backend.hub import Hub, HubOffline, HubRefused
+from lanner.backend.model_catalog import BUILTIN_PARAMETERS, DEFAULT_MODEL_ID, catalog_entries, local_models
 from lanner.backend.models import User
+from lanner.backend.schemas.common import SIGNED_IN_ERRORS, errors
+from lanner.backend.schemas.jobs import HUB_ID
 from lanner.backend.settings import Settings, get_settings
 
-router = APIRouter(tags=["models"])
+router = APIRouter(tags=["models"], responses=SIGNED_IN_ERRORS)
+OFFLINE_HINT = "use the built-in model, a model already downloaded, or a local path"
 
 
 class CatalogModel(BaseModel):
@@ -23,7 +28,8 @@ class CatalogModel(BaseModel):
     name: str | None = None
     parameters: int | None = None
     gated: bool = False
-    source: str
+    source: Literal["builtin", "hub", "local"]
+    downloaded: bool = Field(default=False, description="A hub model already in DATA_DIR/models (no hub needed)")
 
 
 class Catalog(BaseModel):
@@ -36,27 +42,104 @@ class HubModel(BaseModel):
     id: str
     downloads: int | None = None
     likes: int | None = None
+    gated: bool = False
+    downloaded: bool = False
+
+
+class DownloadRequest(BaseModel):
+    repo_id: str = Field(min_length=3, max_length=193, pattern=HUB_ID.pattern, description="org/name on the hub")
+    revision: str = Field(default="main", min_length=1, max_length=100, pattern=r"^[\w.\-]+$",
+                          description="A branch, tag or commit")
+
+
+class ModelDownload(BaseModel):
+    repo_id: str
+    status: Literal["downloading", "done", "failed", "interrupted"] = Field(
+        description="interrupted: its API process stopped; ask again to continue")
+    revision: str | None = None
+    commit: str | None = None
+    files_total: int | None = None
+    files_done: int | None = None
+    bytes_total: int | None = None
+    bytes_done: int | None = None
+    file: str | None = Field(default=None, description="The file being fetched")
+    error: str | None = None
+    started_by: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    path: str | None = Field(default=None, description="Where the model is once done")
+
+
+def _hub(settings: Settings) -> Hub:
+    return Hub(settings.hub_url, settings.hub_timeout_s, settings.hub_token or None)
+
+
+def _download_out(found: dict) -> ModelDownload:
+    return ModelDownload(**{key: (value if value != "" else None) for key, value in found.items()
+                            if key in ModelDownload.model_fields})
 
 
 @router.get("/api/models", response_model=Catalog)
 def list_models(_: User = Depends(current_user), settings: Settings = Depends(get_settings)) -> Catalog:
-    default = CatalogModel(id=DEFAULT_MODEL_ID, family="SmolLM2", parameters=134_515_008, source="builtin",
+    default = CatalogModel(id=DEFAULT_MODEL_ID, family="SmolLM2", parameters=BUILTIN_PARAMETERS, source="builtin",
                            name="SmolLM2-135M-Instruct (built in, trains on a CPU)")
-    return Catalog(default=default, curated=catalog_entries(), local=local_models(settings.models_dir))
+    curated = [CatalogModel(**entry, downloaded=model_downloads.is_downloaded(settings, entry["id"]))
+               for entry in catalog_entries()]
+    return Catalog(default=default, curated=curated, local=local_models(settings.models_dir))
 
 
-@router.get("/api/models/search", response_model=list[HubModel],
-            responses={503: {"description": "Offline: the hub cannot be reached from this machine"}})
+@router.get("/api/models/search", response_model=list[HubModel], dependencies=[per_user("hub_requests")],
+            responses=errors(502, 503))
 def search_hub(q: str = Query(min_length=1, max_length=100), limit: int = Query(default=20, ge=1, le=100),
                _: User = Depends(current_user), settings: Settings = Depends(get_settings)) -> list[HubModel]:
-    query = urllib.parse.urlencode({"search": q, "limit": limit, "filter": "text-generation"})
+    """Text-generation models on the hub whose name matches `q`."""
     try:
-        with urllib.request.urlopen(f"{settings.hub_url.rstrip('/')}/api/models?{query}",
-                                    timeout=settings.hub_timeout_s) as response:
-            found = json.load(response)
-    except (OSError, ValueError) as exc:  # URLError, timeouts and refusals are OSErrors
-        raise HTTPException(503, f"offline: the model hub at {settings.hub_url} cannot be reached from this "
-                                 f"machine ({exc.__class__.__name__}); use the built-in model, a curated "
-                                 "model already downloaded, or a local path") from None
-    return [HubModel(id=item["id"], downloads=item.get("downloads"), likes=item.get("likes"))
-            for item in found if isinstance(item, dict) and "id" in item]
+        found = _hub(settings).search(q, limit)
+    except HubOffline as exc:
+        raise HTTPException(503, f"offline: {exc}; {OFFLINE_HINT}") from None
+    except HubRefused as exc:
+        raise HTTPException(502, f"the model hub refused the search ({exc.status}): {exc}") from None
+    return [HubModel(id=item["id"], downloads=_count(item.get("downloads")), likes=_count(item.get("likes")),
+                     gated=bool(item.get("gated")), downloaded=model_downloads.is_downloaded(settings, item["id"]))
+            for item in found if HUB_ID.match(item["id"])]
+
+
+def _count(value) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+@router.post("/api/models/downloads", response_model=ModelDownload, status_code=202,
+             dependencies=[per_user("hub_requests")],
+             responses={200: {"model": ModelDownload, "description": "Already downloaded"},
+                        **errors(403, 404, 502, 503, 507)})
+def download_model(body: DownloadRequest, response: Response, user: User = Depends(current_user),
+                   redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> ModelDownload:
+    """Downloads a hub model's config, tokenizer and weights into DATA_DIR/models/<org>/<name>, in the
+    background (202; follow it with GET /api/models/downloads). A failed or interrupted download
+    continues where it stopped when asked again. 200 when the model is here already."""
+    if model_downloads.is_downloaded(settings, body.repo_id):
+        response.status_code = 200
+        return ModelDownload(repo_id=body.repo_id, status="done",
+                             path=str(model_downloads.model_dir(settings, body.repo_id)))
+    try:
+        found = model_downloads.start(redis, settings, _hub(settings), body.repo_id, body.revision, user.id)
+    except HubOffline as exc:
+        raise HTTPException(503, f"offline: {exc}; {OFFLINE_HINT}") from None
+    except HubRefused as exc:
+        if exc.status in (401, 403, 404):  # the hub says 401 for a repo that is missing or private
+            gated = "set LANNER_HUB_TOKEN to a token with access" if not settings.hub_token else "the token has no access"
+            status = 404 if exc.status != 403 else 403
+            raise HTTPException(status, f"{body.repo_id} is not on the hub, or it is gated or private "
+                                        f"({gated}): {exc}") from None
+        raise HTTPException(502, f"the model hub answered {exc.status}: {exc}") from None
+    except model_downloads.NotTrainable as exc:
+        raise HTTPException(422, str(exc)) from None
+    except NoRoom as exc:
+        raise HTTPException(507, str(exc)) from None
+    return _download_out(found)
+
+
+@router.get("/api/models/downloads", response_model=list[ModelDownload])
+def list_downloads(_: User = Depends(current_user), redis: Redis = Depends(redis_client)) -> list[ModelDownload]:
+    """Every download asked for, with its progress or why it failed."""
+    return [_download_out(found) for found in model_downloads.all_states(redis)]

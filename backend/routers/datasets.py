@@ -3,6 +3,7 @@ list, detail, delete. The file is the raw request body (fetch(url, {method: "POS
 it streams straight to disk, where multipart would be spooled and parsed first."""
 from __future__ import annotations
 
+import errno
 import logging
 from pathlib import Path
 
@@ -13,20 +14,49 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from lanner.backend import dataset_preview, dataset_store
-from lanner.backend.deps import current_user, get_db, require_owner_or_admin
+from lanner.backend.deps import current_user, get_db, per_user, require_owner_or_admin
+from lanner.backend.disk_space import NoRoom, check_room
 from lanner.backend.models import Dataset, Job, JobStatus, User
 from lanner.backend.paths import inside, safe_filename
-from lanner.backend.schemas.common import Offset, PathId, QueryId
-from lanner.backend.schemas.datasets import DatasetOut, DatasetPage, UsageOut
+from lanner.backend.schemas.common import SIGNED_IN_ERRORS, Offset, PathId, QueryId, errors
+from lanner.backend.schemas.datasets import DatasetOut, DatasetPage, DatasetPreview, TokenStats, UsageOut
 from lanner.backend.settings import Settings, get_settings
+from lanner.worker.default_model import DEFAULT_MODEL_ID
 
-router = APIRouter(tags=["datasets"])
+router = APIRouter(tags=["datasets"], responses=SIGNED_IN_ERRORS)
 log = logging.getLogger(__name__)
 MAX_PAGE = 200
+UPLOAD_STATS_MAX_SEQ_LEN = 2048  # the default of a job's max_seq_len
 
 
 def _used_bytes(session: Session, user_id: int) -> int:
     return session.scalar(select(func.coalesce(func.sum(Dataset.size_bytes), 0)).where(Dataset.owner_id == user_id))
+
+
+def _check_room(settings: Settings, size: int) -> None:
+    try:
+        check_room(settings.datasets_dir, size, settings.min_free_bytes)
+    except NoRoom as exc:
+        raise HTTPException(507, str(exc)) from None
+
+
+def _upload_token_stats(path: Path, model: str | None, settings: Settings) -> dict:
+    """The report's token statistics; an upload never fails for want of them."""
+    from lanner.backend.dataset_formats import load_rows, task_of
+
+    chosen = model or DEFAULT_MODEL_ID
+    try:
+        folder = dataset_preview.tokenizer_dir(chosen, settings)
+        fmt, rows, _ = load_rows(path)
+        stats = dataset_preview.token_stats(dataset_preview.load_tokenizer(folder), rows, task_of(fmt),
+                                            UPLOAD_STATS_MAX_SEQ_LEN)
+    except dataset_preview.TokenizerUnavailable as exc:
+        return {"token_stats": None, "token_stats_error": str(exc)}
+    except Exception as exc:  # a broken tokenizer folder: the upload stands, the report says why
+        log.warning("no token statistics with %s", chosen, exc_info=True)
+        return {"token_stats": None, "token_stats_error": f"cannot measure with {chosen}: {exc}"}
+    stats.pop("lengths", None)  # thousands of numbers: the token-stats route gives them when asked
+    return {"token_stats": {"model": chosen, "task": task_of(fmt), **stats}}
 
 
 @router.get("/api/datasets/usage", response_model=UsageOut)
@@ -39,14 +69,16 @@ def usage(user: User = Depends(current_user), session: Session = Depends(get_db)
 @router.post("/api/datasets", response_model=DatasetOut, status_code=201,
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
-             responses={413: {"description": "Over the upload limit or the owner's quota"},
-                        415: {"description": "Not jsonl, json, csv or parquet"},
-                        422: {"description": "Empty, unreadable or without a usable row"}})
+             dependencies=[per_user("uploads")], responses=errors(413, 415, 507))
 async def upload_dataset(request: Request, filename: str = Query(min_length=1, max_length=255),
                          name: str | None = Query(default=None, max_length=200),
+                         model: str | None = Query(default=None, min_length=1, max_length=1024,
+                                                   description="Measure token lengths with this model's tokenizer "
+                                                               "(the built-in one when left out and imported)"),
                          user: User = Depends(current_user), session: Session = Depends(get_db),
                          settings: Settings = Depends(get_settings)):
-    """Uploads one dataset file as the raw body; `filename`'s extension gives its type."""
+    """Uploads one dataset file as the raw body; `filename`'s extension gives its type. 422 (with the
+    report) when it is empty, unreadable, mis-encoded or has no usable row; nothing is kept then."""
     clean = safe_filename(filename, default="dataset")
     file_format = dataset_store.EXTENSIONS.get(Path(clean).suffix.lower())
     if file_format is None:
@@ -58,6 +90,7 @@ async def upload_dataset(request: Request, filename: str = Query(min_length=1, m
     announced = request.headers.get("content-length")
     if announced and announced.isdigit() and int(announced) > limit:
         raise HTTPException(413, too_large)
+    _check_room(settings, int(announced) if announced and announced.isdigit() else 0)
 
     temporary = dataset_store.incoming_path(settings.datasets_dir, Path(clean).suffix.lower())
     final_dir: Path | None = None
@@ -66,12 +99,17 @@ async def upload_dataset(request: Request, filename: str = Query(min_length=1, m
             size = await dataset_store.receive_into(temporary, request.stream(), limit)
         except dataset_store.UploadTooLarge:
             raise HTTPException(413, too_large) from None
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise HTTPException(507, f"The disk is full: {filename} could not be stored") from None
+            raise
         if size == 0:
             raise HTTPException(422, f"{filename} is empty")
         report = await run_in_threadpool(dataset_store.inspect, temporary, file_format, clean)
         if not report.get("usable_rows"):
             detail = report.get("error") or f"{clean}: no usable row"
             return JSONResponse({"detail": detail, "report": report}, status_code=422)
+        report.update(await run_in_threadpool(_upload_token_stats, temporary, model, settings))
 
         def store() -> Dataset:
             nonlocal final_dir
@@ -118,13 +156,12 @@ def _dataset(session: Session, dataset_id: int) -> Dataset:
     return dataset
 
 
-@router.get("/api/datasets/{dataset_id}", response_model=DatasetOut)
+@router.get("/api/datasets/{dataset_id}", response_model=DatasetOut, responses=errors(404))
 def get_dataset(dataset_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db)) -> Dataset:
     return _dataset(session, dataset_id)
 
 
-@router.delete("/api/datasets/{dataset_id}", status_code=204,
-               responses={409: {"description": "A queued or running job uses it"}})
+@router.delete("/api/datasets/{dataset_id}", status_code=204, responses=errors(403, 404, 409))
 def delete_dataset(dataset_id: PathId, user: User = Depends(current_user), session: Session = Depends(get_db),
                    settings: Settings = Depends(get_settings)) -> Response:
     dataset = _dataset(session, dataset_id)
@@ -166,7 +203,11 @@ ModelQuery = Query(default="builtin/SmolLM2-135M-Instruct", min_length=1, max_le
                    description="Whose tokenizer and chat template to use")
 
 
-@router.get("/api/datasets/{dataset_id}/preview", responses={409: {"description": "No tokenizer of that model here"}})
+PREVIEW_ERRORS = {**errors(404), 409: {**errors(409)[409], "description": "No tokenizer of that model on this machine"}}
+
+
+@router.get("/api/datasets/{dataset_id}/preview", response_model=DatasetPreview, responses=PREVIEW_ERRORS,
+            dependencies=[per_user("previews")])
 def preview_dataset(dataset_id: PathId, model: str = ModelQuery, rows: int = Query(default=3, ge=1, le=20),
                     max_seq_len: int = Query(default=2048, ge=16, le=131_072), _: User = Depends(current_user),
                     session: Session = Depends(get_db), settings: Settings = Depends(get_settings)) -> dict:
@@ -177,7 +218,8 @@ def preview_dataset(dataset_id: PathId, model: str = ModelQuery, rows: int = Que
             "rows": dataset_preview.preview(tokenizer, all_rows[:rows], task, max_seq_len)}
 
 
-@router.get("/api/datasets/{dataset_id}/token-stats", responses={409: {"description": "No tokenizer of that model here"}})
+@router.get("/api/datasets/{dataset_id}/token-stats", response_model=TokenStats, responses=PREVIEW_ERRORS,
+            dependencies=[per_user("previews")])
 def dataset_token_stats(dataset_id: PathId, model: str = ModelQuery,
                         max_seq_len: int = Query(default=2048, ge=16, le=131_072), _: User = Depends(current_user),
                         session: Session = Depends(get_db), settings: Settings = Depends(get_settings)) -> dict:

@@ -17,18 +17,18 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from lanner.backend import job_queue
-from lanner.backend.deps import current_user, get_db, redis_client, require_owner_or_admin
+from lanner.backend.deps import current_user, get_db, per_user, redis_client, require_owner_or_admin
 from lanner.backend.model_catalog import estimate_job_memory
 from lanner.backend.models import Artifact, Dataset, Job, JobKind, JobStatus, Role, User
 from lanner.backend.paths import inside
 from lanner.backend.queue import cancel_key, wake_workers
-from lanner.backend.schemas.common import Offset, PathId, QueryId
+from lanner.backend.schemas.common import SIGNED_IN_ERRORS, Offset, PathId, QueryId, errors
 from lanner.backend.schemas.jobs import (JobChanges, JobCreate, JobOut, JobPage, JobSpec, QueueMove, job_config,
                                          spec_of)
 from lanner.backend.settings import Settings, get_settings
 from lanner.backend.streams import job_stream
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(tags=["jobs"], responses=SIGNED_IN_ERRORS)
 log = logging.getLogger(__name__)
 MAX_PAGE = 200
 PAIRED_PREFERENCE_FORMATS = {"preference"}
@@ -116,7 +116,7 @@ def _job(session: Session, job_id: int) -> Job:
     return job
 
 
-@router.post("/api/jobs", response_model=JobOut, status_code=201)
+@router.post("/api/jobs", response_model=JobOut, status_code=201, dependencies=[per_user("jobs")])
 def create_job(body: JobCreate, user: User = Depends(current_user), session: Session = Depends(get_db),
                redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> JobOut:
     job = _enqueue(session, redis, settings, body, user)
@@ -178,15 +178,15 @@ def queue(_: User = Depends(current_user), session: Session = Depends(get_db),
                     queued=[_out(session, redis, job, view) for job in job_queue.queued_jobs(session)])
 
 
-@router.get("/api/jobs/{job_id}", response_model=JobOut)
+@router.get("/api/jobs/{job_id}", response_model=JobOut, responses=errors(404))
 def get_job(job_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db),
             redis: Redis = Depends(redis_client)) -> JobOut:
     return _out(session, redis, _job(session, job_id))
 
 
 @router.post("/api/jobs/{job_id}/cancel", response_model=JobOut,
-             responses={202: {"description": "Running: the worker was asked to stop"},
-                        409: {"description": "The job has finished already"}})
+             responses={202: {"model": JobOut, "description": "Running: the worker was asked to stop"},
+                        **errors(403, 404, 409)})
 def cancel_job(job_id: PathId, response: Response, user: User = Depends(current_user),
                session: Session = Depends(get_db), redis: Redis = Depends(redis_client)) -> JobOut:
     """A queued job is cancelled at once. A running one gets the Redis key lanner:job:{id}:cancel
@@ -213,7 +213,8 @@ class RetryBody(BaseModel):
                                     description="A checkpoint artifact of this job to resume from")
 
 
-@router.post("/api/jobs/{job_id}/retry", response_model=JobOut, status_code=201)
+@router.post("/api/jobs/{job_id}/retry", response_model=JobOut, status_code=201, dependencies=[per_user("jobs")],
+             responses=errors(403, 404, 409))
 def retry_job(job_id: PathId, body: RetryBody | None = Body(default=None), user: User = Depends(current_user),
               session: Session = Depends(get_db), redis: Redis = Depends(redis_client),
               settings: Settings = Depends(get_settings)) -> JobOut:
@@ -257,7 +258,8 @@ class ExportCreate(BaseModel):
     verify: bool = Field(default=True, description="Check every file against the trained model")
 
 
-@router.post("/api/jobs/{job_id}/export", response_model=JobOut, status_code=201)
+@router.post("/api/jobs/{job_id}/export", response_model=JobOut, status_code=201, dependencies=[per_user("jobs")],
+             responses=errors(404, 409))
 def export_job(job_id: PathId, body: ExportCreate = Body(default_factory=ExportCreate),
                user: User = Depends(current_user), session: Session = Depends(get_db),
                redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> JobOut:
@@ -287,7 +289,8 @@ def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-@router.post("/api/jobs/{job_id}/clone", response_model=JobOut, status_code=201)
+@router.post("/api/jobs/{job_id}/clone", response_model=JobOut, status_code=201, dependencies=[per_user("jobs")],
+             responses=errors(404))
 def clone_job(job_id: PathId, changes: JobChanges = Body(default_factory=JobChanges),
               user: User = Depends(current_user), session: Session = Depends(get_db),
               redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> JobOut:
@@ -309,7 +312,7 @@ def clone_job(job_id: PathId, changes: JobChanges = Body(default_factory=JobChan
     return _out(session, redis, _enqueue(session, redis, settings, spec, user, parent=job))
 
 
-@router.post("/api/jobs/{job_id}/move", response_model=JobOut)
+@router.post("/api/jobs/{job_id}/move", response_model=JobOut, responses=errors(403, 404, 409))
 def move_job(job_id: PathId, body: QueueMove, user: User = Depends(current_user), session: Session = Depends(get_db),
              redis: Redis = Depends(redis_client)) -> JobOut:
     """Reorders a queued job: up, down, top, bottom or a position inside its priority band; admins
@@ -340,7 +343,7 @@ def _delete_files(settings: Settings, job: Job, artifacts: list[Artifact]) -> No
             shutil.rmtree(path, ignore_errors=True)
 
 
-@router.delete("/api/jobs/{job_id}", status_code=204, responses={409: {"description": "The job is running"}})
+@router.delete("/api/jobs/{job_id}", status_code=204, responses=errors(403, 404, 409))
 def delete_job(job_id: PathId, user: User = Depends(current_user), session: Session = Depends(get_db),
                redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> Response:
     """Deletes a job that is not running, with its metrics, artifacts and their files, and its event stream."""

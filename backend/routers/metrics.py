@@ -2,7 +2,6 @@
 database, for charts of finished jobs and for the part of a long run its Redis Stream has trimmed."""
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
@@ -12,9 +11,9 @@ from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db
 from lanner.backend.models import DeviceSample, Job, JobMetric, User
-from lanner.backend.schemas.common import PathId
+from lanner.backend.schemas.common import SIGNED_IN_ERRORS, PathId, UtcDateTime, errors
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(tags=["jobs"], responses={**SIGNED_IN_ERRORS, **errors(404)})
 MAX_PAGE = 10_000
 
 
@@ -22,7 +21,7 @@ class MetricOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     step: int
-    time: datetime
+    time: UtcDateTime
     values: dict[str, Any]
 
 
@@ -30,7 +29,7 @@ class SampleOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: int
-    time: datetime
+    time: UtcDateTime
     values: dict[str, Any]
 
 

@@ -9,11 +9,11 @@ from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db
 from lanner.backend.models import ApiToken, User
-from lanner.backend.schemas.common import PathId
+from lanner.backend.schemas.common import SIGNED_IN_ERRORS, PathId, errors
 from lanner.backend.schemas.accounts import CreatedToken, NewToken, TokenOut
 from lanner.backend.security import new_api_token, sha256_hex
 
-router = APIRouter(tags=["accounts"])
+router = APIRouter(tags=["accounts"], responses=SIGNED_IN_ERRORS)
 
 
 @router.post("/api/tokens", response_model=CreatedToken, status_code=201)
@@ -30,7 +30,7 @@ def list_tokens(user: User = Depends(current_user), session: Session = Depends(g
     return list(session.scalars(select(ApiToken).where(ApiToken.user_id == user.id).order_by(ApiToken.id)))
 
 
-@router.delete("/api/tokens/{token_id}", status_code=204)
+@router.delete("/api/tokens/{token_id}", status_code=204, responses=errors(404))
 def revoke_token(token_id: PathId, user: User = Depends(current_user), session: Session = Depends(get_db)) -> Response:
     row = session.get(ApiToken, token_id)
     if row is None or row.user_id != user.id:  # another's token is as invisible as a missing one

@@ -7,11 +7,11 @@ from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db, require_admin
 from lanner.backend.models import Role, User
-from lanner.backend.schemas.common import PathId
+from lanner.backend.schemas.common import SIGNED_IN_ERRORS, PathId, errors
 from lanner.backend.schemas.accounts import NewTeamUser, UserOut, UserUpdate
 from lanner.backend.security import hash_password
 
-router = APIRouter(tags=["accounts"])
+router = APIRouter(tags=["accounts"], responses=SIGNED_IN_ERRORS)
 
 
 @router.get("/api/users", response_model=list[UserOut])
@@ -19,7 +19,7 @@ def list_users(_: User = Depends(current_user), session: Session = Depends(get_d
     return list(session.scalars(select(User).order_by(User.id)))
 
 
-@router.post("/api/users", response_model=UserOut, status_code=201)
+@router.post("/api/users", response_model=UserOut, status_code=201, responses=errors(403, 409))
 def create_user(body: NewTeamUser, _: User = Depends(require_admin), session: Session = Depends(get_db)) -> User:
     if session.scalar(select(User).where(User.email == body.email)) is not None:
         raise HTTPException(409, f"A user with the email {body.email} exists already")
@@ -30,7 +30,7 @@ def create_user(body: NewTeamUser, _: User = Depends(require_admin), session: Se
     return user
 
 
-@router.patch("/api/users/{user_id}", response_model=UserOut)
+@router.patch("/api/users/{user_id}", response_model=UserOut, responses=errors(403, 404, 409))
 def update_user(user_id: PathId, body: UserUpdate, admin: User = Depends(require_admin),
                 session: Session = Depends(get_db)) -> User:
     user = session.get(User, user_id)

@@ -1,12 +1,12 @@
 """Users, sign-in and API tokens."""
 from __future__ import annotations
 
-from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lanner.backend.models import Role
 from lanner.backend.security import MIN_PASSWORD_LENGTH
+from lanner.backend.schemas.common import UtcDateTime
 
 
 def _email(value: str) -> str:
@@ -49,7 +49,7 @@ class UserOut(BaseModel):
     display_name: str
     role: Role
     is_active: bool
-    created_at: datetime
+    created_at: UtcDateTime
 
 
 class SetupState(BaseModel):
@@ -66,9 +66,9 @@ class TokenOut(BaseModel):
     id: int
     name: str
     prefix: str
-    created_at: datetime
-    last_used_at: datetime | None
-    revoked_at: datetime | None
+    created_at: UtcDateTime
+    last_used_at: UtcDateTime | None
+    revoked_at: UtcDateTime | None
 
 
 class CreatedToken(TokenOut):

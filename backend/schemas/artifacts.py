@@ -1,10 +1,11 @@
 """Artifacts a job produced."""
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+
+from lanner.backend.schemas.common import UtcDateTime
 
 
 class ArtifactOut(BaseModel):
@@ -16,5 +17,5 @@ class ArtifactOut(BaseModel):
     name: str
     size_bytes: int
     verification: dict[str, Any] | None
-    created_at: datetime
+    created_at: UtcDateTime
     files: list[str] | None = None

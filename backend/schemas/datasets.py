@@ -1,10 +1,32 @@
 """Datasets and their validation reports."""
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from lanner.backend.schemas.common import UtcDateTime
+
+
+class BadRow(BaseModel):
+    line: int = Field(description="1-based line (jsonl, csv) or item (json, parquet) number")
+    reason: str
+
+
+class DatasetReport(BaseModel):
+    """What the upload found; stored with the dataset."""
+    model_config = ConfigDict(extra="allow")
+
+    format: str | None = Field(description="messages, sharegpt, alpaca, prompt_completion, text, preference, kto, …")
+    task: str | None = None
+    rows: int
+    usable_rows: int
+    bad_rows: list[BadRow] = Field(description="The first bad rows, each with its line and reason")
+    bad_row_count: int = 0
+    columns: list[str] = []
+    error: str | None = Field(default=None, description="Why the file as a whole cannot be used")
+    token_stats: TokenStats | None = Field(default=None, description="Token lengths for the model the upload named")
+    token_stats_error: str | None = Field(default=None, description="Why there are no token statistics")
 
 
 class DatasetOut(BaseModel):
@@ -18,8 +40,8 @@ class DatasetOut(BaseModel):
     format: str | None
     rows: int
     usable_rows: int
-    report: dict[str, Any]
-    created_at: datetime
+    report: DatasetReport
+    created_at: UtcDateTime
 
 
 class DatasetPage(BaseModel):
@@ -33,3 +55,46 @@ class UsageOut(BaseModel):
     used_bytes: int
     quota_bytes: int
     max_upload_bytes: int
+
+
+class Segment(BaseModel):
+    text: str
+    trained: bool = Field(description="True for the tokens the loss is computed on")
+
+
+class PreviewSequence(BaseModel):
+    row: int = Field(description="1-based row of the dataset")
+    sequence: Literal["text", "completion", "chosen", "rejected"]
+    tokens: int = Field(description="Tokens of the whole rendered sequence")
+    trained_tokens: int = Field(description="Trained tokens within max_seq_len")
+    truncated: bool = Field(description="Longer than max_seq_len: the tail is cut off in training")
+    segments: list[Segment] = Field(description="The rendered text up to max_seq_len, in runs of trained or not")
+
+
+class DatasetPreview(BaseModel):
+    model: str
+    task: str = Field(description="sft, text, preference or kto: how the trainer reads the rows")
+    rows: list[PreviewSequence]
+
+
+class TokenStats(BaseModel):
+    model: str
+    task: str
+    rows_measured: int = Field(description="Rows measured (the first 2000)")
+    sequences: int = Field(description="Rendered sequences (a preference row gives two)")
+    rows_total: int | None = None
+    min: int | None = None
+    max: int | None = None
+    mean: float | None = None
+    p50: int | None = None
+    p95: int | None = None
+    total_tokens: int | None = None
+    trained_tokens: int | None = Field(default=None, description="Tokens the loss sees, after truncation")
+    max_seq_len: int | None = None
+    over_max_seq_len: int | None = Field(default=None, description="Sequences longer than max_seq_len")
+    lengths: list[int] | None = Field(default=None, description="Every measured sequence's length, sorted "
+                                                                "(for a histogram; not kept in upload reports)")
+
+
+DatasetReport.model_rebuild()
+DatasetOut.model_rebuild()

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from lanner.backend.models import JobKind, JobStatus
+from lanner.backend.schemas.common import UtcDateTime
 
 Method = Literal["lora", "qlora", "full", "pretrain", "dpo", "orpo", "kto"]
 ADAPTER_METHODS = {"lora", "qlora"}
@@ -46,6 +46,7 @@ class Hyperparameters(BaseModel):
     seed: int = Field(default=42, ge=0, le=2**32 - 1)
     save_steps: int | None = Field(default=None, ge=1, le=10_000_000)
     eval_fraction: float = Field(default=0.0, ge=0, le=0.5)
+    before_after_eval: bool = Field(default=True, description="SFT: base vs tuned answers on validation prompts")
 
 
 class LoraSettings(BaseModel):
@@ -92,7 +93,11 @@ class JobSpec(BaseModel):
             path = Path(value)
             if ".." in path.parts:
                 raise ValueError("a local model path may not contain '..'")
-            if not path.is_dir():
+            try:
+                found = path.is_dir()
+            except OSError:  # a name too long for the file system
+                found = False
+            if not found:
                 raise ValueError(f"no model folder at {value} on this machine")
             return value
         raise ValueError("give builtin/SmolLM2-135M-Instruct, a hub id like Qwen/Qwen2.5-0.5B, or an absolute path")
@@ -197,11 +202,11 @@ class JobOut(BaseModel):
     total_steps: int | None
     error: str | None
     resume_from: str | None
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    created_at: UtcDateTime
+    started_at: UtcDateTime | None
+    finished_at: UtcDateTime | None
     queue_position: int | None = Field(default=None, description="1 runs next; None unless queued")
-    estimated_start: datetime | None = Field(default=None, description="Rough; None when nothing to go on")
+    estimated_start: UtcDateTime | None = Field(default=None, description="Rough; None when nothing to go on")
     cancel_requested: bool = False
 
 

@@ -10,6 +10,12 @@ import pytest
 from backend_helpers import CHAT_ROWS, PREFERENCE_ROWS, upload
 
 
+def _parquet_bytes() -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"text": ["a", "b", "c"]}), buffer)
+    return buffer.getvalue()
+
+
 def leftovers(api) -> list:
     incoming = api.settings.datasets_dir / ".incoming"
     return list(incoming.iterdir()) if incoming.exists() else []
@@ -47,6 +53,10 @@ def test_csv_json_and_parquet_uploads(team):
     ("garbage.jsonl", b"{{{{\nnot json at all\n", 422, ""),
     ("latin1.jsonl", '{"text": "caf\u00e9"}\n'.encode("latin-1"), 422, ""),
     ("binary.parquet", b"PAR1 this is not parquet", 422, ""),
+    ("truncated.parquet", _parquet_bytes()[:-40], 422, ""),
+    ("utf16le.jsonl", '{"text": "hello"}\n'.encode("utf-16-le"), 422, ""),  # no BOM to tell it apart
+    ("header-only.csv", b"text,label\n", 422, ""),
+    ("whitespace.jsonl", b"\n\n   \n", 422, ""),
     ("unknown.jsonl", b'{"foo": 1}\n{"foo": 2}\n', 422, "format"),
     ("notes.txt", b"hello", 415, ".jsonl"),
     ("noext", b"hello", 415, ".jsonl"),
@@ -134,3 +144,21 @@ def test_preview_needs_a_tokenizer_on_this_machine(team):
     assert hub.status_code == 409 and "on this machine" in hub.json()["detail"]
     assert team.bob.get("/api/datasets/999/preview").status_code == 404
     assert team.anonymous.get(f"/api/datasets/{dataset['id']}/preview").status_code == 401
+
+
+def test_an_upload_that_would_fill_the_disk_is_refused(team_with):
+    team = team_with(LANNER_MIN_FREE_BYTES=str(2**62))
+    response = upload(team.alice, "chat.jsonl", CHAT_ROWS)
+    assert response.status_code == 507 and "disk space" in response.json()["detail"]
+    assert leftovers(team.api) == [] and team.alice.get("/api/datasets").json()["total"] == 0
+
+
+def test_the_upload_report_has_token_lengths_for_the_chosen_model(team, smollm2_dir):
+    measured = upload(team.alice, "chat.jsonl", CHAT_ROWS, model=str(smollm2_dir)).json()["report"]
+    stats = measured["token_stats"]
+    assert stats["model"] == str(smollm2_dir) and stats["sequences"] == 5 and stats["task"] == "sft"
+    assert 0 < stats["min"] <= stats["p95"] <= stats["max"] and 0 < stats["trained_tokens"] < stats["total_tokens"]
+    # Without a tokenizer on this machine the upload is kept, and the report says why it has no lengths.
+    unmeasured = upload(team.alice, "chat.jsonl", CHAT_ROWS, model="Qwen/Qwen3-8B")
+    assert unmeasured.status_code == 201 and unmeasured.json()["report"]["token_stats"] is None
+    assert "on this machine" in unmeasured.json()["report"]["token_stats_error"]

@@ -18,7 +18,8 @@ def test_the_catalog_has_the_default_the_curated_bases_and_local_models(team):
             "SmolLM2"} <= families
     assert all(model["parameters"] > 10**8 for model in catalog["curated"])
     assert catalog["local"] == [{"id": str(folder), "name": "my-finetune", "family": None, "parameters": None,
-                                 "gated": False, "source": "local"}]
+                                 "gated": False, "source": "local", "downloaded": False}]
+    assert not any(model["downloaded"] for model in catalog["curated"])
     assert JobSpec(method="lora", model=str(folder), dataset_id=1).model == str(folder)  # usable in a job
     assert team.anonymous.get("/api/models").status_code == 401
 
@@ -89,3 +90,25 @@ def test_the_openapi_schema_lists_every_route(team):
                  "/api/artifacts/{artifact_id}/download"):
         assert path in paths, path
     assert "application/octet-stream" in paths["/api/datasets"]["post"]["requestBody"]["content"]
+
+
+def test_every_response_of_the_openapi_document_has_a_schema(team):
+    document = team.anonymous.get("/api/openapi.json").json()
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                if status in ("204",) or (path.startswith("/api/auth/sign-out")):
+                    continue
+                assert response.get("content"), f"{method.upper()} {path} {status} has no body schema"
+            if "requestBody" in operation:
+                assert {"400", "413", "422"} <= set(operation["responses"]), f"{method.upper()} {path}"
+    preview = document["paths"]["/api/datasets/{dataset_id}/preview"]["get"]["responses"]
+    assert preview["200"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/DatasetPreview"}
+    assert "TokenStats" in document["components"]["schemas"] and "ErrorOut" in document["components"]["schemas"]
+
+
+def test_times_carry_their_zone_on_sqlite_too(team):
+    from datetime import datetime
+
+    created = team.bob.get("/api/me").json()["created_at"]
+    assert datetime.fromisoformat(created).utcoffset() is not None, created

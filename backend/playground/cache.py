@@ -1,0 +1,128 @@
+"""Loaded models under a memory bound, shared by every chat of the API process.
+
+A model is loaded once however many people chat with it at the same moment (a lock per model
+serialises the loading; the others wait and then share it). Idle models are evicted least recently
+used first when a new one needs room; a model someone is using is never evicted, so when the room is
+held by models in use the new one is refused with NotEnoughMemory instead of waiting unboundedly.
+Every method blocks (loading takes seconds): call them off the event loop."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class NotEnoughMemory(Exception):
+    """The model does not fit in the playground's memory bound (message in words for the user)."""
+
+
+@dataclass(eq=False)
+class CachedModel:
+    path: Path
+    model: Any = None
+    size: int = 0
+    users: int = 0
+    load_lock: threading.Lock = field(default_factory=threading.Lock)
+    # llama.cpp's context is not thread-safe: one generation at a time per loaded model.
+    generate_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
+
+
+class ModelCache:
+    def __init__(self, capacity_bytes: int, load: Callable[[Path], Any], estimate: Callable[[Path], int],
+                 unload: Callable[[Any], None] = lambda model: model.close()):
+        self.capacity_bytes = capacity_bytes
+        self._load, self._estimate, self._unload = load, estimate, unload
+        self._entries: OrderedDict[Path, CachedModel] = OrderedDict()  # least recently used first
+        self._lock = threading.Lock()
+        self.loads = 0  # how many times a model file was loaded (a test and an operator's counter)
+
+    @contextmanager
+    def use(self, path: Path) -> Iterator[CachedModel]:
+        """The loaded model of `path`, held (not evictable) until the block ends."""
+        entry = self._acquire(Path(path))
+        try:
+            yield entry
+        finally:
+            with self._lock:
+                entry.users -= 1
+
+    def loaded(self) -> list[Path]:
+        """Paths of the loaded models, least recently used first."""
+        with self._lock:
+            return [path for path, entry in self._entries.items() if entry.model is not None]
+
+    def used_bytes(self) -> int:
+        with self._lock:
+            return sum(entry.size for entry in self._entries.values())
+
+    def clear(self) -> None:
+        """Unloads every idle model."""
+        with self._lock:
+            idle = [entry for entry in self._entries.values() if entry.users == 0 and entry.model is not None]
+            for entry in idle:
+                del self._entries[entry.path]
+        for entry in idle:
+            self._unload(entry.model)
+
+    def _acquire(self, path: Path) -> CachedModel:
+        with self._lock:
+            entry = self._entries.setdefault(path, CachedModel(path))
+            entry.users += 1
+            self._entries.move_to_end(path)
+        try:
+            with entry.load_lock:
+                if entry.model is None:
+                    self._load_into(entry)
+        except BaseException:
+            with self._lock:
+                entry.users -= 1
+                if entry.model is None and entry.users == 0 and self._entries.get(path) is entry:
+                    del self._entries[path]
+            raise
+        return entry
+
+    def _load_into(self, entry: CachedModel) -> None:
+        size = self._estimate(entry.path)
+        with self._lock:
+            evicted = self._make_room(size, entry)
+            entry.size = size  # reserved while loading, so parallel loads of other models count it
+        for model in evicted:
+            self._unload(model)
+        try:
+            entry.model = self._load(entry.path)
+        except BaseException:
+            entry.size = 0
+            raise
+        with self._lock:
+            self.loads += 1
+
+    def _make_room(self, size: int, keep: CachedModel) -> list[Any]:
+        """Evicts idle models, least recently used first, until `size` fits; the caller holds _lock."""
+        if size > self.capacity_bytes:
+            raise NotEnoughMemory(
+                f"Not enough memory: this model needs about {_gib(size)} and the playground may use "
+                f"{_gib(self.capacity_bytes)} (LANNER_PLAYGROUND_CACHE_BYTES). Use a smaller GGUF (q8_0 or a "
+                f"q4 type) or ask an admin to raise the limit.")
+        used = sum(entry.size for entry in self._entries.values())
+        evicted = []
+        for entry in list(self._entries.values()):
+            if used + size <= self.capacity_bytes:
+                break
+            if entry is not keep and entry.users == 0 and entry.model is not None:
+                del self._entries[entry.path]
+                used -= entry.size
+                evicted.append(entry.model)
+        if used + size > self.capacity_bytes:
+            busy = sum(1 for entry in self._entries.values() if entry.users and entry is not keep)
+            raise NotEnoughMemory(
+                f"Not enough memory right now: {busy} other model(s) are answering other people and fill "
+                f"the playground's {_gib(self.capacity_bytes)}. Try again when they are done.")
+        return evicted

@@ -1,0 +1,158 @@
+"""One streamed answer from a GGUF model through llama-cpp-python, on the CPU.
+
+The prompt is rendered here with the chat template the job trained with (its `chat_template` option)
+or, by default, the one stored in the GGUF, so the model sees exactly the layout it was tuned on.
+Everything here blocks: the router runs it on a thread of its own."""
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Tokens of context each loaded model gets (prompt + answer); the KV cache is sized for it.
+CONTEXT_TOKENS = 4096
+# llama.cpp's compute and output buffers besides the weights and the KV cache (measured: tens of MB
+# for models up to 8B at this context; rounded up).
+BUFFERS_BYTES = 160 * 2**20
+
+
+class GenerationError(Exception):
+    """A failure the user can act on (message in words)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.7
+    top_p: float = 0.95
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+
+
+def _threads() -> int:
+    # Half the cores: the API, the other side of a side-by-side chat and a CPU worker need the rest.
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+def load_llama(path: Path):
+    from llama_cpp import Llama
+
+    return Llama(model_path=str(path), n_ctx=CONTEXT_TOKENS, n_gpu_layers=0, n_threads=_threads(),
+                 verbose=False)
+
+
+def estimate_bytes(path: Path) -> int:
+    """Memory a loaded model takes: its weights (the file), its f16 KV cache for CONTEXT_TOKENS, buffers."""
+    size = Path(path).stat().st_size
+    try:
+        meta = gguf_header(path)
+        arch = meta["general.architecture"]
+        layers, width, heads = (meta[f"{arch}.{key}"] for key in
+                                ("block_count", "embedding_length", "attention.head_count"))
+        kv_heads = meta.get(f"{arch}.attention.head_count_kv") or heads
+        head_dim = meta.get(f"{arch}.attention.key_length") or width // heads
+        kv = 2 * layers * CONTEXT_TOKENS * kv_heads * head_dim * 2
+    except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError, struct.error):
+        kv = size // 4  # an architecture without these keys: a generous guess
+    return size + kv + BUFFERS_BYTES
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def gguf_header(path: Path) -> dict[str, Any]:
+    """The scalar and string metadata of a GGUF file (arrays, such as the vocabulary, are skipped).
+    gguf.GGUFReader reads the whole vocabulary into Python objects: 20 s for SmolLM2 on this box."""
+    with open(path, "rb") as file:
+        def read(fmt: str):
+            return struct.unpack(fmt, file.read(struct.calcsize(fmt)))[0]
+
+        def string() -> str:
+            return file.read(read("<Q")).decode("utf-8", errors="replace")
+
+        def skip(kind: int, count: int = 1) -> None:
+            if kind in _SCALARS:
+                file.seek(struct.calcsize(_SCALARS[kind]) * count, os.SEEK_CUR)
+            elif kind == _STRING:
+                for _ in range(count):
+                    file.seek(read("<Q"), os.SEEK_CUR)
+            elif kind == _ARRAY:
+                for _ in range(count):
+                    inner = read("<I")
+                    skip(inner, read("<Q"))
+            else:
+                raise ValueError(f"unknown GGUF value type {kind}")
+
+        if file.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        read("<I")  # version
+        read("<Q")  # tensor count
+        meta: dict[str, Any] = {}
+        for _ in range(read("<Q")):
+            key, kind = string(), read("<I")
+            if kind in _SCALARS:
+                meta[key] = read(_SCALARS[kind])
+            elif kind == _STRING:
+                meta[key] = string()
+            else:
+                skip(kind)
+        return meta
+
+
+def _special_text(llama, token: int) -> str:
+    return llama.detokenize([token], special=True).decode("utf-8", errors="ignore") if token >= 0 else ""
+
+
+def chat_template(llama, override: str | None) -> str:
+    template = override or llama.metadata.get("tokenizer.chat_template")
+    if not template:
+        raise GenerationError("no_chat_template", "This GGUF has no chat template and the job set none; "
+                                                  "re-export it from a model whose tokenizer has one.")
+    return template
+
+
+def render_prompt(llama, messages: list[dict[str, str]], template: str) -> str:
+    """The conversation as the model was trained to read it, ending where the assistant answers."""
+    from jinja2 import TemplateError
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    formatter = Jinja2ChatFormatter(template, eos_token=_special_text(llama, llama.token_eos()),
+                                    bos_token=_special_text(llama, llama.token_bos()), add_generation_prompt=True)
+    try:
+        return formatter(messages=messages).prompt
+    except TemplateError as error:
+        raise GenerationError("bad_chat_template", f"The chat template refused this conversation: {error}") from None
+
+
+def stream_answer(llama, prompt: str, sampling: Sampling, stopped: Callable[[], bool]) -> Iterator[dict[str, Any]]:
+    """Yields {"text": piece} as tokens come, then one {"finish_reason": "stop"|"length"|"stopped"}."""
+    # The template renders the special tokens (BOS included when the model wants one) as text.
+    tokens = llama.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+    room = llama.n_ctx() - len(tokens)
+    if room < 1:
+        raise GenerationError("context_full", f"The conversation is {len(tokens)} tokens long and the model reads "
+                                              f"at most {llama.n_ctx()}: start a new chat or shorten it.")
+    stream = llama.create_completion(tokens, max_tokens=min(sampling.max_tokens, room),
+                                     temperature=sampling.temperature, top_p=sampling.top_p,
+                                     stop=sampling.stop or None, stream=True)
+    finish = "stop"
+    try:
+        for chunk in stream:
+            if stopped():
+                finish = "stopped"
+                break
+            choice = chunk["choices"][0]
+            if choice["text"]:
+                yield {"text": choice["text"]}
+            if choice.get("finish_reason"):
+                finish = choice["finish_reason"]
+    finally:
+        stream.close()
+    yield {"finish_reason": finish}

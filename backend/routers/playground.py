@@ -1,0 +1,300 @@
+"""The playground: chat with a finished job's fine-tuned model and its base model over a WebSocket,
+and the before/after evaluation each SFT job stores (GET /api/jobs/{id}/evaluation).
+
+/ws/playground signs in like the live streams. The client sends
+  {"type": "generate", "id": any, "job_id": 5, "chats": {"tuned": [messages], "base": [messages]},
+   "system": str|null, "temperature": 0.7, "top_p": 0.95, "max_tokens": 256, "stop": [str]}
+(one key of `chats` for one model, both for side by side) and {"type": "stop"}. For each model it
+answers {"type": "status", "model", "state": "loading"|"waiting"|"generating"}, then
+{"type": "token", "model", "text"} as tokens come and one {"type": "done", "model", "finish_reason",
+"chunks", "seconds"} or {"type": "error", "model", "code", "message"}; every message carries the
+request's "id". Models run on the CPU from GGUF files (lanner.backend.playground), never on a GPU."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, WebSocket, WebSocketDisconnect
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from lanner.backend import db
+from lanner.backend.deps import current_user, get_db, websocket_user
+from lanner.backend.models import Artifact, Job, JobKind, JobStatus, User
+from lanner.backend.paths import inside
+from lanner.backend.playground.cache import ModelCache, NotEnoughMemory
+from lanner.backend.playground.generation import (GenerationError, Sampling, chat_template, estimate_bytes,
+                                                  load_llama, render_prompt, stream_answer)
+from lanner.backend.playground.settings import PlaygroundSettings
+from lanner.backend.playground.sources import NotAvailable, Side, describe, model_file, training_job
+from lanner.backend.redis_client import get_redis
+from lanner.backend.schemas.common import MAX_ID, PathId
+from lanner.backend.settings import Settings, get_settings
+
+router = APIRouter(tags=["playground"])
+log = logging.getLogger(__name__)
+UNAUTHORISED = 4401
+EVALUATION_KIND = "evaluation"
+LISTED_JOBS = 100
+_cache_lock = threading.Lock()
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["user", "assistant"]
+    content: str = Field(max_length=100_000)
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["generate"]
+    id: str | int | None = None
+    job_id: int = Field(ge=1, le=MAX_ID)
+    chats: dict[Side, list[Message]] = Field(min_length=1, description="tuned, base or both (side by side)")
+    system: str | None = Field(default=None, max_length=20_000)
+    temperature: float = Field(default=0.7, ge=0, le=2)
+    top_p: float = Field(default=0.95, gt=0, le=1)
+    max_tokens: int = Field(default=256, ge=1, le=4096)
+    stop: list[str] = Field(default_factory=list, max_length=8)
+
+    @field_validator("chats")
+    @classmethod
+    def _ends_with_a_question(cls, chats: dict[str, list[Message]]) -> dict[str, list[Message]]:
+        for side, messages in chats.items():
+            if not messages or messages[-1].role != "user":
+                raise ValueError(f"the {side} conversation must end with the user's message")
+        return chats
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, stop: list[str]) -> list[str]:
+        if any(not 1 <= len(text) <= 64 for text in stop):
+            raise ValueError("each stop string has 1 to 64 characters")
+        return stop
+
+    def conversation(self, side: Side) -> list[dict[str, str]]:
+        system = [{"role": "system", "content": self.system}] if self.system and self.system.strip() else []
+        return system + [message.model_dump() for message in self.chats[side]]
+
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.top_p, self.max_tokens, list(self.stop))
+
+
+def playground_cache(app) -> ModelCache:
+    """One cache per app (so per API process), made on first use."""
+    with _cache_lock:
+        if getattr(app.state, "playground_cache", None) is None:
+            app.state.playground_cache = ModelCache(PlaygroundSettings().cache_bytes, load_llama, estimate_bytes)
+        return app.state.playground_cache
+
+
+# ---- REST -------------------------------------------------------------------------------------
+
+@router.get("/api/playground/jobs")
+def playground_jobs(_: User = Depends(current_user), session: Session = Depends(get_db),
+                    settings: Settings = Depends(get_settings)) -> list[dict[str, Any]]:
+    """The finished training jobs, newest first, each with the GGUF of both sides or why there is none."""
+    jobs = session.scalars(select(Job).where(Job.kind == JobKind.train, Job.status == JobStatus.succeeded)
+                           .order_by(Job.id.desc()).limit(LISTED_JOBS))
+    return [describe(session, settings, job) for job in jobs]
+
+
+@router.get("/api/playground/jobs/{job_id}")
+def playground_job(job_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db),
+                   settings: Settings = Depends(get_settings)) -> dict[str, Any]:
+    try:
+        job = training_job(session, job_id)
+    except NotAvailable as error:
+        raise HTTPException(404 if error.code == "no_job" else 409, str(error)) from None
+    return describe(session, settings, job)
+
+
+def _evaluation_view(data: dict[str, Any], job: Job) -> dict[str, Any]:
+    status, error = data.get("status"), data.get("error")
+    if status == "running" and job.status != JobStatus.running:
+        status, error = "failed", f"The job ended ({job.status.value}) before its evaluation finished."
+    samples = [{key: sample.get(key) for key in ("prompt", "reference", "base_answer", "tuned_answer",
+                                                 "base_overlap", "tuned_overlap")}
+               for sample in data.get("samples", [])]
+    scores = data.get("scores") or {}
+    return {"status": status, "error": error, "base_eval_loss": data.get("base_eval_loss"),
+            "tuned_eval_loss": data.get("tuned_eval_loss"), "samples": samples,
+            "scores": {"base_overlap": scores.get("base_overlap", 0.0), "tuned_overlap": scores.get("tuned_overlap", 0.0)}}
+
+
+@router.get("/api/jobs/{job_id}/evaluation")
+def job_evaluation(job_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db),
+                   settings: Settings = Depends(get_settings)) -> dict[str, Any]:
+    """The before/after evaluation written at the end of an SFT job (404 when it made none)."""
+    job = session.get(Job, job_id)
+    if job is None:
+        raise HTTPException(404, f"No job {job_id}")
+    artifact = session.scalars(select(Artifact).where(Artifact.job_id == job_id, Artifact.kind == EVALUATION_KIND)
+                               .order_by(Artifact.id.desc())).first()
+    if artifact is None:
+        raise HTTPException(404, f"Job {job_id} has no before/after evaluation")
+    path = settings.data_dir / artifact.path
+    if not inside(settings.data_dir, artifact.path) or not path.is_file():
+        raise HTTPException(404, f"The evaluation file of job {job_id} is missing")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        return _evaluation_view({"status": "failed", "error": f"The evaluation file is unreadable: {error}"}, job)
+    return _evaluation_view(data, job)
+
+
+# ---- WebSocket --------------------------------------------------------------------------------
+
+def _signed_in(websocket: WebSocket, settings: Settings) -> bool:
+    with db.session_factory(settings.database_url)() as session:
+        return websocket_user(websocket, session, get_redis(settings.redis_url)) is not None
+
+
+def _resolve(settings: Settings, request: GenerateRequest) -> tuple[dict[Side, Any], str | None]:
+    """The GGUF file of each side asked for, and the chat template the job trained with (if it set one)."""
+    with db.session_factory(settings.database_url)() as session:
+        job = training_job(session, request.job_id)
+        files = {side: model_file(session, settings, job, side) for side in request.chats}
+        return files, job.config.get("chat_template")
+
+
+class Generation:
+    """One generate request: a thread per model, messages handed to the event loop's queue."""
+
+    def __init__(self, request: GenerateRequest, emit):
+        self.request = request
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self._emit = emit
+
+    def emit(self, message: dict[str, Any]) -> None:
+        self._emit({**message, "id": self.request.id})
+
+    def running(self) -> bool:
+        return any(thread.is_alive() for thread in self.threads)
+
+    def start(self, cache: ModelCache, files: dict, template: str | None) -> None:
+        for side, found in files.items():
+            if not found.available:
+                self.emit({"type": "error", "model": side, "code": found.code, "message": found.reason,
+                           **({"export_url": f"/api/jobs/{self.request.job_id}/export"}
+                              if found.code == "not_exported" else {})})
+                continue
+            thread = threading.Thread(target=self._answer, args=(cache, side, found.path, template),
+                                      name=f"playground-{side}", daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _answer(self, cache: ModelCache, side: Side, path, template: str | None) -> None:
+        started = time.monotonic()
+        try:
+            if path not in cache.loaded():
+                self.emit({"type": "status", "model": side, "state": "loading"})
+            with cache.use(path) as entry:
+                if not entry.generate_lock.acquire(blocking=False):
+                    self.emit({"type": "status", "model": side, "state": "waiting"})
+                    while not entry.generate_lock.acquire(timeout=0.2):
+                        if self.stop.is_set():
+                            self.emit({"type": "done", "model": side, "finish_reason": "stopped", "chunks": 0,
+                                       "seconds": round(time.monotonic() - started, 3)})
+                            return
+                try:
+                    self._generate(entry.model, side, template, started)
+                finally:
+                    entry.generate_lock.release()
+        except (NotEnoughMemory, GenerationError) as error:
+            self.emit({"type": "error", "model": side, "code": getattr(error, "code", "not_enough_memory"),
+                       "message": str(error)})
+        except Exception as error:
+            log.exception("Playground generation failed")
+            self.emit({"type": "error", "model": side, "code": "failed",
+                       "message": f"The model could not answer: {type(error).__name__}: {error}"})
+
+    def _generate(self, llama, side: Side, template: str | None, started: float) -> None:
+        prompt = render_prompt(llama, self.request.conversation(side), chat_template(llama, template))
+        self.emit({"type": "status", "model": side, "state": "generating"})
+        chunks = 0
+        for piece in stream_answer(llama, prompt, self.request.sampling(), self.stop.is_set):
+            if "text" in piece:
+                chunks += 1
+                self.emit({"type": "token", "model": side, "text": piece["text"]})
+            else:
+                self.emit({"type": "done", "model": side, "finish_reason": piece["finish_reason"], "chunks": chunks,
+                           "seconds": round(time.monotonic() - started, 3)})
+
+
+def _problem(error: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(part) for part in issue['loc'])}: {issue['msg']}".lstrip(": ")
+                     for issue in error.errors())
+
+
+async def _send_all(websocket: WebSocket, outgoing: asyncio.Queue) -> None:
+    try:
+        while True:
+            await websocket.send_text(json.dumps(await outgoing.get()))
+    except (WebSocketDisconnect, RuntimeError):
+        pass  # the client is gone; the receiving side notices and stops the answers
+
+
+@router.websocket("/ws/playground")
+async def playground_socket(websocket: WebSocket) -> None:
+    settings = get_settings()
+    await websocket.accept()
+    if not await asyncio.to_thread(_signed_in, websocket, settings):
+        await websocket.close(UNAUTHORISED, "Sign in first (session cookie or ?token=<API token>)")
+        return
+    cache = playground_cache(websocket.app)
+    loop = asyncio.get_running_loop()
+    outgoing: asyncio.Queue = asyncio.Queue()
+
+    def emit(message: dict[str, Any]) -> None:
+        try:
+            loop.call_soon_threadsafe(outgoing.put_nowait, message)
+        except RuntimeError:  # the socket's loop is gone: nobody is listening any more
+            pass
+
+    sender = asyncio.ensure_future(_send_all(websocket, outgoing))
+    current: Generation | None = None
+    try:
+        while True:
+            text = await websocket.receive_text()
+            try:
+                message = json.loads(text)
+                kind = message.get("type") if isinstance(message, dict) else None
+            except ValueError:
+                kind = None
+            if kind == "stop":
+                if current is not None:
+                    current.stop.set()
+            elif kind == "generate":
+                if current is not None and current.running():
+                    emit({"type": "error", "model": None, "code": "busy", "id": message.get("id"),
+                          "message": "An answer is still coming: stop it or wait for it before asking again."})
+                    continue
+                try:
+                    request = GenerateRequest.model_validate(message)
+                    files, template = await asyncio.to_thread(_resolve, settings, request)
+                except ValidationError as error:
+                    emit({"type": "error", "model": None, "code": "bad_request", "id": message.get("id"),
+                          "message": _problem(error)})
+                    continue
+                except NotAvailable as error:
+                    emit({"type": "error", "model": None, "code": error.code, "id": message.get("id"),
+                          "message": str(error)})
+                    continue
+                current = Generation(request, emit)
+                current.start(cache, files, template)
+            else:
+                emit({"type": "error", "model": None, "code": "bad_request", "id": None,
+                      "message": 'Send {"type": "generate", …} or {"type": "stop"}.'})
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+    finally:
+        if current is not None:
+            current.stop.set()  # a closed tab stops its answers at the next token
+        sender.cancel()

@@ -1,0 +1,30 @@
+"""Helpers shared by the playground tests (fixtures are in conftest.py)."""
+from __future__ import annotations
+
+import json
+import os
+
+SYSTEM_REDIS_URL = os.environ.get("LANNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# A Redis database of the playground tests' own (backend 11, worker 15; 12-14 are used elsewhere).
+PLAYGROUND_REDIS_URL = SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/9"
+
+
+def qa_rows(count: int) -> list[dict]:
+    return [{"instruction": f"What is {i} plus {i}?", "output": f"{i} plus {i} is {2 * i}."} for i in range(count)]
+
+
+def receive_until_done(ws, sides: set[str], timeout: float = 120) -> list[dict]:
+    """Every message of one request, until each side has sent its `done` or `error`."""
+    messages, open_sides = [], set(sides)
+    while open_sides:
+        message = json.loads(ws.recv(timeout=timeout))
+        messages.append(message)
+        if message["type"] in ("done", "error"):
+            open_sides.discard(message["model"])
+            if message["model"] is None:
+                break
+    return messages
+
+
+def answer(messages: list[dict], side: str) -> str:
+    return "".join(m["text"] for m in messages if m["type"] == "token" and m["model"] == side)
