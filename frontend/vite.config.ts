@@ -24,5 +24,7 @@ export default defineConfig({
     setupFiles: ['./src/test/setup.ts'],
     include: ['src/**/*.test.{ts,tsx}'],
     restoreMocks: true,
+    // Generous for a loaded 2-core box (jsdom renders slowly there); a passing test takes ~1 s.
+    testTimeout: 30_000,
   },
 })

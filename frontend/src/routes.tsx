@@ -9,6 +9,7 @@ import { JobPage } from './pages/JobPage'
 import { ModelsPage } from './pages/ModelsPage'
 import { NewJobPage } from './pages/NewJobPage'
 import { NotFoundPage } from './pages/NotFoundPage'
+import { PlaygroundPage } from './pages/PlaygroundPage'
 import { QueuePage } from './pages/QueuePage'
 import { SetupPage } from './pages/SetupPage'
 import { SignInPage } from './pages/SignInPage'
@@ -40,6 +41,7 @@ export const routes: RouteObject[] = [
           { path: 'models', element: <ModelsPage /> },
           { path: 'artifacts', element: <ArtifactsPage /> },
           { path: 'compare', element: <ComparePage /> },
+          { path: 'playground', element: <PlaygroundPage /> },
           { path: 'account/tokens', element: <TokensPage /> },
           { path: '*', element: <NotFoundPage /> },
         ],

@@ -174,3 +174,96 @@ export interface StreamEvent {
   type: string
   data: Record<string, unknown>
 }
+
+// ---- History, estimates, previews, exports, evaluations -------------------
+
+/** GET /api/jobs/{id}/metrics: one saved step (eval rows carry only eval_* values). */
+export interface MetricRow {
+  step: number
+  time: string
+  values: Record<string, unknown>
+}
+
+/** GET /api/jobs/{id}/device-samples: one saved device sample. */
+export interface SampleRow {
+  id: number
+  time: string
+  values: Record<string, unknown>
+}
+
+/** POST /api/jobs/estimate: bytes by part and total_bytes; null for a model of unknown size. */
+export interface MemoryEstimate {
+  model: string
+  device: 'cuda' | 'cpu' | string
+  estimate: (Record<string, number> & { total_bytes: number }) | null
+}
+
+/** GET /api/datasets/{id}/preview: one rendered sequence, as segments trained or not. */
+export interface PreviewSequence {
+  row: number
+  sequence: string
+  tokens: number
+  trained_tokens: number
+  truncated: boolean
+  segments: { text: string; trained: boolean }[]
+}
+
+export interface DatasetPreview {
+  model: string
+  task: string
+  rows: PreviewSequence[]
+}
+
+/** GET /api/datasets/{id}/token-stats. `lengths` (sorted) is there when the server sends it. */
+export interface TokenStats {
+  model: string
+  task: string
+  rows_measured: number
+  rows_total?: number
+  sequences: number
+  min?: number
+  max?: number
+  mean?: number
+  p50?: number
+  p95?: number
+  total_tokens?: number
+  trained_tokens?: number
+  max_seq_len?: number
+  over_max_seq_len?: number
+  lengths?: number[]
+}
+
+/** GET /api/models/search: a model on the hub. */
+export interface HubModel {
+  id: string
+  downloads: number | null
+  likes: number | null
+}
+
+/** The body of POST /api/jobs/{id}/export. */
+export interface ExportOptions {
+  adapter: boolean
+  merged: boolean
+  merged_dtype: 'bfloat16' | 'float16'
+  gguf_types: string[]
+  verify: boolean
+}
+
+/** GET /api/jobs/{id}/evaluation: the trained model against its base on held-out prompts. */
+export interface EvaluationSample {
+  prompt: string
+  reference: string
+  base_answer: string
+  tuned_answer: string
+  base_overlap: number
+  tuned_overlap: number
+}
+
+export interface Evaluation {
+  status: 'done' | 'running' | 'failed'
+  error: string | null
+  base_eval_loss: number | null
+  tuned_eval_loss: number | null
+  samples: EvaluationSample[]
+  scores: { base_overlap: number; tuned_overlap: number } | null
+}

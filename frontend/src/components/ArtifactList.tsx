@@ -1,11 +1,13 @@
 import { formatBytes, formatTime } from '../format'
 import type { Artifact } from '../types'
+import { VerificationResult } from './VerificationResult'
 
 const KIND_NAMES: Record<string, string> = {
   adapter: 'LoRA adapter',
   checkpoint: 'Checkpoint',
   merged: 'Merged model',
   gguf: 'GGUF',
+  modelfile: 'Ollama Modelfile',
 }
 
 export function downloadUrl(artifact: Artifact, file?: string): string {
@@ -13,21 +15,33 @@ export function downloadUrl(artifact: Artifact, file?: string): string {
   return file ? `${base}?file=${encodeURIComponent(file)}` : base
 }
 
-/** A job's artifacts with their sizes; a folder artifact lists each of its files for download. */
-export function ArtifactList({ artifacts, finished }: { artifacts: Artifact[] | null; finished: boolean }) {
+interface ArtifactListProps {
+  artifacts: Artifact[] | null
+  finished: boolean
+  /** What to say when there are none; defaults to a training job's wording. */
+  emptyText?: string
+  testId?: string
+}
+
+/**
+ * Artifacts with their sizes and verification results; a folder artifact lists each of its files
+ * for download.
+ */
+export function ArtifactList({ artifacts, finished, emptyText, testId = 'artifacts' }: ArtifactListProps) {
   if (!artifacts) return <p className="muted">Loading…</p>
   if (artifacts.length === 0)
-    return <p className="muted">{finished ? 'This job produced no artifacts.' : 'The adapter and checkpoints appear here as the job saves them.'}</p>
+    return <p className="muted">{emptyText ?? (finished ? 'This job produced no artifacts.' : 'The adapter and checkpoints appear here as the job saves them.')}</p>
   return (
-    <ul className="artifacts" data-testid="artifacts">
+    <ul className="artifacts" data-testid={testId}>
       {artifacts.map((artifact) => (
         <li key={artifact.id} className="artifact">
           <div className="artifact__head">
             <span className="badge">{KIND_NAMES[artifact.kind] ?? artifact.kind}</span>
             <span className="artifact__name">{artifact.name}</span>
-            <span className="mono muted">{formatBytes(artifact.size_bytes)}</span>
+            <span className="mono muted" data-testid="artifact-size">{formatBytes(artifact.size_bytes)}</span>
             <span className="muted small">{formatTime(artifact.created_at)}</span>
           </div>
+          {artifact.verification && <VerificationResult verification={artifact.verification} />}
           {artifact.files == null ? (
             <a className="button button--small" href={downloadUrl(artifact)} download>
               Download<span className="visually-hidden"> {artifact.name}</span>

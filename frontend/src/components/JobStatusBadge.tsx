@@ -1,10 +1,10 @@
 import type { JobStatus } from '../types'
 
 /** The job's status as a coloured word (colour is never the only cue: the word is there). */
-export function JobStatusBadge({ status, cancelRequested }: { status: JobStatus | string; cancelRequested?: boolean }) {
+export function JobStatusBadge({ status, cancelRequested, testId = 'job-status' }: { status: JobStatus | string; cancelRequested?: boolean; testId?: string }) {
   const label = cancelRequested && status === 'running' ? 'cancelling' : status
   return (
-    <span className={`badge badge--${status}`} data-testid="job-status">
+    <span className={`badge badge--${status}`} data-testid={testId}>
       {label}
     </span>
   )

@@ -16,6 +16,7 @@ export const NAV_ITEMS: NavItem[] = [
   { to: '/models', label: 'Models' },
   { to: '/artifacts', label: 'Artifacts' },
   { to: '/compare', label: 'Compare' },
+  { to: '/playground', label: 'Playground' },
 ]
 
 function SkipLink() {

@@ -76,6 +76,29 @@ function gib(value: unknown): number | null {
   return n == null ? null : n / GIB
 }
 
+/** The chart values of one metric event (or saved metric row); eval rows carry only eval_loss. */
+export function metricPoint(data: Record<string, unknown>) {
+  const isEval = data.eval_loss !== undefined && data.loss === undefined
+  return {
+    isEval,
+    loss: isEval ? null : num(data.loss),
+    evalLoss: num(data.eval_loss),
+    learningRate: isEval ? null : num(data.learning_rate),
+    gradNorm: isEval ? null : num(data.grad_norm),
+    tokensPerSecond: isEval ? null : num(data.tokens_per_second),
+  }
+}
+
+/** The chart values of one device sample: a GPU's, or on a CPU box the process's. */
+export function devicePoint(data: Record<string, unknown>) {
+  return {
+    utilisation: num(data.gpu_utilization_percent) ?? num(data.process_cpu_percent) ?? num(data.cpu_percent),
+    memoryUsedGiB: gib(data.memory_used_bytes),
+    processMemoryGiB: gib(data.process_rss_bytes),
+    memoryTotalGiB: gib(data.memory_total_bytes),
+  }
+}
+
 /**
  * Applies a batch of a job's events, in stream order, to its live state. Events at or before the
  * last applied id are skipped, so replaying the whole stream after a reconnect (after=0-0) on top of
@@ -110,26 +133,26 @@ export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
     const t = (at - t0) / 1000
     const data = event.data ?? {}
     if (event.type === 'metric') {
-      const step = num(data.step) ?? (metrics.step.at(-1) ?? 0)
-      const isEval = data.eval_loss !== undefined && data.loss === undefined
+      const point = metricPoint(data)
       metrics.t.push(t)
-      metrics.step.push(step)
-      metrics.loss.push(isEval ? null : num(data.loss))
-      metrics.evalLoss.push(num(data.eval_loss))
-      metrics.learningRate.push(isEval ? null : num(data.learning_rate))
-      metrics.gradNorm.push(isEval ? null : num(data.grad_norm))
-      metrics.tokensPerSecond.push(isEval ? null : num(data.tokens_per_second))
-      if (!isEval) lastMetric = data
+      metrics.step.push(num(data.step) ?? (metrics.step.at(-1) ?? 0))
+      metrics.loss.push(point.loss)
+      metrics.evalLoss.push(point.evalLoss)
+      metrics.learningRate.push(point.learningRate)
+      metrics.gradNorm.push(point.gradNorm)
+      metrics.tokensPerSecond.push(point.tokensPerSecond)
+      if (!point.isEval) lastMetric = data
     } else if (event.type === 'device') {
       const kind = typeof data.kind === 'string' ? data.kind : null
       deviceKind = kind ?? deviceKind
       const total = num(data.memory_total_bytes)
       if (total != null) memoryTotalBytes = total
+      const point = devicePoint(data)
       device.t.push(t)
-      device.utilisation.push(num(data.gpu_utilization_percent) ?? num(data.process_cpu_percent) ?? num(data.cpu_percent))
-      device.memoryUsedGiB.push(gib(data.memory_used_bytes))
-      device.processMemoryGiB.push(gib(data.process_rss_bytes))
-      device.memoryTotalGiB.push(gib(data.memory_total_bytes))
+      device.utilisation.push(point.utilisation)
+      device.memoryUsedGiB.push(point.memoryUsedGiB)
+      device.processMemoryGiB.push(point.processMemoryGiB)
+      device.memoryTotalGiB.push(point.memoryTotalGiB)
     } else if (event.type === 'log') {
       newLogs.push({
         id: event.id,

@@ -4,12 +4,17 @@ import type uPlot from 'uplot'
 import { ApiError, getJson, postJson } from '../api'
 import { mayManage, useAuth } from '../auth'
 import { ArtifactList } from '../components/ArtifactList'
+import { CheckpointList } from '../components/CheckpointList'
+import { EvaluationSection } from '../components/EvaluationSection'
+import { ExportPanel, fetchExports } from '../components/ExportPanel'
 import { ErrorNotice, errorText } from '../components/Field'
 import { JobStatusBadge, ProgressBar } from '../components/JobStatusBadge'
 import { LiveChart } from '../components/LiveChart'
 import { PageHeader } from '../components/PageHeader'
-import { clock, formatDuration, formatFloat, formatRate, formatTime, parseApiTime } from '../format'
+import { clock, formatDuration, formatGiB, formatFloat, formatRate, formatTime, parseApiTime } from '../format'
+import { memoryTotalBytes, withHistory } from '../live/history'
 import { remainingSeconds } from '../live/jobEvents'
+import { useJobHistory } from '../live/useJobHistory'
 import { useJobStream } from '../live/useJobStream'
 import type { Artifact, Job } from '../types'
 import { deviceLabel, modelLabel } from './QueuePage'
@@ -37,6 +42,7 @@ export function JobPage() {
   const [job, setJob] = useState<Job | null>(null)
   const [loadError, setLoadError] = useState<string | null>(null)
   const [artifacts, setArtifacts] = useState<Artifact[] | null>(null)
+  const [exports, setExports] = useState<Job[] | null>(null)
   const [actionError, setActionError] = useState<string | null>(null)
   const [busy, setBusy] = useState(false)
   const [now, setNow] = useState(() => Date.now())
@@ -52,6 +58,10 @@ export function JobPage() {
       setJob(j)
       if (a) setArtifacts(a)
       setLoadError(null)
+      if (j.kind === 'train' && j.status === 'succeeded') {
+        const all = await fetchExports().catch(() => null)
+        if (all) setExports(all.filter((e) => e.parent_job_id === j.id))
+      }
     } catch (err) {
       setLoadError(err instanceof ApiError && err.status === 404 ? `There is no job ${id}: it may have been deleted.` : errorText(err))
     }
@@ -60,6 +70,7 @@ export function JobPage() {
   useEffect(() => {
     setJob(null)
     setArtifacts(null)
+    setExports(null)
     void loadJob()
     const tick = setInterval(() => setNow(Date.now()), 1000)
     return () => clearInterval(tick)
@@ -83,8 +94,12 @@ export function JobPage() {
     if (el && stickToBottom.current) el.scrollTop = el.scrollHeight
   }, [live.logs])
 
-  const m = live.metrics
-  const d = live.device
+  // The saved history fills in what the stream no longer holds (trimmed, or Redis lost it).
+  const finished = job ? FINAL.includes(job.status) : false
+  const history = useJobHistory(id, finished)
+  const columns = useMemo(() => withHistory(live, history.metrics, history.samples), [live, history])
+  const m = columns.metrics
+  const d = columns.device
   const tMax = Math.max(m.t.at(-1) ?? 0, d.t.at(-1) ?? 0)
   const xDomain = useMemo<[number, number]>(() => [0, Math.max(tMax, 10)], [tMax])
   const lossData = useMemo<uPlot.AlignedData>(() => [m.t, m.loss, m.evalLoss] as uPlot.AlignedData, [m])
@@ -120,7 +135,7 @@ export function JobPage() {
     )
   }
 
-  const last = live.lastMetric
+  const last = columns.lastMetric
   const step = typeof last?.step === 'number' ? Math.max(last.step, job?.step ?? 0) : (job?.step ?? 0)
   const total = (typeof last?.total_steps === 'number' ? last.total_steps : null) ?? job?.total_steps ?? null
   const started = parseApiTime(job?.started_at)
@@ -131,7 +146,11 @@ export function JobPage() {
     ? (stepTime && total ? stepTime * Math.max(total - step, 0) : remainingSeconds(step, total, elapsed ?? 0))
     : null
   const canManage = job ? mayManage(user, job.owner_id) : false
-  const memTotal = live.memoryTotalBytes
+  const memTotal = memoryTotalBytes(live, history.samples) ?? job?.device?.memory_total_bytes ?? null
+  const deviceKind = live.deviceKind ?? job?.device?.kind ?? null
+  const peakUsed = d.memoryUsedGiB.reduce<number | null>((a, b) => (b == null ? a : Math.max(a ?? 0, b)), null)
+  const checkpoints = artifacts?.filter((a) => a.kind === 'checkpoint') ?? []
+  const outputs = artifacts?.filter((a) => a.kind !== 'checkpoint') ?? null
 
   return (
     <>
@@ -149,6 +168,7 @@ export function JobPage() {
               <button type="button" className="button" disabled={busy} onClick={() => void act('retry')}>Retry</button>
             )}
             <Link className="button" to={`/jobs/new?clone=${job.id}`}>Clone</Link>
+            {job.kind === 'train' && <Link className="button" to={`/compare?jobs=${job.id}`}>Compare…</Link>}
           </>
         )}
       />
@@ -164,6 +184,10 @@ export function JobPage() {
             <div><dt>Loss</dt><dd className="mono">{formatFloat(typeof last?.loss === 'number' ? last.loss : null)}</dd></div>
             <div><dt>Tokens/s</dt><dd className="mono">{formatRate(typeof last?.tokens_per_second === 'number' ? last.tokens_per_second : null)}</dd></div>
             <div><dt>{job.status === 'queued' ? 'Queue position' : 'Started'}</dt><dd>{job.status === 'queued' ? (job.queue_position ?? '—') : formatTime(job.started_at)}</dd></div>
+            <div><dt>{deviceKind === 'cpu' ? 'Memory' : 'GPU memory'}</dt><dd className="mono" data-testid="memory-facts">
+              {peakUsed != null ? `peak ${peakUsed.toFixed(1)}` : '—'}{memTotal ? ` of ${formatGiB(memTotal)}` : ''}
+              {job.memory_estimate_bytes ? <span className="muted small"> (estimate {formatGiB(job.memory_estimate_bytes)})</span> : null}
+            </dd></div>
             <div><dt>Stream</dt><dd><span className={`live-dot live-dot--${state}`} data-testid="job-stream">{state === 'open' ? 'live' : state === 'closed' ? (detail ?? 'closed') : state}</span></dd></div>
           </dl>
         </section>
@@ -174,8 +198,8 @@ export function JobPage() {
         <LiveChart title="Tokens per second" testId="chart-tps" data={tpsData} series={TPS} xLabel="time" xFormat={clock} yFormat={formatRate} syncKey={`job-${id}`} xDomain={xDomain} />
         <LiveChart title="Learning rate" testId="chart-lr" data={lrData} series={LR} xLabel="time" xFormat={clock} yFormat={formatFloat} yTickFormat={formatFloat} syncKey={`job-${id}`} xDomain={xDomain} />
         <LiveChart title="Gradient norm" testId="chart-grad" data={gradData} series={GRAD} xLabel="time" xFormat={clock} yFormat={formatFloat} syncKey={`job-${id}`} xDomain={xDomain} />
-        <LiveChart title={live.deviceKind === 'cpu' ? 'CPU utilisation' : 'GPU utilisation'} testId="chart-util" data={utilData} series={UTIL} xLabel="time" xFormat={clock} yFormat={(v) => `${v.toFixed(0)} %`} syncKey={`job-${id}`} xDomain={xDomain} yDomain={[0, 100]} />
-        <LiveChart title={`${live.deviceKind === 'cpu' ? 'Memory' : 'GPU memory'}${memTotal ? ` (of ${(memTotal / 1024 ** 3).toFixed(1)} GiB)` : ''}`} testId="chart-mem" data={memData} series={MEM} xLabel="time" xFormat={clock} yFormat={(v) => `${v.toFixed(2)} GiB`} syncKey={`job-${id}`} xDomain={xDomain} yDomain={[0, 1]} />
+        <LiveChart title={deviceKind === 'cpu' ? 'CPU utilisation' : 'GPU utilisation'} testId="chart-util" data={utilData} series={UTIL} xLabel="time" xFormat={clock} yFormat={(v) => `${v.toFixed(0)} %`} syncKey={`job-${id}`} xDomain={xDomain} yDomain={[0, 100]} />
+        <LiveChart title={`${deviceKind === 'cpu' ? 'Memory' : 'GPU memory'}${memTotal ? ` (of ${(memTotal / 1024 ** 3).toFixed(1)} GiB)` : ''}`} testId="chart-mem" data={memData} series={MEM} xLabel="time" xFormat={clock} yFormat={(v) => `${v.toFixed(2)} GiB`} syncKey={`job-${id}`} xDomain={xDomain} yDomain={[0, 1]} />
       </div>
       <div className="grid grid--two">
         <section className="panel" aria-labelledby="log-heading">
@@ -196,10 +220,26 @@ export function JobPage() {
         <section className="panel" aria-labelledby="artifacts-heading">
           <header className="panel__header"><h2 id="artifacts-heading">Artifacts</h2></header>
           <div className="panel__body">
-            <ArtifactList artifacts={artifacts} finished={!!job && FINAL.includes(job.status)} />
+            <ArtifactList artifacts={outputs} finished={finished} />
           </div>
         </section>
       </div>
+      {job && job.kind === 'train' && (
+        <section className="panel" aria-labelledby="checkpoints-heading">
+          <header className="panel__header"><h2 id="checkpoints-heading">Checkpoints</h2></header>
+          <div className="panel__body"><CheckpointList job={job} checkpoints={checkpoints} canManage={canManage} /></div>
+        </section>
+      )}
+      {job && job.kind === 'train' && (
+        <section className="panel" aria-labelledby="export-heading">
+          <header className="panel__header"><h2 id="export-heading">Export</h2></header>
+          <div className="panel__body">
+            <ExportPanel job={job} exports={exports} hasAdapter={!!artifacts?.some((a) => a.kind === 'adapter')}
+              onExported={(e) => setExports((list) => [e, ...(list ?? [])])} />
+          </div>
+        </section>
+      )}
+      {job && job.kind === 'train' && <EvaluationSection jobId={job.id} refresh={job.status} />}
       {job && (
         <details className="details panel">
           <summary>Configuration</summary>

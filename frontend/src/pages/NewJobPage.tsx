@@ -1,9 +1,12 @@
 import { useEffect, useMemo, useState, type FormEvent } from 'react'
 import { useNavigate, useSearchParams } from 'react-router'
 import { ApiError, fieldErrors, getJson, postJson } from '../api'
+import { DatasetInsights } from '../components/DatasetInsights'
 import { DatasetReport, formatName } from '../components/DatasetReport'
 import { DatasetUpload } from '../components/DatasetUpload'
 import { ErrorNotice, errorText, Field } from '../components/Field'
+import { MemoryEstimatePanel } from '../components/MemoryEstimatePanel'
+import { ModelSearch } from '../components/ModelSearch'
 import { PageHeader } from '../components/PageHeader'
 import { formatParameters } from '../format'
 import { useHealth } from '../health'
@@ -14,12 +17,13 @@ import {
 import type { Catalog, CatalogModel, Dataset, Job, Method, Page } from '../types'
 
 const BUILTIN = 'builtin/SmolLM2-135M-Instruct'
-type ModelSource = 'builtin' | 'curated' | 'local' | 'path'
+type ModelSource = 'builtin' | 'curated' | 'search' | 'local' | 'path'
 
 function sourceOf(model: string, catalog: Catalog | null): ModelSource {
   if (model.startsWith('builtin/')) return 'builtin'
   if (catalog?.local.some((m) => m.id === model)) return 'local'
   if (model.startsWith('/')) return 'path'
+  if (catalog && !catalog.curated.some((m) => m.id === model)) return 'search'
   return 'curated'
 }
 
@@ -55,7 +59,7 @@ export function NewJobPage() {
     getJson<Catalog>('/api/models')
       .then((c) => {
         setCatalog(c)
-        if (c.local.some((m) => m.id === initialModel)) setSource('local')
+        if (initialModel !== BUILTIN) setSource(sourceOf(initialModel, c))
       }).catch((err) => setCatalogError(errorText(err)))
     void loadDatasets()
   }, [])
@@ -113,6 +117,7 @@ export function NewJobPage() {
     setSource(next)
     if (next === 'builtin') update({ model: catalog?.default.id ?? BUILTIN }, ['model'])
     else if (next === 'curated') update({ model: catalog?.curated[0]?.id ?? '' }, ['model'])
+    else if (next === 'search') update({ model: '' }, ['model'])
     else if (next === 'local') update({ model: catalog?.local[0]?.id ?? '' }, ['model'])
     else update({ model: pathText }, ['model'])
   }
@@ -200,6 +205,7 @@ export function NewJobPage() {
               {([
                 ['builtin', 'Built-in SmolLM2', catalog?.default.name ?? 'SmolLM2-135M-Instruct, trains on a CPU'],
                 ['curated', 'Curated list', 'Popular instruction models (downloaded from the hub on first use)'],
+                ['search', 'Search the hub', 'Any text-generation model on the hub (needs network)'],
                 ['local', 'On this server', `${catalog?.local.length ?? 0} model folder(s) in the data directory`],
                 ['path', 'Local path', 'Any Hugging Face model folder on the server'],
               ] as [ModelSource, string, string][]).map(([value, label, hint]) => (
@@ -217,6 +223,8 @@ export function NewJobPage() {
                 </select>
               </Field>
             )}
+            {source === 'search' && <ModelSearch chosen={form.model} onChoose={(id) => update({ model: id }, ['model'])} />}
+            {source === 'search' && errors.model && <p className="error-text" role="alert">{errors.model}</p>}
             {source === 'local' && catalog && (catalog.local.length === 0
               ? <p className="muted">No model folders under the data directory yet. Use a path instead.</p>
               : (
@@ -234,8 +242,9 @@ export function NewJobPage() {
             )}
             {(source === 'builtin') && errors.model && <p className="error-text" role="alert">{errors.model}</p>}
             <p id="model-help" className="muted small">
-              Chosen: <code data-testid="chosen-model">{form.model || '—'}</code>. Memory estimate: not offered by the server yet.
+              Chosen: <code data-testid="chosen-model">{form.model || '—'}</code>.
             </p>
+            <MemoryEstimatePanel form={form} />
           </div>
         </section>
 
@@ -271,10 +280,13 @@ export function NewJobPage() {
             </Field>
             <DatasetUpload onUploaded={(d) => { void loadDatasets(d); setServerErrors((e) => ({ ...e, dataset_id: '' })) }} />
             {dataset && (
-              <details className="details">
-                <summary>Report of “{dataset.name}”: {formatName(dataset.format)}, {dataset.usable_rows} of {dataset.rows} rows usable</summary>
-                <DatasetReport report={dataset.report} />
-              </details>
+              <>
+                <details className="details">
+                  <summary>Validation report of “{dataset.name}”: {formatName(dataset.format)}, {dataset.usable_rows} of {dataset.rows} rows usable</summary>
+                  <DatasetReport report={dataset.report} />
+                </details>
+                <DatasetInsights dataset={dataset} model={form.model.trim()} maxSeqLen={Number(form.values['hyperparameters.max_seq_len']) || null} />
+              </>
             )}
           </div>
         </section>

@@ -1,0 +1,184 @@
+import { useCallback, useEffect, useState } from 'react'
+import { getJson, postJson } from '../api'
+import { formatTime } from '../format'
+import { stageName } from '../live/exportEvents'
+import { useExportStream } from '../live/useExportStream'
+import type { Artifact, ExportOptions, Job } from '../types'
+import { ArtifactList } from './ArtifactList'
+import { errorText } from './Field'
+import { JobStatusBadge } from './JobStatusBadge'
+
+/** The GGUF types offered up front; the API knows more (backend/routers/jobs.py GGUF_TYPES). */
+const GGUF_CHOICES: { type: string; help: string }[] = [
+  { type: 'f16', help: '16-bit, the reference; largest' },
+  { type: 'q8_0', help: '8-bit, near lossless' },
+  { type: 'q6_k', help: '6-bit' },
+  { type: 'q5_k_m', help: '5-bit' },
+  { type: 'q4_k_m', help: '4-bit, the usual choice for laptops' },
+]
+const ACTIVE = ['queued', 'running']
+
+/** GET the export jobs of some training jobs, newest first. */
+export async function fetchExports(): Promise<Job[]> {
+  const page = await getJson<{ items: Job[] }>('/api/jobs?method=export&limit=200')
+  return page.items
+}
+
+function exportOptionsOf(job: Job): Partial<ExportOptions> {
+  const options = job.config.export
+  return options && typeof options === 'object' ? (options as Partial<ExportOptions>) : {}
+}
+
+function outputsLabel(options: Partial<ExportOptions>): string {
+  const parts: string[] = []
+  if (options.adapter ?? true) parts.push('adapter')
+  if (options.merged ?? true) parts.push(`merged (${options.merged_dtype ?? 'bfloat16'})`)
+  if (options.gguf_types?.length) parts.push(`GGUF ${options.gguf_types.join(', ')}`)
+  return parts.join(' · ')
+}
+
+/** One export job: live progress while it runs, then its files with sizes, checks and downloads. */
+function ExportJobRow({ job: initial }: { job: Job }) {
+  const [job, setJob] = useState(initial)
+  const [artifacts, setArtifacts] = useState<Artifact[] | null>(null)
+  const active = ACTIVE.includes(job.status)
+  const options = exportOptionsOf(job)
+
+  const reload = useCallback(async () => {
+    try {
+      const [j, a] = await Promise.all([getJson<Job>(`/api/jobs/${job.id}`), getJson<Artifact[]>(`/api/jobs/${job.id}/artifacts`)])
+      setJob(j)
+      setArtifacts(a)
+    } catch {
+      // The next status event or a page reload tries again.
+    }
+  }, [job.id])
+
+  useEffect(() => {
+    if (!active) void reload()
+  }, [active, reload])
+
+  const live = useExportStream(job.id, options, active, (status) => {
+    if (!ACTIVE.includes(status)) {
+      void reload()
+      setTimeout(() => void reload(), 1500) // the worker records the artifacts just after it publishes
+    }
+  })
+  const percent = Math.round(live.overall * 100)
+  // The row is read again only when the export ends; until then its stream says how it stands.
+  const status = active && live.status ? live.status : active && live.stage ? 'running' : job.status
+  const waiting = status === 'queued'
+  return (
+    <li className="export" data-testid="export-job" aria-label={`Export ${job.id}`}>
+      <div className="artifact__head">
+        <JobStatusBadge status={status} testId="export-status" />
+        <span className="artifact__name">Export #{job.id}</span>
+        <span className="muted small">{outputsLabel(options)}{options.verify === false ? ' · not verified' : ''}</span>
+        <span className="muted small">{formatTime(job.created_at)}</span>
+      </div>
+      {active && (
+        <div className="export__progress" role="status">
+          <div className="progress">
+            <div className="progress__bar" role="progressbar" aria-label={`Export ${job.id} progress`} aria-valuemin={0} aria-valuemax={100} aria-valuenow={percent}>
+              <div className="progress__fill" style={{ width: `${percent}%` }} />
+            </div>
+            <span className="progress__text mono" data-testid="export-percent">{percent}%</span>
+          </div>
+          <span className="small muted" data-testid="export-stage">
+            {waiting ? `Waiting for a worker${job.queue_position ? ` (position ${job.queue_position})` : ''}` : live.stage ? `${stageName(live.stage)} — ${Math.round(live.stageFraction * 100)}%` : 'Starting…'}
+          </span>
+        </div>
+      )}
+      {job.error && <p className="error-text">{job.error}</p>}
+      {!active && (
+        <ArtifactList artifacts={artifacts} finished testId="export-artifacts"
+          emptyText={job.status === 'succeeded' ? 'This export wrote no files.' : 'Nothing was kept: a failed or cancelled export leaves no half-written files.'} />
+      )}
+    </li>
+  )
+}
+
+interface ExportPanelProps {
+  /** The training job to export. */
+  job: Job
+  /** Its export jobs, newest first; null while loading. */
+  exports: Job[] | null
+  /** Whether it has an adapter (only then can it be exported). */
+  hasAdapter: boolean
+  onExported: (exportJob: Job) => void
+}
+
+/** Start an export of a finished training job, and follow each export with its own progress. */
+export function ExportPanel({ job, exports, hasAdapter, onExported }: ExportPanelProps) {
+  const [adapter, setAdapter] = useState(true)
+  const [merged, setMerged] = useState(true)
+  const [dtype, setDtype] = useState<'bfloat16' | 'float16'>('bfloat16')
+  const [gguf, setGguf] = useState<string[]>(['q8_0'])
+  const [verify, setVerify] = useState(true)
+  const [busy, setBusy] = useState(false)
+  const [error, setError] = useState<string | null>(null)
+  const exportable = job.kind === 'train' && job.status === 'succeeded' && hasAdapter
+  const nothing = !adapter && !merged && gguf.length === 0
+
+  async function start() {
+    setBusy(true)
+    setError(null)
+    try {
+      const body: ExportOptions = { adapter, merged, merged_dtype: dtype, gguf_types: gguf, verify }
+      onExported(await postJson<Job>(`/api/jobs/${job.id}/export`, body))
+    } catch (err) {
+      setError(`Could not start the export: ${errorText(err)}`)
+    } finally {
+      setBusy(false)
+    }
+  }
+
+  const toggle = (type: string, on: boolean) => setGguf((list) => (on ? [...list, type] : list.filter((t) => t !== type)))
+  return (
+    <div className="export-panel" data-testid={`export-panel-${job.id}`}>
+      {exportable ? (
+        <fieldset className="export-form">
+          <legend>Export job #{job.id}</legend>
+          <div className="export-form__choices">
+            <label className="check"><input type="checkbox" checked={adapter} onChange={(e) => setAdapter(e.target.checked)} /> LoRA adapter <span className="muted small">(PEFT, for vLLM and transformers)</span></label>
+            <label className="check"><input type="checkbox" checked={merged} onChange={(e) => setMerged(e.target.checked)} /> Merged model</label>
+            <label className="check">
+              <span className="visually-hidden">Merged model precision</span>
+              <select value={dtype} onChange={(e) => setDtype(e.target.value as 'bfloat16' | 'float16')} disabled={!merged} aria-label="Merged model precision">
+                <option value="bfloat16">bfloat16</option>
+                <option value="float16">float16</option>
+              </select>
+            </label>
+          </div>
+          <div className="export-form__choices" role="group" aria-label="GGUF files">
+            <span className="small">GGUF (llama.cpp, Ollama):</span>
+            {GGUF_CHOICES.map(({ type, help }) => (
+              <label key={type} className="check" title={help}>
+                <input type="checkbox" checked={gguf.includes(type)} onChange={(e) => toggle(type, e.target.checked)} /> <span className="mono">{type}</span>
+              </label>
+            ))}
+          </div>
+          <div className="export-form__choices">
+            <label className="check"><input type="checkbox" checked={verify} onChange={(e) => setVerify(e.target.checked)} /> Verify every file against the trained model</label>
+            <button type="button" className="button button--primary" disabled={busy || nothing} onClick={() => void start()}>
+              {busy ? 'Queueing…' : 'Export'}
+            </button>
+            {nothing && <span className="error-text small">Choose at least one output.</span>}
+          </div>
+        </fieldset>
+      ) : (
+        <p className="muted small">
+          {job.kind !== 'train' ? 'An export job is not exported again.'
+            : job.status !== 'succeeded' ? 'Export becomes possible once the job has succeeded.'
+              : 'This job saved no adapter, so there is nothing to export.'}
+        </p>
+      )}
+      {error && <p className="error-text" role="alert">{error}</p>}
+      {exports && exports.length > 0 && (
+        <ul className="exports" aria-label={`Exports of job ${job.id}`}>
+          {exports.map((e) => <ExportJobRow key={e.id} job={e} />)}
+        </ul>
+      )}
+    </div>
+  )
+}

@@ -1,0 +1,47 @@
+// Shapes of the playground's API (lanner.backend.routers.playground).
+
+export type Side = 'tuned' | 'base'
+
+/** One side of a chat: the GGUF that answers, or why there is none (`code`, `reason`). */
+export interface ModelFile {
+  available: boolean
+  gguf: string | null
+  artifact_id: number | null
+  size_bytes: number | null
+  code: string | null
+  reason: string | null
+}
+
+/** GET /api/playground/jobs (a list of these) and /api/playground/jobs/{id}. */
+export interface PlaygroundJob {
+  job_id: number
+  name: string
+  model: string
+  status: string
+  finished_at: string | null
+  custom_chat_template: boolean
+  tuned: ModelFile
+  base: ModelFile
+  export_url: string
+  pending_export: { job_id: number; status: string } | null
+}
+
+export interface Sampling {
+  temperature: number
+  top_p: number
+  max_tokens: number
+  /** Stop strings, one per line in the form. */
+  stop: string[]
+}
+
+export interface ChatMessage {
+  role: 'user' | 'assistant'
+  content: string
+}
+
+/** What /ws/playground sends. */
+export type ServerMessage =
+  | { type: 'status'; id: unknown; model: Side; state: 'loading' | 'waiting' | 'generating' }
+  | { type: 'token'; id: unknown; model: Side; text: string }
+  | { type: 'done'; id: unknown; model: Side; finish_reason: string; chunks: number; seconds: number }
+  | { type: 'error'; id: unknown; model: Side | null; code: string; message: string; export_url?: string }
