@@ -47,6 +47,8 @@ class Hyperparameters(BaseModel):
     save_steps: int | None = Field(default=None, ge=1, le=10_000_000)
     eval_fraction: float = Field(default=0.0, ge=0, le=0.5)
     before_after_eval: bool = Field(default=True, description="SFT: base vs tuned answers on validation prompts")
+    use_kernels: bool = Field(default=True, description="lanner.kernels on; off for a plain PyTorch + PEFT comparison run")
+    oom_retry: bool = Field(default=True, description="On out of memory, retry once at half the micro-batch, same effective batch")
 
 
 class LoraSettings(BaseModel):
@@ -231,6 +233,7 @@ def worker_options(spec: JobSpec) -> dict[str, Any]:
         "lr_scheduler_type": hp.lr_scheduler, "weight_decay": hp.weight_decay, "max_seq_length": hp.max_seq_len,
         "packing": hp.packing, "gradient_checkpointing": hp.gradient_checkpointing, "seed": hp.seed,
         "dtype": _DTYPES[hp.precision], "validation_split": hp.eval_fraction, "warmup_ratio": hp.warmup_ratio,
+        "use_kernels": hp.use_kernels, "oom_retry": hp.oom_retry,
     }
     if hp.max_steps is not None:
         options["max_steps"] = hp.max_steps

@@ -69,7 +69,7 @@ describe('buildJobSpec', () => {
       lora: { rank: 16, alpha: 32, dropout: 0 },
     })
     const hp = spec.hyperparameters as Record<string, unknown>
-    expect(hp).toMatchObject({ max_steps: 5, max_seq_len: 128, gradient_checkpointing: true, packing: false, lr_scheduler: 'cosine', before_after_eval: true })
+    expect(hp).toMatchObject({ max_steps: 5, max_seq_len: 128, gradient_checkpointing: true, packing: false, lr_scheduler: 'cosine', before_after_eval: true, use_kernels: true, oom_retry: true })
     expect((buildJobSpec(form({ 'hyperparameters.before_after_eval': 'false' })).hyperparameters as Record<string, unknown>).before_after_eval).toBe(false)
     expect('learning_rate' in hp).toBe(false)
     expect('save_steps' in hp).toBe(false)

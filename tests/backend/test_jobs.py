@@ -293,9 +293,11 @@ def test_the_config_carries_the_options_the_training_process_reads(team, wakes):
     pairs = upload(team.alice, "pairs.jsonl", PREFERENCE_ROWS).json()["id"]
     job = submit(team.alice, pairs, method="dpo", lora={"rank": 8, "alpha": 16},
                  hyperparameters={"batch_size": 2, "gradient_accumulation": 8, "max_seq_len": 512, "max_steps": 30,
-                                  "precision": "bf16", "learning_rate": 1e-5},
+                                  "precision": "bf16", "learning_rate": 1e-5, "use_kernels": False,
+                                  "oom_retry": False},
                  preference={"beta": 0.2}).json()
     options = TrainingOptions.from_config(job["config"])
+    assert (options.use_kernels, options.oom_retry) == (False, False)
     assert (options.per_device_train_batch_size, options.gradient_accumulation_steps, options.max_seq_length) == (2, 8, 512)
     assert (options.max_steps, options.learning_rate, options.dtype) == (30, 1e-5, "bfloat16")
     assert (options.lora_r, options.lora_alpha, options.dpo_beta) == (8, 16, 0.2)
