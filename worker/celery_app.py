@@ -53,6 +53,7 @@ class WorkerState:
 worker_state = WorkerState()
 
 _stop_heartbeat = threading.Event()
+_heartbeat_thread: list[threading.Thread] = []
 
 
 def _heartbeat(name: str, device: dict) -> None:
@@ -105,7 +106,9 @@ def _start_heartbeat(sender, **_):
     except Exception as error:
         print(f"lanner: could not sweep the jobs of {sender.hostname}: {error}", flush=True)
     device = current_device(sender.hostname)
-    threading.Thread(target=_heartbeat, args=(sender.hostname, device), daemon=True, name="lanner-heartbeat").start()
+    _heartbeat_thread.append(threading.Thread(target=_heartbeat, args=(sender.hostname, device), daemon=True,
+                                              name="lanner-heartbeat"))
+    _heartbeat_thread[0].start()
     threading.Thread(target=_janitor, args=(sender.hostname, device), daemon=True, name="lanner-janitor").start()
     # Look at the queue at once: jobs may have been queued while no worker ran.
     app.send_task(DISPATCH_TASK)
@@ -114,6 +117,8 @@ def _start_heartbeat(sender, **_):
 @worker_shutdown.connect
 def _stop(sender, **_):
     _stop_heartbeat.set()
+    if _heartbeat_thread:  # a beat in flight would announce this worker again after it retired
+        _heartbeat_thread[0].join(timeout=HEARTBEAT_SECONDS)
     try:
         retire_worker(get_redis(settings.redis_url), sender.hostname)
     except Exception:

@@ -34,7 +34,9 @@ function runLabel(job: Job): string {
 /** Several runs side by side: curves overlaid by step, settings with differences marked, evaluations. */
 export function ComparePage() {
   const [params, setParams] = useSearchParams()
-  const ids = useMemo(() => parseJobIds(params.get('jobs')).slice(0, MAX_RUNS), [params])
+  // The selection lives in state and is mirrored to the URL: the router applies URL changes in a
+  // transition, so checkboxes driven by the URL alone flip back until it commits.
+  const [ids, setIds] = useState<number[]>(() => parseJobIds(params.get('jobs')).slice(0, MAX_RUNS))
   const [candidates, setCandidates] = useState<Job[] | null>(null)
   const [runs, setRuns] = useState<Run[] | null>(null)
   const [error, setError] = useState<string | null>(null)
@@ -71,9 +73,12 @@ export function ComparePage() {
     return () => abort.abort()
   }, [ids])
 
+  useEffect(() => {
+    setParams(ids.length ? { jobs: ids.join(',') } : {}, { replace: true })
+  }, [ids, setParams])
+
   function toggle(id: number, on: boolean) {
-    const next = on ? [...ids, id].slice(0, MAX_RUNS) : ids.filter((x) => x !== id)
-    setParams(next.length ? { jobs: next.join(',') } : {}, { replace: true })
+    setIds((current) => (on ? [...current.filter((x) => x !== id), id].slice(0, MAX_RUNS) : current.filter((x) => x !== id)))
   }
 
   const series = (runs ?? []).map((run, i) => ({ label: runLabel(run.job), color: RUN_COLORS[i % RUN_COLORS.length]!, spanGaps: true, points: true }))
