@@ -163,6 +163,9 @@ def up(settings: Settings) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, request_stop)
+    # Ctrl-C stops the studio even when `up` was started from a non-interactive shell's background
+    # job, which starts its children with SIGINT ignored.
+    signal.signal(signal.SIGINT, request_stop)
     try:
         stack.start()
         while True:

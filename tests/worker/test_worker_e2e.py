@@ -108,7 +108,8 @@ def test_a_worker_killed_with_sigkill_fails_its_job_within_60_seconds(studio, ce
     job = studio.wait_for(job_id, lambda j: j.status in FINAL, 60 - (time.monotonic() - killed), "failed")
     assert time.monotonic() - killed <= 60
     assert job.status == JobStatus.failed and "stopped while running this job" in job.error
-    assert read_after(studio.redis, job_stream(job_id), count=10_000)[-1][2]["status"] == "failed"
+    statuses = [data for _, kind, data in read_after(studio.redis, job_stream(job_id), count=10_000) if kind == "status"]
+    assert statuses[-1]["status"] == "failed"
     assert read_after(studio.redis, QUEUE_STREAM)[-1][1:] == (
         "finished", {"job_id": job_id, "owner_id": job.owner_id, "name": job.name, "status": "failed",
                      "priority": job.priority, "error": job.error})
