@@ -115,12 +115,19 @@ def test_a_worker_killed_with_sigkill_fails_its_job_within_60_seconds(studio, ce
                      "priority": job.priority, "error": job.error})
 
 
+def _has_checkpoint(studio, job_id: int) -> bool:
+    from lanner.backend.models import Artifact
+
+    with studio.sessions() as session:
+        return session.query(Artifact).filter_by(job_id=job_id, kind="checkpoint").first() is not None
+
+
 def test_a_job_that_asked_for_it_resumes_from_its_checkpoint_after_a_sigkill(studio, celery_worker):
     worker = celery_worker()
     job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)),
-                        {"max_steps": 4, "save_steps": 1, "requeue_on_worker_loss": True, "before_after_eval": False})
+                        {"max_steps": 8, "save_steps": 1, "requeue_on_worker_loss": True, "before_after_eval": False})
     wake(studio)
-    studio.wait_for(job_id, lambda j: j.step >= 2, 180, "its second step")
+    studio.wait_for(job_id, lambda j: j.step >= 2 and _has_checkpoint(studio, j.id), 180, "its second step and a checkpoint")
     os.kill(worker.process.pid, signal.SIGKILL)
     worker.process.wait()
 
@@ -134,5 +141,5 @@ def test_a_job_that_asked_for_it_resumes_from_its_checkpoint_after_a_sigkill(stu
     assert statuses == ["running", "queued", "running", "succeeded"]
     resumed_at = int(job.resume_from.split("-")[1])
     after = [data["step"] for _, kind, data in events if kind == "metric" and "loss" in data]
-    assert after[-(4 - resumed_at):] == list(range(resumed_at + 1, 5))
+    assert after[-(8 - resumed_at):] == list(range(resumed_at + 1, 9))
     assert (studio.data_dir / "artifacts" / str(job_id) / "adapter" / "adapter_model.safetensors").is_file()
