@@ -5,7 +5,9 @@ import json
 import time
 from pathlib import Path
 
-from playwright.sync_api import Browser, BrowserContext, Page, expect
+from collections.abc import Iterator
+
+from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
@@ -29,6 +31,16 @@ def sign_in_context(browser: Browser, url: str) -> BrowserContext:
                                         data={"email": ADMIN["email"], "password": ADMIN["password"]})
     assert response.ok, response.text()
     return context
+
+
+def signed_in_page(url: str) -> Iterator[Page]:
+    """A page of a signed-in browser that accepts every confirm dialog (for a module-scoped fixture)."""
+    with sync_playwright() as playwright:
+        browser = launch(playwright)
+        page = sign_in_context(browser, url).new_page()
+        page.on("dialog", lambda dialog: dialog.accept())
+        yield page
+        browser.close()
 
 
 def shot(page: Page, name: str, full_page: bool = False) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-from browser_helpers import expect_heading, jsonl, launch, shot, sign_in_context, wait_until
+from browser_helpers import expect_heading, jsonl, shot, signed_in_page, wait_until
 
 TRAINING_TIMEOUT = 1500  # seconds: importing SmolLM2 on first use, then two short CPU runs on shared cores
 
@@ -27,13 +27,7 @@ def _rows() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def page(stack):
-    with sync_playwright() as playwright:
-        browser = launch(playwright)
-        context = sign_in_context(browser, stack.url)
-        page = context.new_page()
-        page.on("dialog", lambda dialog: dialog.accept())
-        yield page
-        browser.close()
+    yield from signed_in_page(stack.url)
 
 
 @pytest.fixture(scope="module")
