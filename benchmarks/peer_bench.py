@@ -66,7 +66,14 @@ def main():
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--budget", type=float, default=None, help="lanner: memory budget in GiB")
     ap.add_argument("--offload", choices=["on", "off", "auto"], default="auto", help="lanner: checkpoint offloading")
+    ap.add_argument("--memory-profile", default=None,
+                    help="write memory_profile.py's report of the last step's peak to this file")
+    ap.add_argument("--long-context", default=None, metavar="S1,S2,...",
+                    help="instead of timing: the peak of a batch-1 step at each length, and the longest "
+                         "sequence that fits 24/48/80 GiB from a line through them (see long_context)")
     a = ap.parse_args()
+    if a.long_context:
+        a.seq = 131072  # Unsloth sizes its RoPE cache from it: room for the checked length
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     if a.mode.startswith("unsloth"):
@@ -125,20 +132,50 @@ def main():
     opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
     vocab = CONFIGS[a.model]["vocab_size"]
     g = torch.Generator(device="cuda").manual_seed(1)
+    if a.long_context:
+        return long_context(model, opt, [int(s) for s in a.long_context.split(",")], vocab, g, a)
     batches = [torch.randint(0, vocab, (a.bs, a.seq), device="cuda", generator=g) for _ in range(4)]
+    if a.memory_profile:
+        from memory_profile import MARKER_BYTES, PhasePeaks, analyse
+        phases = PhasePeaks(model)
     torch.cuda.reset_peak_memory_stats()
     times, loss = [], None
+    held_by_step, peak_by_step = [], []  # GiB allocated as each step starts; the peak so far after it
     for i in range(a.warmup + a.steps):
         ids = batches[i % len(batches)]
+        held_by_step.append(round(torch.cuda.memory_allocated() / 2**30, 3))
+        profiled = a.memory_profile and i == a.warmup + a.steps - 1
+        if profiled:
+            overall_peak = torch.cuda.max_memory_allocated()
+            baseline = torch.cuda.memory_allocated()
+            torch.cuda.memory._record_memory_history(stacks="python", max_entries=3_000_000)
+            torch.empty(MARKER_BYTES, dtype=torch.uint8, device="cuda")
+            phases.active = True
+            phases.mark("step starts")
         torch.cuda.synchronize(); t = time.perf_counter()
         out = model(input_ids=ids, labels=ids)
+        if profiled:
+            snapshot = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            phases.mark("loss computed")
         out.loss.backward()
+        if profiled:
+            phases.mark("backward done")
         opt.step(); opt.zero_grad(set_to_none=True)
+        if profiled:
+            phases.mark("optimizer step done")
+            phases.active = False
         torch.cuda.synchronize()
+        peak_by_step.append(round(torch.cuda.max_memory_allocated() / 2**30, 3))
         if i >= a.warmup:
             times.append(time.perf_counter() - t)
         loss = out.loss.item()
     ms = statistics.median(times) * 1000
+    if a.memory_profile:
+        with open(a.memory_profile, "w") as handle:
+            handle.write(f"{a.mode} {a.model} budget={a.budget} offload={a.offload} peak of the steps before "
+                         f"the profiled one: {overall_peak / 2**30:.3f} GiB\n{phases.report()}\n\nforward:\n"
+                         f"{analyse(snapshot, baseline=baseline)}\n")
     extra = {}
     if a.mode == "lanner":
         from lanner.kernels.memory import memory_engine_of
@@ -151,7 +188,52 @@ def main():
     print(json.dumps(dict(**extra, mode=a.mode, model=a.model, seq=a.seq, bs=a.bs, rank=a.rank,
                           step_ms=round(ms, 1), tok_s=round(a.bs * a.seq / ms * 1000),
                           peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2),
-                          loss=round(loss, 4), gpu=torch.cuda.get_device_name())), flush=True)
+                          loss=round(loss, 4), gpu=torch.cuda.get_device_name(),
+                          held_by_step=held_by_step, peak_by_step=peak_by_step)), flush=True)
+
+
+def long_context(model, opt, seqs, vocab, generator, a, budgets=(24, 48, 80)):
+    """Peak memory is linear in the sequence length for these engines (flash attention, chunked loss,
+    checkpointed layers), so two or more measured lengths give the line; its crossing with each
+    budget is the longest sequence predicted to fit. The first budget's prediction is then checked:
+    one step at that length with the allocator capped at the budget (set_per_process_memory_fraction)."""
+    import torch
+
+    def step(seq):
+        ids = torch.randint(0, vocab, (1, seq), device="cuda", generator=generator)
+        torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter()
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step(); opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        del out
+        return torch.cuda.max_memory_allocated(), time.perf_counter() - t
+
+    points = []
+    for seq in seqs:
+        step(seq)  # the first step at a new length plans (lanner) or compiles (unsloth)
+        peak, seconds = step(seq)
+        points.append((seq, peak))
+        print(json.dumps(dict(mode=a.mode, seq=seq, peak_gib=round(peak / 2**30, 3), step_s=round(seconds, 2))), flush=True)
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    intercept = mean_y - slope * mean_x
+    predicted = {b: int((b * 2**30 - intercept) / slope) // 1024 * 1024 for b in budgets}
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(budgets[0] * 2**30 / total)
+    try:
+        peak, seconds = step(predicted[budgets[0]])
+        check = dict(fits=True, peak_gib=round(peak / 2**30, 3), step_s=round(seconds, 1))
+    except torch.OutOfMemoryError:
+        check = dict(fits=False)
+    print(json.dumps(dict(mode=a.mode, model=a.model, bytes_per_token=round(slope),
+                          fixed_gib=round(intercept / 2**30, 3),
+                          max_seq={str(b): v for b, v in predicted.items()},
+                          check_at=dict(budget_gib=budgets[0], seq=predicted[budgets[0]], **check))), flush=True)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,9 @@ class HostOffloader:
         return self._stream
 
     def to_host(self, tensor: torch.Tensor, index: int) -> torch.Tensor:
+        # Detached: a copy recorded by autograd would chain every step's graph onto the reused host
+        # buffer, keeping each step's activations (the embeddings' output and its gradient) alive.
+        tensor = tensor.detach()
         host = self._host_buffer(tensor, index)
         if not tensor.is_cuda:
             return host.copy_(tensor)

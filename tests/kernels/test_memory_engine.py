@@ -120,6 +120,19 @@ def test_offloaded_inputs_leave_the_device_until_backward(device):
     assert alive == {False: True, True: False}
 
 
+def test_offloaded_inputs_do_not_outlive_their_step(device):
+    """The copy to host memory once went through autograd: every step's graph was chained onto the
+    reused host buffer, keeping the embeddings' output and its gradient alive (128 MiB a step at 8B)."""
+    model = _model("llama", device, layers=3)
+    _force_plan(model, ["recompute"] * 3, offload=(0, 1, 2))
+    embedded = []
+    model.get_input_embeddings().register_forward_hook(
+        lambda _m, _i, out: embedded.append((weakref.ref(out), out.requires_grad, out.grad_fn is None)))
+    for ids in token_batches(3, 2, 5, model.config.vocab_size, device=device):
+        _step(model, ids)
+    assert [(ref() is None, leaf_requiring_grad) for ref, *leaf_requiring_grad in embedded] == [(True, [True, True])] * 3
+
+
 def test_engine_survives_a_trainer_reenabling_checkpointing(device):
     model = _model("llama", device, layers=2)
     engine = memory_engine_of(model)
