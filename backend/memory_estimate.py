@@ -14,6 +14,10 @@ Deliberately simple (refine it against measured peaks on the GPU box):
 - logits: the model's 16-bit logits, transformers' float32 upcast for the loss, and both their
   gradients (tokens × vocab × (2 + 4 + 4 + 2) bytes), which lanner.kernels' fused linear +
   cross-entropy avoids (then one chunk, counted as the overhead);
+- lanner.kernels' memory engine (lora/qlora on the kernels on a GPU, docs/memory-engine.md): with
+  `offload_checkpoints` the layer inputs wait in host memory (two on the GPU while they come back);
+  with `memory_budget_gib` the engine keeps activations while the whole step fits the budget, so the
+  activations fill the budget's room above the rest, between the smallest plan and every layer's;
 - overhead: 5% of the rest plus a fixed 512 MiB on a GPU (CUDA context, allocator slack).
 """
 from __future__ import annotations
@@ -60,9 +64,16 @@ def lora_parameters(model: dict[str, Any], r: int, target_modules=DEFAULT_TARGET
     return s["layers"] * sum(r * (i + o) for name, (i, o) in projections.items() if name in target_modules)
 
 
+def _memory_engine_on(config: dict[str, Any], method: str, device_kind: str) -> bool:
+    """lanner.kernels' memory engine plans the checkpointing of lora/qlora jobs on the kernels on a GPU."""
+    return (device_kind == "cuda" and method in ("lora", "qlora") and config.get("use_kernels", True)
+            and config.get("gradient_checkpointing", True))
+
+
 def estimate_memory(config: dict[str, Any], model: dict[str, Any], device_kind: str = "cuda") -> dict[str, int]:
     """Bytes a job needs. config: the job's config (method, dtype, lora_r, target_modules,
-    per_device_train_batch_size, max_seq_length, gradient_checkpointing, use_kernels); model: the
+    per_device_train_batch_size, max_seq_length, gradient_checkpointing, use_kernels,
+    memory_budget_gib, offload_checkpoints); model: the
     model's config.json as a dict (hidden_size, intermediate_size, num_hidden_layers, vocab_size,
     num_attention_heads, num_key_value_heads, head_dim, tie_word_embeddings) or {"parameters": N}
     when only the count is known (then activations are not estimated). Returns the parts and
@@ -97,12 +108,23 @@ def estimate_memory(config: dict[str, Any], model: dict[str, Any], device_kind: 
         s = _shape(model)
         tokens = int(config.get("per_device_train_batch_size", 4)) * int(config.get("max_seq_length", 1024))
         per_layer = 34 * s["hidden"] * act_bytes // 2 * tokens
+        layer_input = s["hidden"] * act_bytes * tokens
         if config.get("gradient_checkpointing", True):
-            activations = s["layers"] * s["hidden"] * act_bytes * tokens + per_layer
+            activations = s["layers"] * layer_input + per_layer
         else:
             activations = s["layers"] * per_layer
         if not (config.get("use_kernels", True) and device_kind == "cuda"):
             logits = tokens * s["vocab"] * (2 + 4 + 4 + 2)
+        budget = config.get("memory_budget_gib")
+        if _memory_engine_on(config, method, device_kind) and (budget is not None or config.get("offload_checkpoints")):
+            # Offloaded, the layer inputs wait in host memory (two on the GPU while they come back); the
+            # engine offloads when asked to, or when a budget needs it.
+            activations = 2 * layer_input + per_layer
+            if budget is not None:
+                # The budget counts everything allocated: the engine keeps activations in the room the rest
+                # leaves, at most every layer's, never less than its smallest plan (then over budget).
+                room = int(float(budget) * 2**30) - (weights + adapter + gradients + optimizer + logits)
+                activations = max(activations, min(room, s["layers"] * per_layer))
 
     subtotal = weights + adapter + gradients + optimizer + activations + logits
     overhead = subtotal // 20 + (CUDA_OVERHEAD_BYTES if device_kind == "cuda" else 0)

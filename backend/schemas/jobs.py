@@ -49,6 +49,13 @@ class Hyperparameters(BaseModel):
     before_after_eval: bool = Field(default=True, description="SFT: base vs tuned answers on validation prompts")
     use_kernels: bool = Field(default=True, description="lanner.kernels on; off for a plain PyTorch + PEFT comparison run")
     oom_retry: bool = Field(default=True, description="On out of memory, retry once at half the micro-batch, same effective batch")
+    memory_budget_gib: float | None = Field(
+        default=None, gt=0, le=4096,
+        description="lora/qlora on lanner.kernels: the GPU memory (GiB) the step may use; activations that are "
+                    "dearest to recompute are kept while they fit. None: every layer is recomputed")
+    offload_checkpoints: bool = Field(
+        default=False, description="lora/qlora on lanner.kernels: keep the checkpointed layer inputs in host memory "
+                                   "(smallest footprint). Off: only when the memory budget needs it. GPU only")
 
 
 class LoraSettings(BaseModel):
@@ -121,6 +128,16 @@ class JobSpec(BaseModel):
             return value
         if value.packing and method in PREFERENCE_METHODS:
             raise ValueError(f"packing does not apply to {method}: preference pairs are never packed")
+        engine_options = [name for name in ("memory_budget_gib", "offload_checkpoints") if getattr(value, name)]
+        if engine_options:
+            names = " and ".join(engine_options)
+            if method not in ADAPTER_METHODS:
+                raise ValueError(f"{names}: the memory engine runs for lora and qlora, not for {method}")
+            if not value.use_kernels:
+                raise ValueError(f"{names}: the memory engine is part of lanner.kernels; turn use_kernels on")
+            if not value.gradient_checkpointing:
+                raise ValueError(f"{names}: the memory engine plans the gradient checkpointing; "
+                                 "turn gradient_checkpointing on")
         if value.learning_rate is None:
             value.learning_rate = DEFAULT_LEARNING_RATE[method]
         elif method in WHOLE_MODEL_METHODS and value.learning_rate > 1e-3:
@@ -234,6 +251,7 @@ def worker_options(spec: JobSpec) -> dict[str, Any]:
         "packing": hp.packing, "gradient_checkpointing": hp.gradient_checkpointing, "seed": hp.seed,
         "dtype": _DTYPES[hp.precision], "validation_split": hp.eval_fraction, "warmup_ratio": hp.warmup_ratio,
         "use_kernels": hp.use_kernels, "oom_retry": hp.oom_retry,
+        "memory_budget_gib": hp.memory_budget_gib, "offload_checkpoints": hp.offload_checkpoints,
     }
     if hp.max_steps is not None:
         options["max_steps"] = hp.max_steps

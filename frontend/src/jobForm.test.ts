@@ -48,6 +48,18 @@ describe('validateJobForm', () => {
     expect(validateJobForm(form({ 'lora.rank': '' }, { method: 'full' }))).toEqual({})
   })
 
+  it('asks for the kernels and checkpointing when the memory engine is used, on adapter methods only', () => {
+    expect(validateJobForm(form({ 'hyperparameters.memory_budget_gib': '60', 'hyperparameters.offload_checkpoints': 'true' }))).toEqual({})
+    const noKernels = validateJobForm(form({ 'hyperparameters.memory_budget_gib': '60', 'hyperparameters.offload_checkpoints': 'true', 'hyperparameters.use_kernels': 'false' }))
+    expect(noKernels['hyperparameters.memory_budget_gib']).toBe('The memory budget needs Lanner kernels on.')
+    expect(noKernels['hyperparameters.offload_checkpoints']).toBe('Offloading checkpoints needs Lanner kernels on.')
+    const noCheckpointing = validateJobForm(form({ 'hyperparameters.offload_checkpoints': 'true', 'hyperparameters.gradient_checkpointing': 'false', gpus: '1' }, { method: 'qlora' }))
+    expect(noCheckpointing).toEqual({ 'hyperparameters.offload_checkpoints': 'Offloading checkpoints needs gradient checkpointing on.' })
+    expect(validateJobForm(form({ 'hyperparameters.memory_budget_gib': '0' }))['hyperparameters.memory_budget_gib']).toBe('Must be more than 0.')
+    // A full fine-tune has no memory engine: its stale values count for nothing.
+    expect(validateJobForm(form({ 'hyperparameters.memory_budget_gib': '0', 'hyperparameters.use_kernels': 'false' }, { method: 'full' }))).toEqual({})
+  })
+
   it('accepts absolute paths and hub ids but not relative paths', () => {
     expect(validateJobForm(form({}, { model: '/srv/models/x' }))).toEqual({})
     expect(validateJobForm(form({}, { model: 'Qwen/Qwen2.5-0.5B' }))).toEqual({})
@@ -75,7 +87,13 @@ describe('buildJobSpec', () => {
     expect('save_steps' in hp).toBe(false)
     expect('preference' in spec).toBe(false)
 
+    expect('memory_budget_gib' in hp).toBe(false)
+    expect(hp.offload_checkpoints).toBe(false)
+    const engine = buildJobSpec(form({ 'hyperparameters.memory_budget_gib': '19.5', 'hyperparameters.offload_checkpoints': 'true', 'hyperparameters.packing': 'true' }))
+    expect(engine.hyperparameters).toMatchObject({ memory_budget_gib: 19.5, offload_checkpoints: true, packing: true })
+
     const dpo = buildJobSpec(form({}, { method: 'dpo' }))
+    expect('offload_checkpoints' in (dpo.hyperparameters as Record<string, unknown>)).toBe(false)
     expect(dpo.preference).toEqual({ beta: 0.1 })
     expect('lora' in dpo).toBe(false)
   })
@@ -92,8 +110,11 @@ describe('presets and clones', () => {
   it('a clone starts from the job’s config', () => {
     const cloned = formFromConfig({
       method: 'lora', model: 'builtin/SmolLM2-135M-Instruct', dataset_id: 9, name: 'first',
-      hyperparameters: { learning_rate: 0.0001, max_steps: 4, epochs: 3 }, lora: { rank: 8 }, gpus: 0,
+      hyperparameters: { learning_rate: 0.0001, max_steps: 4, epochs: 3, memory_budget_gib: 40, offload_checkpoints: true },
+      lora: { rank: 8 }, gpus: 0,
     }, 'x')
+    expect(cloned.values['hyperparameters.memory_budget_gib']).toBe('40')
+    expect(cloned.values['hyperparameters.offload_checkpoints']).toBe('true')
     expect(cloned.datasetId).toBe('9')
     expect(cloned.name).toBe('first (copy)')
     expect(cloned.values['hyperparameters.learning_rate']).toBe('0.0001')

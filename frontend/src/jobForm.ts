@@ -25,7 +25,13 @@ export interface FieldDef {
   options?: string[]
   /** Shown as the placeholder of an optional field. */
   placeholder?: string
+  /** Only these methods have the field (default: as its section says). */
+  methods?: Method[]
 }
+
+export const ADAPTER_METHODS: Method[] = ['lora', 'qlora']
+export const PREFERENCE_METHODS: Method[] = ['dpo', 'orpo', 'kto']
+export const WHOLE_MODEL_METHODS: Method[] = ['full', 'pretrain']
 
 export const METHODS: { value: Method; label: string; help: string }[] = [
   { value: 'lora', label: 'LoRA', help: 'Trains small adapter matrices; the base model stays frozen. Fast, light, the usual choice.' },
@@ -36,10 +42,6 @@ export const METHODS: { value: Method; label: string; help: string }[] = [
   { value: 'orpo', label: 'ORPO', help: 'Preference tuning without a reference model, on chosen / rejected pairs.' },
   { value: 'kto', label: 'KTO', help: 'Preference tuning on single answers labelled good or bad.' },
 ]
-
-export const ADAPTER_METHODS: Method[] = ['lora', 'qlora']
-export const PREFERENCE_METHODS: Method[] = ['dpo', 'orpo', 'kto']
-export const WHOLE_MODEL_METHODS: Method[] = ['full', 'pretrain']
 
 /** The API's learning rate when none is given (backend/schemas/jobs.py DEFAULT_LEARNING_RATE). */
 export const DEFAULT_LEARNING_RATE: Record<Method, number> = {
@@ -77,7 +79,7 @@ export const FIELDS: FieldDef[] = [
   { path: 'hyperparameters.gradient_checkpointing', label: 'Gradient checkpointing', type: 'bool', section: 'training', advanced: true,
     help: 'Recomputes activations instead of storing them: less memory, about 20% slower.' },
   { path: 'hyperparameters.packing', label: 'Pack short rows together', type: 'bool', section: 'training', advanced: true,
-    help: 'Fills each sequence with several rows: faster on short data. Not for preference methods.' },
+    help: 'Puts several rows in one sequence, each attending only to itself, so no compute goes to padding: faster on short rows. Not for preference methods.' },
   { path: 'hyperparameters.eval_fraction', label: 'Evaluation share', type: 'float', section: 'training', advanced: true, min: 0, max: 0.5,
     help: 'Share of rows held out to measure eval loss; 0 skips evaluation.' },
   { path: 'hyperparameters.before_after_eval', label: 'Before/after evaluation', type: 'bool', section: 'training', advanced: true,
@@ -86,6 +88,11 @@ export const FIELDS: FieldDef[] = [
     help: 'Our Triton kernels: faster and lighter, same results. Off runs plain PyTorch + PEFT, for comparison.' },
   { path: 'hyperparameters.oom_retry', label: 'Retry when out of memory', type: 'bool', section: 'training', advanced: true,
     help: 'On out of memory, resume once from the last checkpoint at half the batch and twice the accumulation.' },
+  { path: 'hyperparameters.memory_budget_gib', label: 'Memory budget (GiB)', type: 'float', section: 'training', advanced: true, min: 0, minExclusive: true, max: 4096, optional: true,
+    placeholder: 'recompute every layer', methods: ADAPTER_METHODS,
+    help: 'GPU memory a training step may use. The kernels’ memory engine keeps the activations dearest to recompute while they fit: more memory, faster steps. Needs Lanner kernels and gradient checkpointing.' },
+  { path: 'hyperparameters.offload_checkpoints', label: 'Offload checkpoints to host memory', type: 'bool', section: 'training', advanced: true, methods: ADAPTER_METHODS,
+    help: 'Each layer’s checkpointed input waits in host memory, copied while the GPU computes: the smallest footprint, about as fast. Off: only when the memory budget needs it. GPU only.' },
   { path: 'hyperparameters.save_steps', label: 'Checkpoint every', type: 'int', section: 'training', advanced: true, min: 1, optional: true, placeholder: 'end of each epoch',
     help: 'Steps between checkpoints, which a retry can resume from.' },
   { path: 'hyperparameters.seed', label: 'Seed', type: 'int', section: 'training', advanced: true, min: 0, max: 2 ** 32 - 1,
@@ -138,6 +145,8 @@ export const DEFAULT_VALUES: Record<string, string> = {
   'hyperparameters.before_after_eval': 'true',
   'hyperparameters.use_kernels': 'true',
   'hyperparameters.oom_retry': 'true',
+  'hyperparameters.memory_budget_gib': '',
+  'hyperparameters.offload_checkpoints': 'false',
   'hyperparameters.seed': '42',
   'lora.rank': '16',
   'lora.alpha': '32',
@@ -166,6 +175,7 @@ export function applyPreset(form: JobForm, preset: PresetName): JobForm {
 
 /** Whether a field applies to the chosen method. */
 export function fieldApplies(field: FieldDef, method: Method): boolean {
+  if (field.methods) return field.methods.includes(method)
   if (field.section === 'lora') return ADAPTER_METHODS.includes(method)
   if (field.section === 'preference') return PREFERENCE_METHODS.includes(method)
   return true
@@ -204,6 +214,13 @@ export function validateJobForm(form: JobForm): Record<string, string> {
     errors['hyperparameters.learning_rate'] = `${lr} would wreck a ${form.method} run: use at most 1e-3.`
   if (form.values['hyperparameters.packing'] === 'true' && PREFERENCE_METHODS.includes(form.method))
     errors['hyperparameters.packing'] = `Packing does not apply to ${form.method}: preference pairs are never packed.`
+  const engineNeeds = form.values['hyperparameters.use_kernels'] !== 'true' ? 'Lanner kernels'
+    : form.values['hyperparameters.gradient_checkpointing'] !== 'true' ? 'gradient checkpointing' : null
+  if (engineNeeds && ADAPTER_METHODS.includes(form.method)) {
+    const budget = 'hyperparameters.memory_budget_gib', offload = 'hyperparameters.offload_checkpoints'
+    if (form.values[budget]?.trim() && !errors[budget]) errors[budget] = `The memory budget needs ${engineNeeds} on.`
+    if (form.values[offload] === 'true') errors[offload] = `Offloading checkpoints needs ${engineNeeds} on.`
+  }
   if (form.method === 'qlora' && form.values.gpus?.trim() === '0')
     errors.gpus = 'QLoRA needs a GPU (4-bit weights): set GPUs to 1, or use LoRA.'
   return errors

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from lanner.backend.settings import Settings
 from lanner.worker.default_model import DEFAULT_MODEL_ID, imported_model_dir
 from lanner.worker.events import JobEvents
-from lanner.worker.training.options import TrainingOptions
+from lanner.worker.training.options import ADAPTER_METHODS, TrainingOptions
 
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -55,7 +55,9 @@ def load_model(path: str, options: TrainingOptions, events: JobEvents):
         model, how = _lora_model(_load(path, options), options), "LoRA"
     else:
         model, how = _whole_model(_load(path, options), options), "every weight"
-    _put_on_kernels(model, options, events)
+    report = _put_on_kernels(model, options, events)
+    if options.method in ADAPTER_METHODS:
+        _start_memory_engine(model, options, events, report)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     dtype = str(training_dtype(options)).removeprefix("torch.")
@@ -95,14 +97,57 @@ def _whole_model(model, options: TrainingOptions):
     return model
 
 
-def _put_on_kernels(model, options: TrainingOptions, events: JobEvents) -> None:
+def _put_on_kernels(model, options: TrainingOptions, events: JobEvents):
+    """patch_model's report (None with use_kernels off), in one log line."""
     from lanner.kernels import patch_model
 
     if not options.use_kernels:
         events.log("lanner.kernels: off (the job's use_kernels option); plain PyTorch and PEFT")
-        return
+        return None
     report = patch_model(model)
     if report.active:
         events.log(f"lanner.kernels: on for {report.family} ({dict(report.patched)})")
     else:
         events.log(f"lanner.kernels: not used — {report.fallback_reason}; plain PyTorch and PEFT", level="warning")
+    return report
+
+
+def _start_memory_engine(model, options: TrainingOptions, events: JobEvents, report) -> None:
+    """lanner.kernels' memory engine on an adapter's decoder layers (docs/memory-engine.md), as
+    get_lora_model(use_kernels=True) puts it: whenever the kernels run, or the job sets a budget or
+    offloading. Its plan, made at the first training step, goes to the job's log."""
+    from lanner.kernels import install_memory_engine
+
+    asked = options.memory_budget_gib is not None or options.offload_checkpoints
+    if report is None or not options.gradient_checkpointing:
+        if asked:
+            events.log("Memory engine (lanner.kernels): memory_budget_gib and offload_checkpoints ignored; they need "
+                       "use_kernels and gradient_checkpointing on", level="warning")
+        return
+    offload = options.offload_checkpoints or None  # off: only when the budget needs it
+    if offload and next(model.parameters()).device.type != "cuda":
+        events.log("Memory engine (lanner.kernels): offload_checkpoints ignored on the CPU (it moves layer inputs "
+                   "from the GPU to host memory)", level="warning")
+        offload = None
+    if not (report.active or options.memory_budget_gib is not None or offload):
+        return
+    engine = install_memory_engine(model, options.memory_budget_gib, offload)
+    if engine is None:
+        events.log("Memory engine (lanner.kernels): not used — the model's decoder layers have no checkpointing hook",
+                   level="warning")
+        return
+    if options.memory_budget_gib is None:
+        how = "no budget: every layer recomputed"
+    else:
+        how = f"budget {options.memory_budget_gib:g} GiB" + ("" if offload else ", offloading if the budget needs it")
+    if offload:
+        how += ", layer inputs in host memory"
+    events.log(f"Memory engine (lanner.kernels): on ({how}); the plan follows at the first training step")
+    last = [None]
+
+    def log_new_plan(module, args, output):  # the engine plans again when a batch has more tokens
+        if engine.plan is not last[0]:
+            last[0] = engine.plan
+            events.log(engine.plan.describe(), level="info" if engine.plan.fits else "warning")
+
+    model.register_forward_hook(log_new_plan)

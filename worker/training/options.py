@@ -26,7 +26,7 @@ class TrainingOptions:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     max_seq_length: int = 1024
-    packing: bool = False
+    packing: bool = False               # padding-free: samples packed into rows, attention within each (sft.py)
     completion_only_loss: bool = True   # loss on the answers only, not the prompts
     chat_template: str | None = None    # a Jinja chat template replacing the model's own
     lora: bool = True                   # train a LoRA adapter; False: every weight (see from_config)
@@ -36,6 +36,8 @@ class TrainingOptions:
     target_modules: list[str] | None = None
     gradient_checkpointing: bool = True
     use_kernels: bool = True            # lanner.kernels on; off for comparison runs
+    memory_budget_gib: float | None = None  # lora/qlora: the memory engine's budget (model.py, docs/memory-engine.md)
+    offload_checkpoints: bool = False   # lora/qlora: layer inputs in host memory always (else when the budget needs it)
     dtype: str = "auto"                 # auto: bfloat16 on a GPU that has it, else float32
     seed: int = 42
     validation_split: float = 0.1       # taken only when the dataset has >= min_rows_for_validation rows

@@ -1,11 +1,22 @@
 """Supervised fine-tuning (lora, qlora, full) and continued pretraining on raw text (pretrain) with
 TRL's SFTTrainer, on whatever model.py built (an adapter, or every weight): prompt/completion rows
 through the model's chat template with the loss on the completions, or text rows for plain language
-modelling."""
+modelling.
+
+Packing is padding-free: TRL's best-fit-decreasing packing fills rows of max_seq_length with whole
+samples, and its padding-free collator gives the batch as one row with position ids restarting at
+each sample, the first label of each sample ignored, and no attention mask. From those position ids
+transformers builds a block-diagonal causal mask (sdpa, eager) or takes flash attention's varlen
+path, and lanner.kernels' RoPE rotates each sample by its own positions: no sample attends to another
+(tests/worker/test_packing.py checks it on the kernels)."""
 from __future__ import annotations
+
+import random
 
 from trl import SFTConfig, SFTTrainer
 
+from lanner.kernels.packing import padded_tokens
+from lanner.worker.training.callbacks import MetricsCallback
 from lanner.worker.training.common import common_args, split
 from lanner.worker.training.evaluation import with_before_after_evaluation
 from lanner.worker.training.options import TrainingOptions
@@ -15,7 +26,25 @@ def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, 
                   callbacks: list) -> SFTTrainer:
     train, evaluation = split(rows, options)
     args = SFTConfig(**common_args(options, output_dir, evaluation is not None),
-                     packing=options.packing, completion_only_loss=options.completion_only_loss)
+                     packing=options.packing, packing_strategy="bfd", padding_free=options.packing,
+                     completion_only_loss=options.completion_only_loss)
     trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
                          processing_class=tokenizer, callbacks=callbacks)
+    metrics = next((cb for cb in callbacks if isinstance(cb, MetricsCallback)), None)
+    if options.packing and metrics is not None:
+        seq_lengths = trainer.train_dataset["seq_lengths"]
+        metrics.events.log(packing_report(seq_lengths, options))
+        metrics.samples_per_step *= sum(map(len, seq_lengths)) / len(seq_lengths)  # a step reads rows of samples
     return with_before_after_evaluation(trainer, evaluation, train, callbacks)
+
+
+def packing_report(seq_lengths: list[list[int]], options: TrainingOptions) -> str:
+    """What packing did to the training set, against micro-batches padded to their longest sample (in
+    the shuffled order an unpacked run would read them)."""
+    lengths = [n for row in seq_lengths for n in row]
+    random.Random(options.seed).shuffle(lengths)
+    real, padded = sum(lengths), padded_tokens(lengths, options.per_device_train_batch_size)
+    return (f"Packing: {len(lengths)} samples in {len(seq_lengths)} rows of up to {options.max_seq_length} tokens, "
+            f"each sample attending only to itself; {real:,} tokens an epoch where micro-batches of "
+            f"{options.per_device_train_batch_size} padded to their longest sample would feed {padded:,} "
+            f"({1 - real / padded:.0%} less)")
