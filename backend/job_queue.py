@@ -114,8 +114,9 @@ def job_summary(job: Job) -> dict[str, Any]:
 
 
 def publish_queue_event(redis: Redis, event_type: str, data: dict[str, Any]) -> None:
-    """Queue events: added, started, finished, requeued, reordered, cancelled, deleted. Best effort: the
-    database already holds the truth, and a Redis hiccup must not fail the request that changed it."""
+    """Queue events: added, started, finished, requeued, reordered, cancelled, deleted, waiting. Best
+    effort: the database already holds the truth, and a Redis hiccup must not fail the request that
+    changed it."""
     try:
         publish(redis, QUEUE_STREAM, event_type, data, maxlen=SHARED_STREAM_MAXLEN)
     except Exception:

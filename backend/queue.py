@@ -13,6 +13,7 @@ from functools import lru_cache
 from sqlalchemy import and_, or_, select, true, update
 from sqlalchemy.orm import Session
 
+from lanner.backend.job_queue import QUEUE_ORDER
 from lanner.backend.models import Job, JobKind, JobStatus
 from lanner.backend.settings import Settings
 
@@ -99,15 +100,39 @@ def _runnable(device: dict, kinds: tuple[JobKind, ...], others: list[int] = (), 
     return conditions
 
 
+_RANK_COLUMNS = (Job.id, Job.priority, Job.queue_order)
+
+
+def _rank(row) -> tuple:  # QUEUE_ORDER as a tuple: smaller runs first
+    return -row.priority, row.queue_order, row.id
+
+
+def _first_waiting_multi_device_job(session: Session, device: dict, kinds: tuple[JobKind, ...],
+                                    machine: list[int]) -> tuple | None:
+    """The rank of the first queued job on several devices that this machine could hold with all its
+    devices free: this device and N - 1 of `machine` (the total memory of every other device of the
+    machine, idle or busy). The backfill guard: this worker takes no job ranked behind it."""
+    if not machine:
+        return None
+    whole = {key: value for key, value in device.items() if key != "memory_free_bytes"}
+    row = session.execute(select(*_RANK_COLUMNS).where(*_runnable(whole, kinds, machine), Job.gpus >= 2)
+                          .order_by(*QUEUE_ORDER).limit(1)).first()
+    return _rank(row) if row else None
+
+
 def has_runnable_job(session: Session, device: dict, kinds: tuple[JobKind, ...] = tuple(JobKind),
-                     others: list[int] = ()) -> bool:
-    """Whether a queued job that this device (with `others`, see claim_next_job) could take is waiting."""
-    return session.execute(select(Job.id).where(*_runnable(device, kinds, others)).limit(1)).first() is not None
+                     others: list[int] = (), machine: list[int] = ()) -> bool:
+    """Whether a queued job that this device (with `others` and `machine`, see claim_next_job) could
+    take is waiting."""
+    row = session.execute(select(*_RANK_COLUMNS).where(*_runnable(device, kinds, others))
+                          .order_by(*QUEUE_ORDER).limit(1)).first()
+    held_for = _first_waiting_multi_device_job(session, device, kinds, machine)
+    return row is not None and (held_for is None or _rank(row) <= held_for)
 
 
 def claim_next_job(session: Session, worker_name: str, device: dict,
                    kinds: tuple[JobKind, ...] = tuple(JobKind), others: list[int] = (),
-                   exclude: tuple[int, ...] = ()) -> Job | None:
+                   exclude: tuple[int, ...] = (), machine: list[int] = ()) -> Job | None:
     """Take the highest-priority queued job (priority desc, queue_order asc, id asc) that fits, mark
     it running on this worker, commit, and return it.
 
@@ -117,20 +142,25 @@ def claim_next_job(session: Session, worker_name: str, device: dict,
     failing that, a 1/N shard (FSDP). The caller then reserves those devices (worker_registry),
     and gives the job back with `unclaim_job` when another worker was quicker.
 
+    Backfill guard: with `machine` (the total memory of every other device of this machine, idle or
+    busy), no job ranked behind the first queued job on several devices that the machine could hold
+    is taken, so that the machine's devices drain to that job instead of going to smaller ones.
+
     Safe when workers race: on PostgreSQL the row is locked with FOR UPDATE SKIP LOCKED, so a second
     worker skips to the next job; elsewhere (SQLite) the update only applies while the row is still
     queued, and a worker that loses the race tries the next candidate.
     """
-    order = (Job.priority.desc(), Job.queue_order.asc(), Job.id.asc())
     postgres = session.get_bind().dialect.name == "postgresql"
+    held_for = _first_waiting_multi_device_job(session, device, kinds, machine)
     for _attempt in range(50):
-        query = select(Job.id).where(*_runnable(device, kinds, others, exclude)).order_by(*order).limit(1)
+        query = select(*_RANK_COLUMNS).where(*_runnable(device, kinds, others, exclude)).order_by(*QUEUE_ORDER).limit(1)
         if postgres:
             query = query.with_for_update(skip_locked=True)
-        job_id = session.execute(query).scalar_one_or_none()
-        if job_id is None:
+        row = session.execute(query).first()
+        if row is None or (held_for is not None and _rank(row) > held_for):
             session.rollback()
             return None
+        job_id = row.id
         taken = session.execute(
             update(Job).where(Job.id == job_id, Job.status == JobStatus.queued)
             .values(status=JobStatus.running, worker=worker_name, device=device, error=None,
@@ -154,6 +184,38 @@ def unclaim_job(session: Session, job_id: int, worker_name: str) -> bool:
     ).rowcount
     session.commit()
     return returned == 1
+
+
+WAITING_PREFIX = "Waiting: "
+
+
+def waiting_reason(gpus: int, largest: int) -> str | None:
+    """Why a job on `gpus` devices waits when the best-equipped live machine has `largest` (0: no
+    worker is live); None when some machine has enough."""
+    if gpus < 2 or gpus <= largest:
+        return None
+    if not largest:
+        return f"{WAITING_PREFIX}needs {gpus} GPUs on one machine; no worker is running yet to say what a machine has."
+    return f"{WAITING_PREFIX}needs {gpus} GPUs, the largest machine has {largest}."
+
+
+def note_waiting_jobs(session: Session, largest: int) -> list[int]:
+    """Writes on each queued job that asks for more GPUs than the best-equipped live machine has
+    (`largest`) why it waits, as its error (a claim clears it), and clears that reason from the jobs
+    that now fit. Returns the ids of the jobs whose reason changed."""
+    queued = session.execute(select(Job.id, Job.gpus, Job.error).where(
+        Job.status == JobStatus.queued, or_(Job.gpus >= 2, Job.error.like(WAITING_PREFIX + "%")))).all()
+    changed = []
+    for job_id, gpus, error in queued:
+        reason = waiting_reason(gpus, largest)
+        if reason == error or (error is not None and not error.startswith(WAITING_PREFIX)):
+            continue
+        noted = session.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.queued)  # not claimed since
+                                .values(error=reason).execution_options(synchronize_session=False)).rowcount
+        if noted:
+            changed.append(job_id)
+    session.commit()
+    return changed
 
 
 def fail_orphaned_jobs(session: Session, live_workers: set[str], reason: str | None = None,

@@ -8,6 +8,7 @@ refreshed while the job runs: a worker that dies mid-job frees its devices by it
 from __future__ import annotations
 
 import json
+from collections import Counter
 from datetime import datetime, timezone
 
 from redis import Redis
@@ -35,6 +36,19 @@ def live_workers(redis: Redis) -> list[dict]:
     for record in records:
         record["reserved_by"] = holders.get(record["device"].get("id"))
     return sorted(records, key=lambda record: record["name"])
+
+
+def machine_of(device: dict) -> str | None:
+    """The machine a device is on: a GPU's `machine` (the box, which containers of one box each name
+    under their own host name), else its host."""
+    return device.get("machine") or device.get("host")
+
+
+def largest_machine(records: list[dict]) -> int:
+    """How many live workers' devices the best-equipped machine has, counting devices of one kind on
+    one machine (what a job on several devices may use). 0 when no worker is live."""
+    machines = Counter((record["device"].get("kind"), machine_of(record["device"])) for record in records)
+    return max(machines.values(), default=0)
 
 
 GPU_CLAIM_PREFIX = "lanner:gpu-claim:"

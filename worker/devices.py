@@ -68,7 +68,7 @@ def current_device(worker_name: str | None = None) -> dict:
     return {"kind": "cuda", "name": _text(nvml.nvmlDeviceGetName(handle)),
             "memory_total_bytes": int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
             "index": int(nvml.nvmlDeviceGetIndex(handle)), "id": _text(nvml.nvmlDeviceGetUUID(handle)),
-            "host": socket.gethostname()}
+            "host": socket.gethostname(), "machine": min(gpu_uuids())}  # the box, the same in each container
 
 
 def free_memory(device: dict) -> int:

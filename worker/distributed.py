@@ -91,7 +91,7 @@ def rank_main(job_id: int) -> int:
         if torch.cuda.is_available():
             torch.cuda.set_device(local_rank())  # so that "cuda" is this rank's device
     from lanner.backend.models import Job
-    from lanner.worker.job_process import EXIT_FAILED, main
+    from lanner.worker.job_process import EXIT_FAILED, JobFailed, main
     from lanner.worker.train_process import TrainProcess
 
     class RankProcess(TrainProcess):
@@ -103,7 +103,21 @@ def rank_main(job_id: int) -> int:
                     return EXIT_FAILED
             return super().fail(message)
 
+        def retry_smaller(self, failure, *_):
+            # The ranks train in step: a rank retrying alone would wait forever for the others.
+            raise JobFailed(out_of_memory_reason(failure, rank(), world_size()))
+
     return main(RankProcess, [sys.argv[0], str(job_id)])
+
+
+def out_of_memory_reason(failure, rank_: int, world: int) -> str:
+    """The job's error when rank `rank_` ran out of memory (failure: the training's OutOfMemory). A job
+    on several devices is not retried at a smaller micro-batch: every rank would have to retry together."""
+    smaller = ([f"a per-device micro-batch (batch_size) below {failure.micro_batch} with more gradient accumulation"]
+               if failure.micro_batch > 1 else [])
+    tips = smaller + [tip for tip in failure.tips if "micro-batch" not in tip]
+    return (f"Rank {rank_} of {world} ran out of memory: {failure.summary()}; a job on several devices is not "
+            f"retried automatically. Try {', '.join(tips[:-1])} or {tips[-1]}.")
 
 
 def _signal_name(exitcode: int) -> str:

@@ -21,12 +21,13 @@ from lanner.backend.deps import current_user, get_db, per_user, redis_client, re
 from lanner.backend.model_catalog import estimate_job_memory
 from lanner.backend.models import Artifact, Dataset, Job, JobKind, JobStatus, Role, User
 from lanner.backend.paths import inside
-from lanner.backend.queue import cancel_key, wake_workers
+from lanner.backend.queue import cancel_key, waiting_reason, wake_workers
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, Offset, PathId, QueryId, errors
 from lanner.backend.schemas.jobs import (JobChanges, JobCreate, JobOut, JobPage, JobSpec, QueueMove, job_config,
                                          spec_of)
 from lanner.backend.settings import Settings, get_settings
 from lanner.backend.streams import job_stream
+from lanner.backend.worker_registry import largest_machine, live_workers
 
 router = APIRouter(tags=["jobs"], responses=SIGNED_IN_ERRORS)
 log = logging.getLogger(__name__)
@@ -74,9 +75,26 @@ def _memory_estimate(spec: JobSpec, config: dict[str, Any], settings: Settings) 
         return None
 
 
+def _check_against_machines(redis: Redis, spec: JobSpec) -> str | None:
+    """A job on more GPUs than the best-equipped live machine has is refused; with no worker live,
+    nothing is known of the machines: it is queued with the reason it waits (its error)."""
+    if spec.gpus < 2:
+        return None
+    try:
+        largest = largest_machine(live_workers(redis))
+    except Exception:  # Redis away: queue it; the workers tell why it waits once they look
+        log.warning("could not read the live workers", exc_info=True)
+        return None
+    if largest and spec.gpus > largest:
+        raise _field_error("gpus", f"asks for {spec.gpus} GPUs on one machine, but the largest machine has "
+                                   f"{largest}; ask for at most {largest}, or start workers on a bigger machine")
+    return waiting_reason(spec.gpus, largest)
+
+
 def _enqueue(session: Session, redis: Redis, settings: Settings, spec: JobSpec, user: User,
              parent: Job | None = None) -> Job:
     dataset = _check_against_database(session, spec, user)
+    waiting = _check_against_machines(redis, spec)
     config = job_config(spec)
     estimate = _memory_estimate(spec, config, settings)
     name = spec.name or f"{spec.method} {spec.model.rsplit('/', 1)[-1]} on {dataset.name}"
@@ -84,7 +102,8 @@ def _enqueue(session: Session, redis: Redis, settings: Settings, spec: JobSpec, 
               dataset_id=spec.dataset_id, parent_job_id=parent.id if parent else None,
               config=config, memory_estimate_bytes=(estimate or {}).get("total_bytes"),
               status=JobStatus.queued, priority=spec.priority,
-              queue_order=job_queue.next_queue_order(session), gpus=spec.gpus, resume_from=spec.resume_from)
+              queue_order=job_queue.next_queue_order(session), gpus=spec.gpus, resume_from=spec.resume_from,
+              error=waiting)
     return _queue(session, redis, settings, job)
 
 
@@ -263,13 +282,22 @@ class ExportCreate(BaseModel):
 def export_job(job_id: PathId, body: ExportCreate = Body(default_factory=ExportCreate),
                user: User = Depends(current_user), session: Session = Depends(get_db),
                redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> JobOut:
-    """Queues an export of a finished training job: its adapter, a merged model, GGUF files."""
+    """Queues an export of a finished training job: its adapter, a merged model, GGUF files. A job
+    that trained every weight (a `model`, no adapter) exports the model in 16 bits and as GGUF files;
+    its adapter option is off unless asked for, which is refused."""
     job = _job(session, job_id)
     _require_training_job(job, "exported")
     if job.status != JobStatus.succeeded:
         raise HTTPException(409, f"Job {job_id} is {job.status.value}; only a finished training job is exported")
-    if session.scalar(select(Artifact.id).where(Artifact.job_id == job.id, Artifact.kind == "adapter")) is None:
-        raise HTTPException(409, f"Job {job_id} has no adapter to export")
+    trained = set(session.scalars(select(Artifact.kind).where(Artifact.job_id == job.id,
+                                                              Artifact.kind.in_(("adapter", "model")))))
+    if not trained:
+        raise HTTPException(409, f"Job {job_id} has no adapter and no trained model to export")
+    if "adapter" not in trained:
+        if body.adapter and "adapter" in body.model_fields_set:
+            raise _field_error("adapter", f"job {job_id} trained every weight ({job.method}), so it has no LoRA "
+                                          "adapter: export the merged model or GGUF files")
+        body.adapter = False
     if not (body.adapter or body.merged or body.gguf_types):
         raise _field_error("gguf_types", "choose the adapter, the merged model or at least one GGUF type")
     export = Job(owner_id=user.id, kind=JobKind.export, name=f"export of {job.name}"[:200], method="export",

@@ -1,6 +1,8 @@
 """Placement: a job goes to a device whose free memory fits it; a job on N devices reserves N idle
-devices of one machine, all or nothing, through Redis; several CPU workers stand in for GPUs (the
-placement logic is the same), run side by side and all show on the hardware stream and /api/health."""
+devices of one machine, all or nothing, through Redis, and the machine drains for it (the backfill
+guard); a job on more devices than any machine has waits saying why; several CPU workers stand in for
+GPUs (the placement logic is the same), run side by side and all show on the hardware stream and
+/api/health."""
 from __future__ import annotations
 
 import socket
@@ -10,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from lanner.backend.job_queue import QUEUE_ORDER
 from lanner.backend.models import Job, JobStatus
-from lanner.backend.queue import claim_next_job, has_runnable_job, unclaim_job
-from lanner.backend.settings import get_settings
+from lanner.backend.queue import claim_next_job, has_runnable_job, unclaim_job, waiting_reason
+from lanner.backend.settings import Settings, get_settings
 from lanner.backend.streams import HARDWARE_STREAM, QUEUE_STREAM, read_after
 from lanner.backend.worker_registry import (announce_worker, device_holders, keep_devices, live_workers,
                                             release_devices, reservation_key, reserve_devices)
@@ -61,6 +63,70 @@ def test_a_job_on_several_devices_needs_that_many_that_fit(database_url):
         assert claim_next_job(session, "gpu0@box", own, others=[8 * GIB]) is None
         waiting = [job.name for job in session.query(Job).filter(Job.status == JobStatus.queued).order_by(*QUEUE_ORDER)]
         assert waiting == ["too big even halved", "three devices"]
+
+
+def test_a_machine_drains_for_the_first_job_on_several_devices_it_could_hold(database_url):
+    """The backfill guard: jobs ranked behind a waiting job on several devices do not take the
+    devices of a machine that could hold it, so its devices go idle one by one until the job fits."""
+    factory, owner = make_db(database_url)
+    with factory() as session:
+        add_job(session, owner, "more devices than the machine", gpus=3, priority=9)
+        add_job(session, owner, "more memory than the machine", gpus=2, priority=8, memory_estimate_bytes=200 * GIB)
+        ahead = add_job(session, owner, "one device, ahead", priority=5)
+        pair = add_job(session, owner, "two devices", gpus=2, priority=3, memory_estimate_bytes=6 * GIB)
+        behind = [add_job(session, owner, f"one device, behind {i}", priority=1) for i in range(2)]
+    own, box = {**GPU, "memory_free_bytes": 80 * GIB}, [80 * GIB]  # the box's other GPU runs a job
+    with factory() as session:
+        assert claim_next_job(session, "gpu0@box", own, machine=box).id == ahead
+        assert not has_runnable_job(session, own, machine=box)
+        assert claim_next_job(session, "gpu0@box", own, machine=box) is None
+        assert has_runnable_job(session, own)  # what it holds back
+        # A machine of one GPU could never hold the pair: it goes on with the jobs behind.
+        assert claim_next_job(session, "gpu0@small", {**own, "id": "GPU-s"}).id == behind[0]
+        # The box's other GPU is idle now: the pair takes both, then the queue goes on.
+        assert claim_next_job(session, "gpu0@box", own, others=box, machine=box).id == pair
+        assert claim_next_job(session, "gpu0@box", own, machine=box).id == behind[1]
+
+
+def test_a_worker_leaves_its_device_idle_for_a_job_on_two_devices_until_its_machine_has_two(studio):
+    redis = studio.redis
+    own, other = cpu_device("cpu0@test"), cpu_device("cpu1@test")
+    announce_worker(redis, "cpu1@test", {**other, "memory_free_bytes": 8 * GIB})
+    dataset = studio.dataset("qa.jsonl", qa_rows(4))
+    pair = studio.job(dataset, gpus=2, priority=1)
+    single = studio.job(dataset)
+    sessions = _sessions(studio)
+    assert reserve_devices(redis, [other["id"]], "cpu1@test")  # cpu1 runs a job
+    with DeviceLease(redis, "cpu0@test") as lease:
+        assert lease.take([own["id"]])
+        assert _claim(sessions, redis, "cpu0@test", own, lease, set()) is None
+    assert studio.get_job(single).status == JobStatus.queued
+
+    release_devices(redis, [other["id"]], "cpu1@test")  # cpu1's job ended
+    with DeviceLease(redis, "cpu0@test") as lease:
+        assert lease.take([own["id"]])
+        job, placement = _claim(sessions, redis, "cpu0@test", own, lease, set())
+        assert job.id == pair and [d["id"] for d in placement["devices"]] == [own["id"], other["id"]]
+
+
+def test_workers_say_why_a_job_on_more_devices_than_any_machine_waits(studio):
+    redis = studio.redis
+    settings = Settings(data_dir=studio.data_dir, database_url=studio.database_url, redis_url=WORKER_REDIS_URL)
+    devices = [cpu_device(f"cpu{i}@test") for i in range(3)]
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(4)), gpus=3,
+                        error=waiting_reason(3, 0))  # queued while no worker was live
+    for i in (0, 1):
+        announce_worker(redis, f"cpu{i}@test", devices[i])
+    assert runner.run_queue(settings, "cpu0@test", devices[0]) == []
+    job = studio.get_job(job_id)
+    assert (job.status, job.error) == (JobStatus.queued, "Waiting: needs 3 GPUs, the largest machine has 2.")
+    events = [(kind, data["job_id"], data["error"]) for _, kind, data in read_after(redis, QUEUE_STREAM)]
+    assert events == [("waiting", job_id, job.error)]
+
+    announce_worker(redis, "cpu2@test", devices[2])  # a third device, busy: the job fits the machine now
+    assert reserve_devices(redis, [devices[2]["id"]], "cpu2@test")
+    assert runner.run_queue(settings, "cpu0@test", devices[0]) == []
+    assert studio.get_job(job_id).error is None
 
 
 def test_device_reservations_are_all_or_nothing_and_only_their_holder_frees_them(studio):
