@@ -28,6 +28,7 @@ class Role(str, enum.Enum):
 class JobKind(str, enum.Enum):
     train = "train"
     export = "export"
+    chat = "chat"  # a GPU chat session with a training job's model (lanner.worker.chat_process)
 
 
 class JobStatus(str, enum.Enum):

@@ -27,11 +27,11 @@ from lanner.backend.db import session_factory
 from lanner.backend.models import Artifact, Job, JobKind, JobStatus
 from lanner.backend.job_queue import job_summary, publish_queue_event
 from lanner.backend.queue import (cancel_key, claim_next_job, device_capacity, fail_orphaned_jobs, has_runnable_job,
-                                  multi_device_capacity, unclaim_job, wake_worker)
+                                  multi_device_capacity, note_waiting_jobs, unclaim_job, wake_worker)
 from lanner.backend.redis_client import get_redis
 from lanner.backend.settings import Settings
-from lanner.backend.worker_registry import (HEARTBEAT_SECONDS, device_holders, keep_devices, live_workers,
-                                            release_devices, reserve_devices)
+from lanner.backend.worker_registry import (HEARTBEAT_SECONDS, device_holders, keep_devices, largest_machine,
+                                            live_workers, release_devices, reserve_devices)
 from lanner.worker.devices import free_memory, is_local
 from lanner.worker.events import JobEvents, finish_job
 from lanner.worker.job_process import EXIT_CANCELLED
@@ -40,8 +40,9 @@ from lanner.worker.telemetry import DeviceSampler
 POLL_SECONDS = 0.5
 CANCEL_GRACE_SECONDS = 7.0  # SIGTERM lets the trainer save a checkpoint; SIGKILL after this, within 10 s
 _PR_SET_PDEATHSIG = 1
-PROCESS_MODULES = {JobKind.train: "lanner.worker.train_process", JobKind.export: "lanner.worker.export_process"}
-PROCESS_LABELS = {JobKind.train: "Training", JobKind.export: "Export"}
+PROCESS_MODULES = {JobKind.train: "lanner.worker.train_process", JobKind.export: "lanner.worker.export_process",
+                   JobKind.chat: "lanner.worker.chat_process"}
+PROCESS_LABELS = {JobKind.train: "Training", JobKind.export: "Export", JobKind.chat: "GPU chat"}
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +97,23 @@ class DeviceLease:
             log.warning("could not release devices %s", self.device_ids, exc_info=True)
 
 
+def _machine(redis: Redis, device: dict) -> list[dict]:
+    """The live workers' records of the other devices of this machine (same kind), idle or busy."""
+    return [record for record in live_workers(redis)
+            if record["device"].get("id") != device.get("id") and record["device"].get("kind") == device.get("kind")
+            and is_local(record["device"])]
+
+
 def idle_devices(redis: Redis, device: dict) -> list[dict]:
     """The other devices of this machine (same kind) that a live worker owns and no job holds, with
     their free memory as their worker last measured it: what a multi-GPU job may borrow."""
-    return [record["device"] for record in live_workers(redis)
-            if record["device"].get("id") != device.get("id") and record["device"].get("kind") == device.get("kind")
-            and not record["reserved_by"] and is_local(record["device"])]
+    return [record["device"] for record in _machine(redis, device) if not record["reserved_by"]]
+
+
+def machine_memory(redis: Redis, device: dict) -> list[int]:
+    """The total memory of every other device of this machine: what the backfill guard judges by
+    (claim_next_job's `machine`)."""
+    return [record["device"]["memory_total_bytes"] for record in _machine(redis, device)]
 
 
 def could_run_a_job(settings: Settings, worker_name: str, device: dict) -> bool:
@@ -114,7 +126,7 @@ def could_run_a_job(settings: Settings, worker_name: str, device: dict) -> bool:
     own = {**device, "memory_free_bytes": free_memory(device)}
     others = [device_capacity(other) for other in idle_devices(redis, device)]
     with session_factory(settings.database_url)() as session:
-        return has_runnable_job(session, own, others=others)
+        return has_runnable_job(session, own, others=others, machine=machine_memory(redis, device))
 
 
 def run_queue(settings: Settings, worker_name: str, device: dict) -> list[int]:
@@ -130,6 +142,7 @@ def run_queue(settings: Settings, worker_name: str, device: dict) -> list[int]:
                 return ran  # the device is lent to another worker's multi-GPU job
             placed = _claim(sessions, redis, worker_name, device, lease, passed_over)
             if placed is None:
+                _note_waiting_jobs(sessions, redis)
                 return ran
             job, placement = placed
             if job is None:
@@ -143,13 +156,14 @@ def run_queue(settings: Settings, worker_name: str, device: dict) -> list[int]:
 
 def _claim(sessions: sessionmaker[Session], redis: Redis, worker_name: str, device: dict, lease: DeviceLease,
            passed_over: set[int]) -> tuple[Job | None, dict] | None:
-    """Claims the next job that fits and reserves the devices it needs. None: nothing fits;
+    """Claims the next job that fits and reserves the devices it needs. None: nothing fits (or what
+    fits ranks behind a job on several devices that this machine is drained for, claim_next_job);
     (None, {}): the job's devices were taken meanwhile, it went back to the queue, look again."""
     own = {**device, "memory_free_bytes": free_memory(device)}
     others = sorted(idle_devices(redis, device), key=device_capacity, reverse=True)
     with sessions() as session:
         job = claim_next_job(session, worker_name, own, others=[device_capacity(other) for other in others],
-                             exclude=tuple(passed_over))
+                             exclude=tuple(passed_over), machine=machine_memory(redis, device))
         if job is None:
             return None
         count = max(job.gpus or 1, 1) if job.kind == JobKind.train else 1
@@ -170,6 +184,15 @@ def _claim(sessions: sessionmaker[Session], redis: Redis, worker_name: str, devi
         job.device = placement
         session.commit()
         return job, placement
+
+
+def _note_waiting_jobs(sessions: sessionmaker[Session], redis: Redis) -> None:
+    """Tells, on the queued jobs that ask for more GPUs than any live machine has, why they wait."""
+    largest = largest_machine(live_workers(redis))
+    with sessions() as session:
+        for job_id in note_waiting_jobs(session, largest):
+            job = session.get(Job, job_id)
+            publish_queue_event(redis, "waiting", {**job_summary(job), "error": job.error})
 
 
 def _wake_owners(settings: Settings, redis: Redis, device_ids: list[str]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,16 +41,72 @@ def _threads() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
-def load_llama(path: Path):
+_defaults_lock = threading.Lock()
+
+
+def open_llama(path: Path, extra_buffers: bool = False, **llama_kwargs):
+    """llama.cpp's Llama on a GGUF file. `extra_buffers`: llama.cpp's AMX and repacked weight layouts
+    (faster prompts on CPUs with AMX), off by default: in VMs that advertise AMX without enabling it
+    the first tile instruction (a q8_0 or q4 matmul) kills the whole process (seen on Firecracker).
+    Llama() does not take the switch, so its model defaults are swapped while it loads."""
+    import llama_cpp.llama as llama_module
     from llama_cpp import Llama
 
-    return Llama(model_path=str(path), n_ctx=CONTEXT_TOKENS, n_gpu_layers=0, n_threads=_threads(),
-                 verbose=False)
+    def load():
+        return Llama(model_path=str(path), verbose=False, **llama_kwargs)
+
+    if extra_buffers:
+        return load()
+    with _defaults_lock:
+        defaults = llama_module.llama_cpp.llama_model_default_params
+
+        def without_extra_buffers():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        llama_module.llama_cpp.llama_model_default_params = without_extra_buffers
+        try:
+            return load()
+        finally:
+            llama_module.llama_cpp.llama_model_default_params = defaults
 
 
-def estimate_bytes(path: Path) -> int:
-    """Memory a loaded model takes: its weights (the file), its f16 KV cache for CONTEXT_TOKENS, buffers."""
-    size = Path(path).stat().st_size
+def load_llama(path: Path, extra_buffers: bool = False):
+    """A model for the playground, with its first context."""
+    return open_llama(path, extra_buffers, n_ctx=CONTEXT_TOKENS, n_gpu_layers=0, n_threads=_threads())
+
+
+def add_context(llama):
+    """Another llama.cpp context (KV cache, batch, sampler state) on `llama`'s loaded weights, so two
+    answers of one model run at once without a second copy of the model. llama-cpp-python 0.3 has no
+    public way to share a model between Llama objects: this copies the object and replaces what
+    belongs to its context (tests/playground/test_model_cache.py checks it on the installed version).
+    Close it before `llama`, which owns the weights."""
+    import contextlib
+    import ctypes
+
+    import numpy as np
+    from llama_cpp import _internals as internals
+
+    twin = object.__new__(type(llama))  # not copy.copy: Llama pickles as its arguments, a reload
+    twin.__dict__.update(llama.__dict__)
+    twin._stack = contextlib.ExitStack()
+    twin._ctx = twin._stack.enter_context(contextlib.closing(
+        internals.LlamaContext(model=llama._model, params=llama.context_params, verbose=llama.verbose)))
+    twin._batch = twin._stack.enter_context(contextlib.closing(
+        internals.LlamaBatch(n_tokens=llama.n_batch, embd=0, n_seq_max=llama.context_params.n_ctx,
+                             verbose=llama.verbose)))
+    twin._candidates = internals.LlamaTokenDataArray(n_vocab=llama._n_vocab)
+    twin.input_ids = np.ndarray(llama.input_ids.shape, dtype=np.intc)
+    twin.scores = np.ndarray(llama.scores.shape, dtype=np.single)
+    twin.n_tokens, twin._requires_eval, twin._sampler, twin.cache = 0, True, None, None
+    twin._mirostat_mu = ctypes.c_float(2.0 * 5.0)
+    return twin
+
+
+def context_bytes(path: Path) -> int:
+    """Memory one llama.cpp context of the model takes: its f16 KV cache for CONTEXT_TOKENS and buffers."""
     try:
         meta = gguf_header(path)
         arch = meta["general.architecture"]
@@ -59,8 +116,13 @@ def estimate_bytes(path: Path) -> int:
         head_dim = meta.get(f"{arch}.attention.key_length") or width // heads
         kv = 2 * layers * CONTEXT_TOKENS * kv_heads * head_dim * 2
     except (OSError, KeyError, TypeError, ValueError, ZeroDivisionError, struct.error):
-        kv = size // 4  # an architecture without these keys: a generous guess
-    return size + kv + BUFFERS_BYTES
+        kv = Path(path).stat().st_size // 4  # an architecture without these keys: a generous guess
+    return kv + BUFFERS_BYTES
+
+
+def estimate_bytes(path: Path) -> int:
+    """Memory a loaded model takes with its first context: its weights (the file) and context_bytes."""
+    return Path(path).stat().st_size + context_bytes(path)
 
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

@@ -8,32 +8,45 @@ and the before/after evaluation each SFT job stores (GET /api/jobs/{id}/evaluati
 answers {"type": "status", "model", "state": "loading"|"waiting"|"generating"}, then
 {"type": "token", "model", "text"} as tokens come and one {"type": "done", "model", "finish_reason",
 "chunks", "seconds"} or {"type": "error", "model", "code", "message"}; every message carries the
-request's "id". Models run on the CPU from GGUF files (lanner.backend.playground), never on a GPU."""
+request's "id". Models run on the CPU from GGUF files (lanner.backend.playground) unless the request
+names a GPU session ("gpu_session": the id of a `chat` job queued by POST
+/api/playground/jobs/{id}/gpu-session): then the questions go to that job's process on a worker's
+device through Redis, and while it waits in the queue the status is "queued" with its
+"queue_position" (lanner.backend.playground.gpu_session)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import threading
 import time
+import uuid
+from datetime import datetime, timezone
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Body, Depends, HTTPException, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from redis import Redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lanner.backend import db
-from lanner.backend.deps import current_user, get_db, websocket_user
+from lanner.backend import db, job_queue
+from lanner.backend.deps import (current_user, get_db, may_manage, per_user, redis_client, require_owner_or_admin,
+                                 websocket_user)
 from lanner.backend.models import Artifact, Job, JobKind, JobStatus, User
 from lanner.backend.paths import inside
 from lanner.backend.playground.cache import ModelCache, NotEnoughMemory
-from lanner.backend.playground.generation import (GenerationError, Sampling, chat_template, estimate_bytes,
-                                                  load_llama, render_prompt, stream_answer)
+from lanner.backend.playground.generation import (GenerationError, Sampling, add_context, chat_template,
+                                                  context_bytes, estimate_bytes, load_llama, render_prompt,
+                                                  stream_answer)
+from lanner.backend.playground.gpu_session import (KEY_SECONDS, answer_key, ready_key, requests_key, start_session,
+                                                   stop_key)
 from lanner.backend.playground.settings import PlaygroundSettings
 from lanner.backend.playground.sources import NotAvailable, Side, describe, model_file, training_job
 from lanner.backend.redis_client import get_redis
-from lanner.backend.schemas.common import MAX_ID, PathId
+from lanner.backend.schemas.common import MAX_ID, PathId, errors
+from lanner.backend.schemas.jobs import JobOut
 from lanner.backend.settings import Settings, get_settings
 
 router = APIRouter(tags=["playground"])
@@ -61,6 +74,8 @@ class GenerateRequest(BaseModel):
     top_p: float = Field(default=0.95, gt=0, le=1)
     max_tokens: int = Field(default=256, ge=1, le=4096)
     stop: list[str] = Field(default_factory=list, max_length=8)
+    gpu_session: int | None = Field(default=None, ge=1, le=MAX_ID,
+                                    description="Answer on this GPU session (a chat job) instead of the CPU")
 
     @field_validator("chats")
     @classmethod
@@ -89,7 +104,11 @@ def playground_cache(app) -> ModelCache:
     """One cache per app (so per API process), made on first use."""
     with _cache_lock:
         if getattr(app.state, "playground_cache", None) is None:
-            app.state.playground_cache = ModelCache(PlaygroundSettings().cache_bytes, load_llama, estimate_bytes)
+            settings = PlaygroundSettings()
+            app.state.playground_cache = ModelCache(
+                settings.cache_bytes, functools.partial(load_llama, extra_buffers=settings.cpu_extra_buffers),
+                estimate_bytes, add_context=add_context,
+                context_bytes=context_bytes, contexts_per_model=settings.contexts_per_model)
         return app.state.playground_cache
 
 
@@ -122,7 +141,8 @@ def _evaluation_view(data: dict[str, Any], job: Job) -> dict[str, Any]:
                                                  "base_overlap", "tuned_overlap")}
                for sample in data.get("samples", [])]
     scores = data.get("scores") or {}
-    return {"status": status, "error": error, "base_eval_loss": data.get("base_eval_loss"),
+    return {"status": status, "error": error, "prompts_from": data.get("prompts_from"),
+            "base_eval_loss": data.get("base_eval_loss"),
             "tuned_eval_loss": data.get("tuned_eval_loss"), "samples": samples,
             "scores": {"base_overlap": scores.get("base_overlap", 0.0), "tuned_overlap": scores.get("tuned_overlap", 0.0)}}
 
@@ -148,19 +168,91 @@ def job_evaluation(job_id: PathId, _: User = Depends(current_user), session: Ses
     return _evaluation_view(data, job)
 
 
+class GpuSessionCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    idle_seconds: int | None = Field(default=None, ge=10, le=86_400, description="Ends after this long without "
+                                     "a question (default LANNER_PLAYGROUND_GPU_IDLE_SECONDS)")
+
+
+def _job_out(session: Session, redis: Redis, job: Job) -> JobOut:
+    out = JobOut.model_validate(job)
+    if job.status == JobStatus.queued:
+        out.queue_position, out.estimated_start = job_queue.queue_view(session, redis).get(job.id, (None, None))
+    return out
+
+
+@router.post("/api/playground/jobs/{job_id}/gpu-session", response_model=JobOut, status_code=201,
+             dependencies=[per_user("jobs")], responses=errors(404, 409))
+def start_gpu_session(job_id: PathId, body: GpuSessionCreate = Body(default_factory=GpuSessionCreate),
+                      user: User = Depends(current_user), session: Session = Depends(get_db),
+                      redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> JobOut:
+    """Queues a GPU chat session with a finished job's model: a job of kind `chat` that holds a worker's
+    device from when the queue gives it one until it is closed or idles out. Returns the caller's open
+    session with that job's model when there is one. Send its id as "gpu_session" on /ws/playground."""
+    try:
+        job = training_job(session, job_id)
+        chat = start_session(session, redis, settings, user, job,
+                             body.idle_seconds or PlaygroundSettings().gpu_idle_seconds)
+    except NotAvailable as error:
+        raise HTTPException(404 if error.code == "no_job" else 409, str(error)) from None
+    return _job_out(session, redis, chat)
+
+
+@router.post("/api/playground/gpu-sessions/{session_id}/close", response_model=JobOut, responses=errors(403, 404, 409))
+def close_gpu_session(session_id: PathId, user: User = Depends(current_user), session: Session = Depends(get_db),
+                      redis: Redis = Depends(redis_client)) -> JobOut:
+    """Ends a GPU chat session: a queued one is cancelled, a running one finishes after the answer it is
+    giving, and its worker takes the next job."""
+    chat = session.get(Job, session_id)
+    if chat is None or chat.kind != JobKind.chat:
+        raise HTTPException(404, f"No GPU chat session {session_id}")
+    require_owner_or_admin(user, chat.owner_id, "close this GPU chat session")
+    if chat.status == JobStatus.queued:
+        chat.status, chat.finished_at = JobStatus.cancelled, datetime.now(timezone.utc)
+        session.commit()
+        job_queue.publish_job_event(redis, chat.id, "status", {"status": "cancelled", "by": user.id})
+        job_queue.publish_queue_event(redis, "cancelled", job_queue.job_summary(chat))
+    elif chat.status == JobStatus.running:
+        redis.rpush(requests_key(chat.id), json.dumps({"type": "close"}))
+        redis.expire(requests_key(chat.id), KEY_SECONDS)
+    else:
+        raise HTTPException(409, f"GPU chat session {session_id} has already ended ({chat.status.value})")
+    return _job_out(session, redis, chat)
+
+
 # ---- WebSocket --------------------------------------------------------------------------------
 
-def _signed_in(websocket: WebSocket, settings: Settings) -> bool:
+def _signed_in(websocket: WebSocket, settings: Settings) -> User | None:
     with db.session_factory(settings.database_url)() as session:
-        return websocket_user(websocket, session, get_redis(settings.redis_url)) is not None
+        return websocket_user(websocket, session, get_redis(settings.redis_url))
 
 
-def _resolve(settings: Settings, request: GenerateRequest) -> tuple[dict[Side, Any], str | None]:
-    """The GGUF file of each side asked for, and the chat template the job trained with (if it set one)."""
+def _resolve(settings: Settings, request: GenerateRequest, user: User) -> tuple[dict[Side, Any], str | None]:
+    """The GGUF file of each side asked for, and the chat template the job trained with (if it set one);
+    for a GPU session only the checks that the session is the user's and holds the job's model."""
     with db.session_factory(settings.database_url)() as session:
         job = training_job(session, request.job_id)
+        if request.gpu_session is not None:
+            chat = session.get(Job, request.gpu_session)
+            if chat is None or chat.kind != JobKind.chat or chat.parent_job_id != job.id:
+                raise NotAvailable("no_gpu_session", f"There is no GPU session {request.gpu_session} with job "
+                                                     f"{job.id}'s model: start one first.")
+            if not may_manage(user, chat.owner_id):
+                raise NotAvailable("not_your_gpu_session", f"GPU session {chat.id} is someone else's: start your own.")
+            return {}, None
         files = {side: model_file(session, settings, job, side) for side in request.chats}
         return files, job.config.get("chat_template")
+
+
+def _gpu_session_state(settings: Settings, redis: Redis, job_id: int) -> tuple[JobStatus, int | None, str | None]:
+    """The session job's status, its place in the queue while queued, and its error once failed."""
+    with db.session_factory(settings.database_url)() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return JobStatus.cancelled, None, "The session was deleted."
+        position = job_queue.queue_view(session, redis).get(job_id, (None, None))[0] \
+            if job.status == JobStatus.queued else None
+        return job.status, position, job.error
 
 
 class Generation:
@@ -169,44 +261,47 @@ class Generation:
     def __init__(self, request: GenerateRequest, emit):
         self.request = request
         self.stop = threading.Event()
-        self.threads: list[threading.Thread] = []
         self._emit = emit
+        self.unanswered = set(request.chats)  # the sides whose done or error is still to come
 
     def emit(self, message: dict[str, Any]) -> None:
+        if message["type"] in ("done", "error"):
+            self.unanswered.discard(message["model"])
         self._emit({**message, "id": self.request.id})
 
     def running(self) -> bool:
-        return any(thread.is_alive() for thread in self.threads)
+        """Until every side has sent its last message (its thread may still be tidying up)."""
+        return bool(self.unanswered)
 
-    def start(self, cache: ModelCache, files: dict, template: str | None) -> None:
+    def start(self, cache: ModelCache, files: dict, template: str | None, settings: Settings) -> None:
+        if self.request.gpu_session is not None:
+            for side in self.request.chats:
+                self._thread(side, self._relay, settings, side)
+            return
         for side, found in files.items():
             if not found.available:
                 self.emit({"type": "error", "model": side, "code": found.code, "message": found.reason,
                            **({"export_url": f"/api/jobs/{self.request.job_id}/export"}
                               if found.code == "not_exported" else {})})
                 continue
-            thread = threading.Thread(target=self._answer, args=(cache, side, found.path, template),
-                                      name=f"playground-{side}", daemon=True)
-            self.threads.append(thread)
-            thread.start()
+            self._thread(side, self._answer, cache, side, found.path, template)
+
+    def _thread(self, side: Side, target, *args) -> None:
+        threading.Thread(target=target, args=args, name=f"playground-{side}", daemon=True).start()
 
     def _answer(self, cache: ModelCache, side: Side, path, template: str | None) -> None:
         started = time.monotonic()
         try:
             if path not in cache.loaded():
                 self.emit({"type": "status", "model": side, "state": "loading"})
-            with cache.use(path) as entry:
-                if not entry.generate_lock.acquire(blocking=False):
-                    self.emit({"type": "status", "model": side, "state": "waiting"})
-                    while not entry.generate_lock.acquire(timeout=0.2):
-                        if self.stop.is_set():
-                            self.emit({"type": "done", "model": side, "finish_reason": "stopped", "chunks": 0,
-                                       "seconds": round(time.monotonic() - started, 3)})
-                            return
-                try:
-                    self._generate(entry.model, side, template, started)
-                finally:
-                    entry.generate_lock.release()
+            with cache.use(path) as entry, cache.context(
+                    entry, lambda: self.emit({"type": "status", "model": side, "state": "waiting"}),
+                    self.stop.is_set) as llama:
+                if llama is None:
+                    self.emit({"type": "done", "model": side, "finish_reason": "stopped", "chunks": 0,
+                               "seconds": round(time.monotonic() - started, 3)})
+                    return
+                self._generate(llama, side, template, started)
         except (NotEnoughMemory, GenerationError) as error:
             self.emit({"type": "error", "model": side, "code": getattr(error, "code", "not_enough_memory"),
                        "message": str(error)})
@@ -227,6 +322,67 @@ class Generation:
                 self.emit({"type": "done", "model": side, "finish_reason": piece["finish_reason"], "chunks": chunks,
                            "seconds": round(time.monotonic() - started, 3)})
 
+    def _relay(self, settings: Settings, side: Side) -> None:
+        """One answer from a GPU session: wait while the session is queued or loading, push the
+        question, forward what its process sends until `done` or `error`."""
+        started, job_id = time.monotonic(), self.request.gpu_session
+        try:
+            redis = get_redis(settings.redis_url)
+            if not self._wait_for_session(settings, redis, side, started):
+                return
+            request_id = uuid.uuid4().hex
+            redis.rpush(requests_key(job_id), json.dumps({
+                "type": "generate", "request_id": request_id, "side": side, "messages": self.request.conversation(side),
+                "temperature": self.request.temperature, "top_p": self.request.top_p,
+                "max_tokens": self.request.max_tokens, "stop": self.request.stop}))
+            redis.expire(requests_key(job_id), KEY_SECONDS)
+            stop_sent = False
+            while True:
+                item = redis.blpop([answer_key(job_id, request_id)], timeout=1)
+                if self.stop.is_set() and not stop_sent:
+                    redis.set(stop_key(job_id, request_id), "1", ex=KEY_SECONDS)
+                    stop_sent = True
+                if item is None:
+                    status, _, error = _gpu_session_state(settings, redis, job_id)
+                    if status != JobStatus.running:
+                        self.emit({"type": "error", "model": side, "code": "gpu_session_ended",
+                                   "message": f"Generation stopped: the GPU session (job {job_id}) ended "
+                                              f"({status.value}){': ' + error if error else ''}."})
+                        return
+                    continue
+                message = json.loads(item[1])
+                self.emit({**message, "model": side})
+                if message["type"] in ("done", "error"):
+                    redis.delete(answer_key(job_id, request_id), stop_key(job_id, request_id))
+                    return
+        except Exception as error:
+            log.exception("Playground GPU relay failed")
+            self.emit({"type": "error", "model": side, "code": "failed",
+                       "message": f"The GPU session could not answer: {type(error).__name__}: {error}"})
+
+    def _wait_for_session(self, settings: Settings, redis: Redis, side: Side, started: float) -> bool:
+        """Until the session's process has loaded the model: status `queued` (with the queue position,
+        each time it changes), then `loading`. False (and the reason sent) when it ended or was stopped."""
+        job_id, shown = self.request.gpu_session, None
+        while True:
+            status, position, error = _gpu_session_state(settings, redis, job_id)
+            if status == JobStatus.running and redis.exists(ready_key(job_id)):
+                return True
+            if status not in (JobStatus.queued, JobStatus.running):
+                self.emit({"type": "error", "model": side, "code": "gpu_session_ended",
+                           "message": f"The GPU session (job {job_id}) has ended ({status.value})"
+                                      f"{': ' + error if error else ''}. Start a new one to chat on a GPU."})
+                return False
+            state = ("queued", position) if status == JobStatus.queued else ("loading", None)
+            if state != shown:
+                shown = state
+                self.emit({"type": "status", "model": side, "state": state[0], "gpu_session": job_id,
+                           **({"queue_position": position} if status == JobStatus.queued else {})})
+            if self.stop.wait(1):
+                self.emit({"type": "done", "model": side, "finish_reason": "stopped", "chunks": 0,
+                           "seconds": round(time.monotonic() - started, 3)})
+                return False
+
 
 def _problem(error: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(part) for part in issue['loc'])}: {issue['msg']}".lstrip(": ")
@@ -245,7 +401,8 @@ async def _send_all(websocket: WebSocket, outgoing: asyncio.Queue) -> None:
 async def playground_socket(websocket: WebSocket) -> None:
     settings = get_settings()
     await websocket.accept()
-    if not await asyncio.to_thread(_signed_in, websocket, settings):
+    user = await asyncio.to_thread(_signed_in, websocket, settings)
+    if user is None:
         await websocket.close(UNAUTHORISED, "Sign in first (session cookie or ?token=<API token>)")
         return
     cache = playground_cache(websocket.app)
@@ -278,7 +435,7 @@ async def playground_socket(websocket: WebSocket) -> None:
                     continue
                 try:
                     request = GenerateRequest.model_validate(message)
-                    files, template = await asyncio.to_thread(_resolve, settings, request)
+                    files, template = await asyncio.to_thread(_resolve, settings, request, user)
                 except ValidationError as error:
                     emit({"type": "error", "model": None, "code": "bad_request", "id": message.get("id"),
                           "message": _problem(error)})
@@ -288,7 +445,7 @@ async def playground_socket(websocket: WebSocket) -> None:
                           "message": str(error)})
                     continue
                 current = Generation(request, emit)
-                current.start(cache, files, template)
+                current.start(cache, files, template, settings)
             else:
                 emit({"type": "error", "model": None, "code": "bad_request", "id": None,
                       "message": 'Send {"type": "generate", …} or {"type": "stop"}.'})

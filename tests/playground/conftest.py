@@ -29,6 +29,7 @@ class Studio:
     owner_id: int
     trained_job: int        # a LoRA SFT with its before/after evaluation and an exported q8_0 GGUF
     no_eval_job: int        # the same with before_after_eval off, never exported
+    held_out_job: int       # one step without a validation split: its evaluation holds rows out of training
     export_job: int
     rows: list[dict]
 
@@ -95,7 +96,7 @@ def studio(smollm2_dir, tmp_path_factory) -> Studio:
         session.add(dataset)
         session.commit()
         owner, dataset_id = user.id, dataset.id
-    studio = Studio(data_dir, url, token, owner, 0, 0, 0, rows)
+    studio = Studio(data_dir, url, token, owner, 0, 0, 0, 0, rows)
 
     def train_job(config: dict) -> int:
         return studio.add_job(dataset_id=dataset_id, config={**TINY, **config}, status=JobStatus.running)
@@ -119,7 +120,9 @@ def studio(smollm2_dir, tmp_path_factory) -> Studio:
             studio.no_eval_job = train_job({"max_steps": 1, "validation_split": 0,
                                             "hyperparameters": {"before_after_eval": False}})
             _run_in_process(TrainProcess, studio.no_eval_job)
-            for job_id in (studio.trained_job, studio.no_eval_job):
+            studio.held_out_job = train_job({"max_steps": 1, "validation_split": 0})
+            _run_in_process(TrainProcess, studio.held_out_job)
+            for job_id in (studio.trained_job, studio.no_eval_job, studio.held_out_job):
                 studio.set_status(job_id, JobStatus.succeeded)  # what the worker writes after exit code 0
             studio.export_job = studio.add_job(
                 kind=JobKind.export, method="export", parent_job_id=studio.trained_job, status=JobStatus.running,

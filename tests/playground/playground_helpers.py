@@ -28,3 +28,25 @@ def receive_until_done(ws, sides: set[str], timeout: float = 120) -> list[dict]:
 
 def answer(messages: list[dict], side: str) -> str:
     return "".join(m["text"] for m in messages if m["type"] == "token" and m["model"] == side)
+
+
+
+def celery_worker(studio, name: str = "cpu0"):
+    """A real Celery worker process on the studio, on the CPU: tests/worker's CeleryWorker (loaded from
+    its file, since that folder is not on the path here), given the settings and Redis it reads."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from redis import Redis
+
+    spec = importlib.util.spec_from_file_location(
+        "lanner_worker_test_helpers", Path(__file__).resolve().parents[1] / "worker" / "worker_helpers.py")
+    helpers = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
+    spec.loader.exec_module(helpers)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("LANNER_") and key != "TRITON_INTERPRET"}
+    env.update(studio.env(), CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    shim = SimpleNamespace(data_dir=studio.data_dir, env=env, redis=Redis.from_url(PLAYGROUND_REDIS_URL,
+                                                                                    decode_responses=True))
+    return helpers.CeleryWorker(shim, name).wait_ready()

@@ -11,7 +11,7 @@ from lanner.backend.models import Artifact, JobStatus
 from lanner.worker.training.evaluation import rouge_l
 
 pytestmark = pytest.mark.timeout(300)
-CONTRACT = {"status", "error", "base_eval_loss", "tuned_eval_loss", "samples", "scores"}
+CONTRACT = {"status", "error", "prompts_from", "base_eval_loss", "tuned_eval_loss", "samples", "scores"}
 SAMPLE_KEYS = {"prompt", "reference", "base_answer", "tuned_answer", "base_overlap", "tuned_overlap"}
 
 
@@ -32,6 +32,7 @@ def test_an_sft_job_ends_with_its_before_after_evaluation(served):
     assert response.status_code == 200, response.text
     result = response.json()
     assert set(result) == CONTRACT and result["status"] == "done" and result["error"] is None
+    assert result["prompts_from"] == "validation"
     # 24 rows, 15% validation: the first 4 held-out prompts, each answered by both models
     samples = result["samples"]
     assert len(samples) == 4 and all(set(sample) == SAMPLE_KEYS for sample in samples)
@@ -73,3 +74,46 @@ def test_no_evaluation_when_the_job_turned_it_off_and_a_cut_short_one_reads_fail
     cut = evaluation(served, job).json()
     assert cut["status"] == "failed" and "before its evaluation finished" in cut["error"]
     assert cut["samples"] == [] and cut["scores"] == {"base_overlap": 0.0, "tuned_overlap": 0.0}
+
+
+def test_without_a_validation_split_the_last_rows_are_held_out_of_training_for_the_evaluation(served):
+    studio = served.studio
+    result = evaluation(served, studio.held_out_job).json()
+    assert result["status"] == "done" and result["prompts_from"] == "held_out"
+    # the last 5 of the 24 rows, in order, with their own answers as references
+    assert [(s["prompt"], s["reference"]) for s in result["samples"]] == \
+        [(row["instruction"], row["output"]) for row in studio.rows[-5:]]
+    assert result["base_eval_loss"] > 0 and result["tuned_eval_loss"] > 0  # a loss on rows it did not train on
+
+
+def test_the_held_out_rows_are_taken_out_of_the_trainers_training_set(served, tmp_path):
+    from redis import Redis
+
+    from lanner.backend.dataset_formats import examine
+    from lanner.backend.settings import get_settings
+    from lanner.worker.events import JobEvents
+    from lanner.worker.training.callbacks import MetricsCallback
+    from lanner.worker.training.evaluation import BeforeAfterEvaluation
+    from lanner.worker.training.model import load_model, load_tokenizer, resolve_model
+    from lanner.worker.training.options import TrainingOptions
+    from lanner.worker.training.sft import build_trainer
+    from playground_helpers import PLAYGROUND_REDIS_URL
+
+    studio = served.studio
+    with studio.sessions() as session:
+        from lanner.backend.models import Job
+
+        options = TrainingOptions.from_config(session.get(Job, studio.held_out_job).config, "lora")
+    _, rows = examine(studio.data_dir / "datasets" / "qa.jsonl")
+    path = resolve_model("builtin/SmolLM2-135M-Instruct", get_settings())
+    events = JobEvents(studio.held_out_job, Redis.from_url(PLAYGROUND_REDIS_URL, decode_responses=True),
+                       lambda: studio.sessions())
+    tokenizer = load_tokenizer(path, options)
+    trainer = build_trainer(load_model(path, options, events), tokenizer, rows, options, str(tmp_path),
+                            [MetricsCallback(events, 2)])
+    (callback,) = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, BeforeAfterEvaluation)]
+    assert callback.prompts_from == "held_out" and len(trainer.train_dataset) == len(rows) - 5
+    trained = {tokenizer.decode(example["input_ids"]) for example in trainer.train_dataset}
+    held_out = [tokenizer.decode(example["input_ids"]) for example in callback.eval_dataset]
+    assert len(held_out) == 5 and not trained & set(held_out)
+    assert all(row["instruction"] in text for row, text in zip(studio.rows[-5:], held_out))

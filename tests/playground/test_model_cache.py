@@ -93,3 +93,36 @@ def test_concurrent_users_of_one_model_load_it_once(ggufs):
     assert not errors
     assert cache.loads == 1 and len(models) == 4 and len({id(model) for model in models}) == 1
     cache.clear()
+
+
+def test_a_model_streams_several_answers_from_a_bounded_pool_of_contexts_on_one_copy(ggufs):
+    from lanner.backend.playground.generation import Sampling, add_context, context_bytes, stream_answer
+
+    a, b = ggufs[:2]
+    one, extra = estimate_bytes(a), context_bytes(a)
+    cache = ModelCache(one + extra, load_llama, estimate_bytes, add_context=add_context, context_bytes=context_bytes,
+                       contexts_per_model=3)
+    waited = []
+    with cache.use(a) as entry:
+        with cache.context(entry) as first, cache.context(entry) as second:
+            assert first is entry.model and second is not first
+            assert second._model is first._model and second.ctx != first.ctx  # same weights, own KV cache
+            assert cache.used_bytes() == one + extra and cache.loads == 1
+            # Two answers advanced a token at a time, turn about: each keeps its own place.
+            prompt = "<|im_start|>user\nCount from 1 to 20.<|im_end|>\n<|im_start|>assistant\n"
+            greedy = Sampling(temperature=0, max_tokens=12)
+            streams = [stream_answer(llama, prompt, greedy, lambda: False) for llama in (first, second)]
+            texts = ["", ""]
+            for _ in range(12):
+                for index, stream in enumerate(streams):
+                    piece = next(stream, {})
+                    texts[index] += piece.get("text", "")
+            assert texts[0] and texts[0] == texts[1]
+            # A third would need a third KV cache the bound has no room for: it waits for a context.
+            with cache.context(entry, waiting=lambda: waited.append(True), stopped=lambda: bool(waited)) as third:
+                assert third is None and waited == [True]
+        with cache.context(entry) as again:  # freed contexts are reused, not made again
+            assert again in (first, second) and cache.contexts(a) == 2
+    with cache.use(b):  # the idle model and both its contexts make room
+        assert cache.loaded() == [b] and cache.used_bytes() == one
+    cache.clear()

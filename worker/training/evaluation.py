@@ -1,12 +1,15 @@
 """Before/after evaluation at the end of an SFT job: the base model (the adapter switched off) and the
-fine-tuned one answer the first prompts of the validation split, greedily and briefly; each model's
-eval loss and a simple overlap score of each answer with the reference are stored with the job.
+fine-tuned one answer held-out prompts, greedily and briefly; each model's eval loss on them and a
+simple overlap score of each answer with the reference are stored with the job.
 
 The result is evaluation.json in the job's artifacts folder, registered as an artifact of kind
 "evaluation" (GET /api/jobs/{id}/evaluation serves it). It is written with status "running" first,
 then "done" or "failed": an evaluation that fails never fails the job, whose adapter is trained.
-Without a validation split (small datasets, eval_fraction 0) the prompts are the first training rows
-and no eval loss is reported, since a loss on trained rows says nothing about generalising.
+The prompts are the first rows of the validation split when the job has one ("prompts_from":
+"validation"); otherwise the last N rows of the training rows are held out of training for it
+("held_out"). Only when that is impossible (too few rows, or packed sequences that mix rows) are
+they the first training rows ("training"), and no eval loss is reported, since a loss on trained
+rows says nothing about generalising.
 On by default; the job's hyperparameter `before_after_eval: false` turns it off."""
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from lanner.worker.training.callbacks import CancelCallback, MetricsCallback
 
 EVALUATION_FILE = "evaluation.json"
 EVALUATION_KIND = "evaluation"
-PROMPTS = 5               # the first N prompts of the validation split
+PROMPTS = 5               # the first N prompts of the validation split, or N rows held out of training
+MIN_TRAINING_ROWS = 10    # rows left to train on below which nothing is held out
 MAX_NEW_TOKENS = 48       # short answers: enough to compare, cheap on a CPU
 WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -87,11 +91,24 @@ def _job_wants_it(config: dict) -> bool:
     return bool(config.get("before_after_eval", nested))
 
 
+def _prompt_count(config: dict) -> int:
+    return int(config.get("evaluation_prompts", PROMPTS))
+
+
+def _job_config(events) -> dict:
+    with events.sessions() as session:
+        job = session.get(Job, events.job_id)
+        return dict(job.config or {}) if job else {}
+
+
 class BeforeAfterEvaluation(TrainerCallback):
     """Runs when training ends (not when it was cancelled), before the adapter is saved."""
 
-    def __init__(self, trainer, rows, from_validation: bool, events):
-        self.trainer, self.rows, self.from_validation, self.events = trainer, rows, from_validation, events
+    def __init__(self, trainer, rows, prompts_from: str, events, eval_dataset=None):
+        """`rows`: the raw rows whose first prompts are answered; `eval_dataset`: the same rows as the
+        trainer prepared them, for each model's eval loss (None: no loss)."""
+        self.trainer, self.rows, self.prompts_from, self.events = trainer, rows, prompts_from, events
+        self.eval_dataset = eval_dataset
         self.settings = get_settings()
         self.path = artifacts_dir(self.settings.data_dir, events.job_id) / EVALUATION_FILE
         self.result: dict[str, Any] = {}
@@ -109,16 +126,13 @@ class BeforeAfterEvaluation(TrainerCallback):
         self.distributed = args.world_size > 1
         if self.distributed and (not self.trainer.is_world_process_zero() or self.trainer.is_fsdp_enabled):
             return
-        with self.events.sessions() as session:
-            job = session.get(Job, self.events.job_id)
-            config = dict(job.config or {}) if job else {}
+        config = _job_config(self.events)
         if not _job_wants_it(config):
             return
-        count = int(config.get("evaluation_prompts", PROMPTS))
-        rows = [self.rows[i] for i in range(min(count, len(self.rows)))]
+        rows = [self.rows[i] for i in range(min(_prompt_count(config), len(self.rows)))]
         self.result = {"status": "running", "error": None, "base_eval_loss": None, "tuned_eval_loss": None,
                        "samples": [], "scores": {"base_overlap": 0.0, "tuned_overlap": 0.0},
-                       "prompts_from": "validation" if self.from_validation else "training",
+                       "prompts_from": self.prompts_from,
                        "max_new_tokens": int(config.get("evaluation_max_new_tokens", MAX_NEW_TOKENS))}
         self._write(register=True)
         self.events.log(f"Before/after evaluation: the base and the fine-tuned model answer {len(rows)} "
@@ -145,13 +159,13 @@ class BeforeAfterEvaluation(TrainerCallback):
         trainer, model = self.trainer, self.trainer.model
         tokenizer = trainer.processing_class
         model.eval()
-        if self.from_validation and trainer.eval_dataset is not None and not self.distributed:
-            tuned_loss = _final_eval_loss(state)
+        if self.eval_dataset is not None and not self.distributed:
+            tuned_loss = _final_eval_loss(state) if self.eval_dataset is trainer.eval_dataset else None
             if tuned_loss is None:
-                tuned_loss = trainer.evaluate(metric_key_prefix="tuned")["tuned_loss"]
+                tuned_loss = trainer.evaluate(self.eval_dataset, metric_key_prefix="tuned")["tuned_loss"]
             self.result["tuned_eval_loss"] = tuned_loss
             with model.disable_adapter():
-                self.result["base_eval_loss"] = trainer.evaluate(metric_key_prefix="base")["base_loss"]
+                self.result["base_eval_loss"] = trainer.evaluate(self.eval_dataset, metric_key_prefix="base")["base_loss"]
         prepared = [_prompt_and_reference(row, tokenizer) for row in rows]
         tuned = self._answers(model, tokenizer, [rendered for _, rendered, _ in prepared])
         if cancel is not None and cancel.requested:
@@ -204,9 +218,29 @@ class BeforeAfterEvaluation(TrainerCallback):
 
 def with_before_after_evaluation(trainer, evaluation_rows, train_rows, callbacks: list):
     """Adds the before/after evaluation to an SFT trainer run by the training process (the one whose
-    callbacks carry the job's events); returns the trainer."""
+    callbacks carry the job's events); returns the trainer. Without a validation split, the last N
+    training rows are taken out of the trainer's (already prepared) training set and evaluated on."""
     events = next((cb.events for cb in callbacks if isinstance(cb, MetricsCallback)), None)
-    if events is not None and hasattr(trainer.model, "disable_adapter"):
-        rows = evaluation_rows if evaluation_rows is not None else train_rows
-        trainer.add_callback(BeforeAfterEvaluation(trainer, rows, evaluation_rows is not None, events))
+    if events is None or not hasattr(trainer.model, "disable_adapter"):
+        return trainer
+    if evaluation_rows is not None:
+        trainer.add_callback(BeforeAfterEvaluation(trainer, evaluation_rows, "validation", events,
+                                                   trainer.eval_dataset))
+        return trainer
+    config = _job_config(events)
+    if not _job_wants_it(config):
+        return trainer
+    count, prepared = _prompt_count(config), trainer.train_dataset
+    # Row i of the prepared set is training row i unless packing joined rows into sequences.
+    if (count > 0 and len(train_rows) - count >= MIN_TRAINING_ROWS and len(prepared) == len(train_rows)
+            and not trainer.args.packing):
+        keep = len(train_rows) - count
+        trainer.train_dataset = prepared.select(range(keep))
+        held_out = prepared.select(range(keep, len(prepared)))
+        rows = train_rows.select(range(keep, len(train_rows)))
+        events.log(f"Before/after evaluation: the last {count} of {len(train_rows)} rows are held out of training "
+                   "(the job has no validation split)")
+        trainer.add_callback(BeforeAfterEvaluation(trainer, rows, "held_out", events, held_out))
+    else:
+        trainer.add_callback(BeforeAfterEvaluation(trainer, train_rows, "training", events))
     return trainer

@@ -6,8 +6,9 @@ import { ErrorNotice, Field, errorText } from '../components/Field'
 import { PageHeader } from '../components/PageHeader'
 import { ChatColumn } from '../playground/ChatColumn'
 import { ask, busy, emptyChat, history, receive, type Chat } from '../playground/conversation'
+import { sessionOpen, sessionText, useGpuSession } from '../playground/gpuSession'
 import { SamplingForm } from '../playground/SamplingForm'
-import type { ModelFile, PlaygroundJob, Sampling, ServerMessage, Side } from '../playground/types'
+import type { ModelFile, PlaygroundJob, Sampling, ServerMessage, Side, Where } from '../playground/types'
 import { usePlaygroundSocket } from '../playground/usePlaygroundSocket'
 import { useResource } from '../useResource'
 import '../playground/playground.css'
@@ -17,6 +18,10 @@ const MODES: { value: Mode; label: string }[] = [
   { value: 'tuned', label: 'Fine-tuned' },
   { value: 'base', label: 'Base model' },
   { value: 'both', label: 'Side by side' },
+]
+const PLACES: { value: Where; label: string }[] = [
+  { value: 'cpu', label: 'CPU (GGUF, llama.cpp)' },
+  { value: 'gpu', label: 'Run on GPU (queued)' },
 ]
 const DEFAULT_SAMPLING: Sampling = { temperature: 0.7, top_p: 0.95, max_tokens: 256, stop: [] }
 
@@ -84,6 +89,8 @@ export function PlaygroundPage() {
   const [question, setQuestion] = useState('')
   const [system, setSystem] = useState('')
   const [sampling, setSampling] = useState<Sampling>(DEFAULT_SAMPLING)
+  const [where, setWhere] = useState<Where>('cpu')
+  const gpu = useGpuSession()
 
   const onMessage = useCallback((message: ServerMessage) => {
     if (message.type === 'error' && message.model == null) setProblem(message.message)
@@ -96,18 +103,30 @@ export function PlaygroundPage() {
   const job = list.find((item) => item.job_id === chosenId) ?? null
   const sides = sidesOf(mode)
   const answering = busy(chat)
-  const missing = job ? sides.filter((side) => !job[side].available) : []
+  const onGpu = where === 'gpu'
+  const missing = job && !onGpu ? sides.filter((side) => !job[side].available) : []
+  const gpuReady = !onGpu || sessionOpen(gpu.session)
 
   const choose = (id: string) => {
     setParams(id ? { job: id } : {})
     setChat(emptyChat())
     setProblem(null)
+    if (onGpu) {
+      void gpu.close()
+      setWhere('cpu')
+    }
+  }
+
+  const place = (value: Where) => {
+    setWhere(value)
+    if (value === 'gpu' && job) void gpu.start(job.job_id)
+    else void gpu.close() // a GPU held for nothing would keep the queue waiting
   }
 
   const send = (event: FormEvent) => {
     event.preventDefault()
     const text = question.trim()
-    if (!job || !text || answering) return
+    if (!job || !text || answering || !gpuReady) return
     const next = ask(chat, sides, text)
     setChat(next)
     setProblem(null)
@@ -122,6 +141,7 @@ export function PlaygroundPage() {
       top_p: sampling.top_p,
       max_tokens: sampling.max_tokens,
       stop: sampling.stop.filter((stop) => stop.length > 0),
+      ...(onGpu && gpu.session ? { gpu_session: gpu.session.id } : {}),
     })
   }
 
@@ -129,7 +149,7 @@ export function PlaygroundPage() {
     <>
       <PageHeader
         title="Playground"
-        description="Talk to a fine-tuned model and its base model, one at a time or side by side. Runs on the CPU from GGUF files, so it never takes a GPU from the queue."
+        description="Talk to a fine-tuned model and its base model, one at a time or side by side. By default it runs on the CPU from GGUF files, so it never takes a GPU from the queue; a GPU session waits in the queue like any job."
       />
       <ErrorNotice error={jobs.error} title="The finished jobs could not be loaded" />
       {jobs.data && list.length === 0 && (
@@ -167,10 +187,44 @@ export function PlaygroundPage() {
                 </label>
               ))}
             </fieldset>
+            <fieldset className="playground-sides">
+              <legend className="visually-hidden">Where it runs</legend>
+              {PLACES.map((item) => (
+                <label key={item.value} className="field--check">
+                  <input
+                    type="radio"
+                    name="where"
+                    value={item.value}
+                    checked={where === item.value}
+                    disabled={answering}
+                    onChange={() => place(item.value)}
+                  />{' '}
+                  {item.label}
+                </label>
+              ))}
+            </fieldset>
             <button type="button" className="button" disabled={answering} onClick={() => setChat(emptyChat())}>
               New chat
             </button>
           </div>
+          {onGpu && (
+            <div className="panel">
+              <div className="panel__body">
+                {gpu.session && <p data-testid="gpu-session">{sessionText(gpu.session)}</p>}
+                {!gpu.session && !gpu.error && <p className="muted">Queueing a GPU session…</p>}
+                <ErrorNotice error={gpu.error} title="No GPU session" />
+                {sessionOpen(gpu.session) ? (
+                  <button type="button" className="button button--danger" disabled={answering} onClick={() => place('cpu')}>
+                    End GPU session
+                  </button>
+                ) : (
+                  <button type="button" className="button" onClick={() => void gpu.start(job.job_id)}>
+                    Start a GPU session
+                  </button>
+                )}
+              </div>
+            </div>
+          )}
           <div className="panel">
             <div className="panel__body">
               <ModelAvailability label="Fine-tuned" file={job.tuned} testId="tuned-gguf" />
@@ -196,7 +250,11 @@ export function PlaygroundPage() {
                 if (event.key === 'Enter' && !event.shiftKey) send(event)
               }}
             />
-            <button type="submit" className="button button--primary" disabled={answering || missing.length > 0 || !question.trim()}>
+            <button
+              type="submit"
+              className="button button--primary"
+              disabled={answering || missing.length > 0 || !gpuReady || !question.trim()}
+            >
               Send
             </button>
             <button type="button" className="button button--danger" disabled={!answering} onClick={() => socket.send({ type: 'stop' })}>
@@ -211,7 +269,12 @@ export function PlaygroundPage() {
           )}
           <div className={`playground-columns${sides.length === 2 ? ' playground-columns--two' : ''}`}>
             {sides.map((side) => (
-              <ChatColumn key={side} side={side} state={chat[side]} file={job[side]} />
+              <ChatColumn
+                key={side}
+                side={side}
+                state={chat[side]}
+                source={onGpu ? `GPU session${gpu.session ? ` (job ${gpu.session.id})` : ''}` : (job[side].gguf ?? '')}
+              />
             ))}
           </div>
           <SamplingForm system={system} onSystem={setSystem} sampling={sampling} onSampling={setSampling} />

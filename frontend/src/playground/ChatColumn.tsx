@@ -1,8 +1,9 @@
 import type { SideState } from './conversation'
-import type { ModelFile, Side } from './types'
+import type { Side } from './types'
 
 const TITLES: Record<Side, string> = { tuned: 'Fine-tuned', base: 'Base model' }
 const ACTIVITY: Record<string, string> = {
+  queued: 'Waiting for a GPU in the queue…',
   loading: 'Loading the model…',
   waiting: 'Waiting: the model is answering someone else…',
   generating: 'Answering…',
@@ -13,13 +14,21 @@ const FINISH: Record<string, string> = {
   stopped: 'generation stopped',
 }
 
-/** One model's side of the chat: its conversation, the streaming answer, and what went wrong. */
-export function ChatColumn({ side, state, file }: { side: Side; state: SideState; file: ModelFile | null }) {
+function activityText(state: SideState): string {
+  if (state.activity === 'queued' && state.queuePosition != null) {
+    return `Waiting for a GPU: number ${state.queuePosition} in the queue…`
+  }
+  return ACTIVITY[state.activity] ?? ''
+}
+
+/** One model's side of the chat: its conversation, the streaming answer, and what went wrong.
+ * `source` names what answers (the GGUF file, or the GPU session). */
+export function ChatColumn({ side, state, source }: { side: Side; state: SideState; source: string }) {
   return (
     <section className="panel playground-column" aria-label={`${TITLES[side]} chat`} data-testid={`chat-${side}`}>
       <div className="panel__header">
         <h2>{TITLES[side]}</h2>
-        <span className="muted small mono">{file?.gguf ?? ''}</span>
+        <span className="muted small mono">{source}</span>
       </div>
       <div className="panel__body playground-messages" aria-live="polite">
         {state.messages.length === 0 && <p className="muted">Nothing asked yet.</p>}
@@ -31,7 +40,7 @@ export function ChatColumn({ side, state, file }: { side: Side; state: SideState
         ))}
         {state.activity !== 'idle' && (
           <p className="muted small" data-testid={`activity-${side}`}>
-            {ACTIVITY[state.activity]}
+            {activityText(state)}
           </p>
         )}
         {state.activity === 'idle' && state.finish && (

@@ -40,3 +40,15 @@ describe('playground conversation', () => {
     expect(receive(chat, { type: 'error', id: 2, model: null, code: 'busy', message: 'busy' })).toBe(chat)
   })
 })
+
+describe('playground conversation on a GPU session', () => {
+  it('keeps the queue position while the session waits, and drops it when it answers', () => {
+    let chat = ask(emptyChat(), ['tuned'], 'Hi?')
+    chat = receive(chat, { type: 'status', id: 1, model: 'tuned', state: 'queued', queue_position: 3 })
+    expect(chat.tuned.activity).toBe('queued')
+    expect(chat.tuned.queuePosition).toBe(3)
+    expect(busy(chat)).toBe(true)
+    chat = receive(chat, { type: 'status', id: 1, model: 'tuned', state: 'loading' })
+    expect(chat.tuned.queuePosition).toBeNull()
+  })
+})

@@ -1,6 +1,6 @@
 import type { ChatMessage, ServerMessage, Side } from './types'
 
-export type SideActivity = 'idle' | 'loading' | 'waiting' | 'generating'
+export type SideActivity = 'idle' | 'queued' | 'loading' | 'waiting' | 'generating'
 
 export interface SideState {
   messages: ChatMessage[]
@@ -14,6 +14,8 @@ export interface SideState {
   /** Streamed pieces and seconds of the last answer. */
   chunks: number
   seconds: number | null
+  /** While `queued`: the GPU session's place in the queue. */
+  queuePosition: number | null
 }
 
 export type Chat = Record<Side, SideState>
@@ -26,6 +28,7 @@ export const emptySide = (): SideState => ({
   finish: null,
   chunks: 0,
   seconds: null,
+  queuePosition: null,
 })
 
 export const emptyChat = (): Chat => ({ tuned: emptySide(), base: emptySide() })
@@ -64,7 +67,10 @@ export function receive(chat: Chat, message: ServerMessage): Chat {
   const side = chat[message.model]
   switch (message.type) {
     case 'status':
-      return { ...chat, [message.model]: { ...side, activity: message.state } }
+      return {
+        ...chat,
+        [message.model]: { ...side, activity: message.state, queuePosition: message.queue_position ?? null },
+      }
     case 'token':
       return {
         ...chat,

@@ -41,7 +41,26 @@ export interface ChatMessage {
 
 /** What /ws/playground sends. */
 export type ServerMessage =
-  | { type: 'status'; id: unknown; model: Side; state: 'loading' | 'waiting' | 'generating' }
+  | {
+      type: 'status'
+      id: unknown
+      model: Side
+      state: 'queued' | 'loading' | 'waiting' | 'generating'
+      /** With `queued`: the GPU session's place in the queue (1 runs next). */
+      queue_position?: number | null
+    }
   | { type: 'token'; id: unknown; model: Side; text: string }
   | { type: 'done'; id: unknown; model: Side; finish_reason: string; chunks: number; seconds: number }
   | { type: 'error'; id: unknown; model: Side | null; code: string; message: string; export_url?: string }
+
+/** Where the answers come from: the CPU (GGUF through llama.cpp) or a GPU session (a queued job). */
+export type Where = 'cpu' | 'gpu'
+
+/** The parts of a GPU session's job (POST /api/playground/jobs/{id}/gpu-session, GET /api/jobs/{id}) shown here. */
+export interface GpuSession {
+  id: number
+  status: string
+  queue_position: number | null
+  device: { name?: string } | null
+  error: string | null
+}

@@ -1,0 +1,173 @@
+"""The GPU chat process: `python -m lanner.worker.chat_process <job id>`, started by the worker for a
+job of kind `chat` (lanner.backend.playground.gpu_session). It loads the training job's model on the
+worker's device with transformers (the base model with the job's adapter, whose `base` side is the
+adapter switched off; or a full fine-tune's model) and answers the session's questions from Redis,
+one at a time, streaming tokens back, until no question came for the session's idle time or it is
+closed. Exit codes as train_process: 0 closed or idle, 1 failed, 3 cancelled."""
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+from lanner.backend.models import Job
+from lanner.backend.playground.gpu_session import (CONTEXT_TOKENS, KEY_SECONDS, answer_key, ready_key, requests_key,
+                                                   stop_key, trained_weights)
+from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, main
+
+
+class ChatProcess(JobProcess):
+    failure_prefix = "GPU chat failed"
+
+    def __init__(self, job_id: int):
+        super().__init__(job_id)
+        self.redis = self.events.redis
+        self.cancelled = False
+
+    def on_sigterm(self, _signum, _frame):
+        self.cancelled = True  # the current answer stops at its next token; then the session ends
+
+    def load(self) -> tuple[Job, Job, str, Path]:
+        with self.sessions() as session:
+            job = session.get(Job, self.job_id)
+            parent = session.get(Job, job.parent_job_id) if job and job.parent_job_id else None
+            if parent is None:
+                raise JobFailed("The training job of this chat session was deleted.")
+            weights = trained_weights(session, parent)
+            if weights is None:
+                raise JobFailed(f"Job {parent.id} saved no adapter or model to chat with.")
+            path = Path(weights.path)
+            return job, parent, weights.kind, path if path.is_absolute() else self.settings.data_dir / path
+
+    def load_model(self, parent: Job, kind: str, path: Path):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from lanner.worker.training.model import resolve_model
+
+        cuda = torch.cuda.is_available()
+        dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if cuda else torch.float32
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if (parent.config or {}).get("chat_template"):
+            tokenizer.chat_template = parent.config["chat_template"]
+        if kind == "adapter":
+            from peft import PeftModel
+
+            base = AutoModelForCausalLM.from_pretrained(resolve_model(parent.model, self.settings), dtype=dtype)
+            model = PeftModel.from_pretrained(base, str(path))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        return model.to("cuda" if cuda else "cpu").eval(), tokenizer
+
+    def run(self) -> int:
+        job, parent, kind, path = self.load()
+        idle_seconds = int((job.config or {}).get("chat", {}).get("idle_seconds", 600))
+        self.events.log(f"Loading job {parent.id}'s {kind} for chat")
+        model, tokenizer = self.load_model(parent, kind, path)
+        self.redis.set(ready_key(self.job_id), "1", ex=KEY_SECONDS)
+        self.events.log(f"GPU chat ready on {model.device}; the session ends after {idle_seconds} s without a question")
+        last = time.monotonic()
+        try:
+            while not self.cancelled:
+                item = self.redis.blpop([requests_key(self.job_id)], timeout=1)
+                if item is None:
+                    if time.monotonic() - last > idle_seconds:
+                        self.events.log(f"No question for {idle_seconds} s: the GPU chat session ends")
+                        return 0
+                    continue
+                request = json.loads(item[1])
+                if request.get("type") == "close":
+                    self.events.log("The GPU chat session was closed")
+                    return 0
+                self.answer(model, tokenizer, kind == "adapter", request)
+                last = time.monotonic()
+        finally:
+            self.redis.delete(ready_key(self.job_id), requests_key(self.job_id))
+        self.events.log("Cancelled: the GPU chat session ends")
+        return EXIT_CANCELLED
+
+    def answer(self, model, tokenizer, has_adapter: bool, request: dict) -> None:
+        request_id, side = request["request_id"], request["side"]
+        out, stop = answer_key(self.job_id, request_id), stop_key(self.job_id, request_id)
+        started = time.monotonic()
+
+        def send(message: dict) -> None:
+            self.redis.rpush(out, json.dumps(message))
+            self.redis.expire(out, KEY_SECONDS)
+
+        def stopped() -> bool:
+            return self.cancelled or bool(self.redis.exists(stop))
+
+        def done(finish_reason: str, chunks: int) -> None:
+            send({"type": "done", "finish_reason": finish_reason, "chunks": chunks,
+                  "seconds": round(time.monotonic() - started, 3)})
+
+        if stopped():
+            return done("stopped", 0)
+        if side == "base" and not has_adapter:
+            return send({"type": "error", "code": "no_base_model", "message": "This job is a full fine-tune: its GPU "
+                         "session holds the fine-tuned model only. Chat with the base model on the CPU."})
+        try:
+            prompt = tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True, tokenize=False)
+        except Exception as error:  # a template that refuses the conversation (roles, missing template)
+            return send({"type": "error", "code": "bad_chat_template",
+                         "message": f"The chat template refused this conversation: {error}"})
+        inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(model.device)
+        length = inputs["input_ids"].shape[1]
+        if length >= CONTEXT_TOKENS:
+            return send({"type": "error", "code": "context_full", "message": f"The conversation is {length} tokens "
+                         f"long and the session reads at most {CONTEXT_TOKENS}: start a new chat or shorten it."})
+        send({"type": "status", "state": "generating"})
+        chunks, result = self._stream(model, tokenizer, inputs, request, side == "base", stopped, send)
+        if "error" in result:
+            error = result["error"]
+            return send({"type": "error", "code": "generation_failed",
+                         "message": f"Generation stopped: {type(error).__name__}: {error}"})
+        new_tokens = result["output"].shape[1] - length
+        done("stopped" if stopped() else "length" if new_tokens >= result["max_new_tokens"] else "stop", chunks)
+
+    def _stream(self, model, tokenizer, inputs, request: dict, base: bool, stopped, send) -> tuple[int, dict]:
+        """Generates on a thread while this one forwards the text as it comes."""
+        import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
+        class Stop(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                return torch.full((input_ids.shape[0],), stopped(), dtype=torch.bool, device=input_ids.device)
+
+        streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+        temperature = float(request.get("temperature", 0.7))
+        result = {"max_new_tokens": min(int(request.get("max_tokens", 256)),
+                                        CONTEXT_TOKENS - inputs["input_ids"].shape[1])}
+        options = dict(**inputs, max_new_tokens=result["max_new_tokens"], streamer=streamer,
+                       stopping_criteria=StoppingCriteriaList([Stop()]), pad_token_id=tokenizer.eos_token_id,
+                       do_sample=temperature > 0)
+        if temperature > 0:
+            options.update(temperature=temperature, top_p=float(request.get("top_p", 0.95)))
+        if request.get("stop"):
+            options.update(stop_strings=list(request["stop"]), tokenizer=tokenizer)
+
+        def generate() -> None:
+            try:
+                with model.disable_adapter() if base else contextlib.nullcontext(), torch.no_grad():
+                    result["output"] = model.generate(**options)
+            except Exception as error:  # reported to the user; the session goes on
+                result["error"] = error
+                streamer.end()
+
+        thread = threading.Thread(target=generate, daemon=True)
+        thread.start()
+        chunks = 0
+        for text in streamer:
+            if text:
+                chunks += 1
+                send({"type": "token", "text": text})
+        thread.join()
+        return chunks, result
+
+
+if __name__ == "__main__":
+    sys.exit(main(ChatProcess, sys.argv))
