@@ -1,16 +1,21 @@
 """The export process: `python -m lanner.worker.export_process <job id>`, started by the worker for an
-export job. It reads the trained job's adapter, runs lanner.worker.export (adapter, merged model,
-GGUF files, each verified against the trained model), streams its progress and records every file as
-an artifact with its verification. Exit codes as train_process: 0 done, 1 failed (reason in the
-job's `error`), 3 stopped at a cancel request (nothing half-written is kept)."""
+export job. It reads the trained job's adapter (LoRA, QLoRA) or, for a job that trained every weight,
+its model; runs lanner.worker.export (adapter, merged model, GGUF files, each verified against the
+trained model), streams its progress and records every file as an artifact with its verification.
+Exit codes as train_process: 0 done, 1 failed (reason in the job's `error`), 3 stopped at a cancel
+request (nothing half-written is kept)."""
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
 
 from lanner.backend.models import Artifact, Job, JobStatus
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
+from lanner.worker.train_process import TRAINING_RECORD
+
+TRAINED_KINDS = ("adapter", "model")  # the artifacts an export reads: a LoRA/QLoRA adapter, a whole model
 
 
 class Cancelled(Exception):
@@ -32,7 +37,7 @@ class ExportProcess(JobProcess):
             raise Cancelled()
         self.events.event("progress", {"stage": stage, "fraction": round(fraction, 3)})
 
-    def load(self) -> tuple[Job, Job, Path]:
+    def load(self) -> tuple[Job, Job, Artifact, Path]:
         with self.sessions() as session:
             job = session.get(Job, self.job_id)
             parent = session.get(Job, job.parent_job_id) if job and job.parent_job_id else None
@@ -40,28 +45,34 @@ class ExportProcess(JobProcess):
                 raise JobFailed("The trained job this export reads was deleted.")
             if parent.status != JobStatus.succeeded:
                 raise JobFailed(f"Job {parent.id} has not finished training ({parent.status.value}); nothing to export.")
-            adapter = session.query(Artifact).filter_by(job_id=parent.id, kind="adapter").order_by(Artifact.id.desc()).first()
-            if adapter is None:
-                raise JobFailed(f"Job {parent.id} has no adapter to export.")
-            path = Path(adapter.path)
-            return job, parent, path if path.is_absolute() else self.settings.data_dir / path
+            trained = (session.query(Artifact).filter(Artifact.job_id == parent.id, Artifact.kind.in_(TRAINED_KINDS))
+                       .order_by(Artifact.id.desc()).first())
+            if trained is None:
+                raise JobFailed(f"Job {parent.id} saved neither an adapter nor a model; nothing to export.")
+            path = Path(trained.path)
+            return job, parent, trained, path if path.is_absolute() else self.settings.data_dir / path
 
     def run(self) -> int:
-        job, parent, adapter_dir = self.load()
+        job, parent, trained, trained_dir = self.load()
         options = job.config.get("export", {})
         from lanner.worker.export import ExportError, ExportRequest, run_export
         from lanner.worker.training.model import resolve_model
 
+        is_adapter = trained.kind == "adapter"
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{parent.model.rsplit('/', 1)[-1]}-job{parent.id}").strip("-")
         request = ExportRequest(
-            base_model_dir=Path(resolve_model(parent.model, self.settings)), adapter_dir=adapter_dir,
+            base_model_dir=Path(resolve_model(parent.model, self.settings)),
+            adapter_dir=trained_dir if is_adapter else None, model_dir=None if is_adapter else trained_dir,
             out_dir=artifacts_dir(self.settings.data_dir, self.job_id) / "export", base_model_name=parent.model,
-            name=name, adapter=options.get("adapter", True), merged=options.get("merged", True),
+            name=name, adapter=options.get("adapter", is_adapter), merged=options.get("merged", True),
             merged_dtype=options.get("merged_dtype", "bfloat16"),
             gguf_types=tuple(options.get("gguf_types", ("f16", "q8_0"))), verify=options.get("verify", True),
-            device="cuda" if _cuda() else "cpu", base_quantization=base_quantization(parent))
-        self.events.log(f"Exporting job {parent.id}'s adapter: adapter={request.adapter}, merged={request.merged}, "
-                        f"gguf={list(request.gguf_types)}")
+            device="cuda" if _cuda() else "cpu",
+            base_quantization=base_quantization(parent, trained_dir) if is_adapter else None)
+        self.events.log(f"Exporting job {parent.id}'s {trained.kind}: adapter={request.adapter}, "
+                        f"merged={request.merged}, gguf={list(request.gguf_types)}"
+                        + (f", merged into its 4-bit base {request.base_quantization}"
+                           if request.base_quantization is not None else ""))
         try:
             manifest = run_export(request, self.progress)
         except Cancelled:
@@ -89,10 +100,14 @@ class ExportProcess(JobProcess):
         self.events.log(f"Export done: {len(manifest['artifacts'])} files, {manifest['bytes'] / 1e6:.1f} MB")
 
 
-def base_quantization(parent: Job) -> dict | None:
-    """A QLoRA adapter is merged into the 4-bit base its training saw, dequantised: the training
-    job's "quantization" settings (lanner.worker.export.Quantization's fields), else Lanner's QLoRA
-    defaults. None for any other method (the adapter trained on the unquantised base)."""
+def base_quantization(parent: Job, adapter_dir: Path) -> dict | None:
+    """A QLoRA adapter is merged into the 4-bit base its training saw, dequantised, with the settings
+    (lanner.worker.export.Quantization's fields) its training recorded beside it (TRAINING_RECORD).
+    An adapter saved before training recorded them: the job's config["quantization"], else Lanner's
+    QLoRA defaults. None for an adapter trained on the unquantised base."""
+    record_file = adapter_dir / TRAINING_RECORD
+    if record_file.is_file():
+        return json.loads(record_file.read_text()).get("quantization")
     if parent.method != "qlora":
         return None
     return dict((parent.config or {}).get("quantization") or {})

@@ -6,6 +6,7 @@ checkpoint); 1: failed, with the reason written to the job's `error`. The worker
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import shutil
@@ -29,6 +30,9 @@ METHODS = {
 }
 
 log = logging.getLogger("lanner.train")
+# Written beside the saved adapter or model: how it was trained, as the export reads it
+# (lanner.worker.export_process): method, base model, dtype and, over a 4-bit base, its quantisation.
+TRAINING_RECORD = "lanner_training.json"
 
 
 def _dir_size(path: Path) -> int:
@@ -133,7 +137,7 @@ class TrainProcess(JobProcess):
             return EXIT_CANCELLED
         if trainer.eval_dataset is not None and trainer.state.global_step % (options.eval_steps or options.save_steps):
             trainer.evaluate()
-        self.save(trainer, tokenizer, out, adapter=options.lora)
+        self.save(trainer, tokenizer, out, job, options)
         return 0
 
     def train(self, trainer_module: str, model_path: str, tokenizer, rows: list[dict], options,
@@ -187,9 +191,10 @@ class TrainProcess(JobProcess):
             raise JobFailed(again.message(retry="failed", first=failure))
         return trainer
 
-    def save(self, trainer, tokenizer, out: Path, adapter: bool) -> None:
-        """The adapter (LoRA, QLoRA), or the whole model in the training dtype (full, pretrain)."""
-        kind = "adapter" if adapter else "model"
+    def save(self, trainer, tokenizer, out: Path, job: Job, options) -> None:
+        """The adapter (LoRA, QLoRA), or the whole model in the training dtype (full, pretrain), with
+        the training record beside it."""
+        kind = "adapter" if options.lora else "model"
         path = out / kind
         if is_main_process():  # every rank of a multi-GPU job gets here; one of them writes
             shutil.rmtree(path, ignore_errors=True)
@@ -197,6 +202,8 @@ class TrainProcess(JobProcess):
         if not is_main_process():
             return
         tokenizer.save_pretrained(str(path))
+        record = training_record(trainer.model, job, options, kind)
+        (path / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         self.add_artifact(kind, kind, path)
         self.events.log(f"{kind.capitalize()} saved ({_dir_size(path) / 1e6:.1f} MB)")
 
@@ -211,6 +218,22 @@ class TrainProcess(JobProcess):
                 if path.is_dir():
                     return path
         raise JobFailed(f"The checkpoint {job.resume_from!r} to resume from does not exist.")
+
+
+def training_record(model, job: Job, options, saved: str) -> dict:
+    """The TRAINING_RECORD of a trained model. A 4-bit base's settings are read from its layers (what
+    training really held): lanner.kernels' NF4, quantised from `dtype`, in blocks of `blocksize`, the
+    block absmax itself quantised when `double_quant` (the fields of lanner.worker.export.Quantization)."""
+    from lanner.kernels.quant import NF4Linear
+    from lanner.worker.training.model import training_dtype
+
+    record = {"method": job.method, "base_model": job.model, "saved": saved,
+              "dtype": str(training_dtype(options)).removeprefix("torch.")}
+    nf4 = next((module.nf4 for module in model.modules() if isinstance(module, NF4Linear)), None)
+    if nf4 is not None:
+        record["quantization"] = {"quant_type": "nf4", "blocksize": nf4.blocksize, "double_quant": nf4.nested,
+                                  "dtype": str(nf4.dtype).removeprefix("torch.")}
+    return record
 
 
 if __name__ == "__main__":

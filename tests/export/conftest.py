@@ -1,12 +1,13 @@
 """Fixtures for the export tests: a LoRA adapter on the built-in SmolLM2 with random B matrices
-(so it is not a no-op), and one full export of it shared by the tests that inspect it."""
+(so it is not a no-op), one full export of it shared by the tests that inspect it, and the settings
+of a studio (data dir with the built-in model, database, Redis) for the export job tests."""
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
 import pytest
-from export_helpers import BASE_MODEL_NAME, make_adapter
+from export_helpers import BASE_MODEL_NAME, EXPORT_REDIS_URL, make_adapter
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -39,3 +40,26 @@ def full_export(smollm2_dir, trained_adapter, tmp_path_factory):
     started = time.monotonic()
     manifest = run_export(request, progress=lambda stage, fraction: events.append((stage, fraction)))
     return {"manifest": manifest, "out": out, "events": events, "seconds": time.monotonic() - started}
+
+
+@pytest.fixture
+def settings(tmp_path, smollm2_dir, monkeypatch):
+    from redis import Redis
+
+    from lanner.backend import db, security
+    from lanner.backend.settings import Settings, get_settings
+
+    data_dir = tmp_path / "data"
+    (data_dir / "models").mkdir(parents=True)
+    (data_dir / "models" / "SmolLM2-135M-Instruct").symlink_to(smollm2_dir)
+    settings = Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'lanner.db'}",
+                        redis_url=EXPORT_REDIS_URL)
+    for key, value in (("LANNER_DATA_DIR", data_dir), ("LANNER_DATABASE_URL", settings.database_url),
+                       ("LANNER_REDIS_URL", EXPORT_REDIS_URL), ("OMP_NUM_THREADS", "1")):
+        monkeypatch.setenv(key, str(value))
+    db.migrate(settings.database_url)
+    monkeypatch.setattr(security, "SCRYPT_N", 2**10)  # fast hashing for the test user
+    Redis.from_url(EXPORT_REDIS_URL).flushdb()
+    yield settings
+    Redis.from_url(EXPORT_REDIS_URL).flushdb()
+    get_settings.cache_clear()  # signed_in_client's app read this test's environment

@@ -1,7 +1,9 @@
 """Helpers for the export tests (fixtures are in conftest.py)."""
 from __future__ import annotations
 
+import os
 import shutil
+import uuid
 from pathlib import Path
 
 BASE_MODEL_NAME = "builtin/SmolLM2-135M-Instruct"
@@ -77,3 +79,60 @@ def tiny_model(kind: str, smollm2_dir, out_dir, *, tokenizer_dir=None, vocab_siz
         if (source / name).is_file():
             shutil.copy2(source / name, Path(out_dir) / name)
     return out_dir
+
+
+# The export job tests' own Redis database.
+EXPORT_REDIS_URL = os.environ.get("LANNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0").rsplit("/", 1)[0] + "/10"
+PASSWORD = "export-tests-password"
+
+
+def new_user(settings) -> int:
+    from lanner.backend import db, security
+    from lanner.backend.models import User
+
+    with db.session_factory(settings.database_url)() as session:
+        user = User(email=f"{uuid.uuid4().hex}@example.com", display_name="T", role="member",
+                    password_hash=security.hash_password(PASSWORD))
+        session.add(user)
+        session.commit()
+        return user.id
+
+
+def signed_in_client(settings, user_id: int):
+    from fastapi.testclient import TestClient
+
+    from lanner.backend import db
+    from lanner.backend.app import create_app
+    from lanner.backend.models import User
+    from lanner.backend.settings import get_settings
+
+    get_settings.cache_clear()  # the app reads the environment the settings fixture set
+    client = TestClient(create_app())
+    with db.session_factory(settings.database_url)() as session:
+        email = session.get(User, user_id).email
+    response = client.post("/api/auth/sign-in", json={"email": email, "password": PASSWORD})
+    assert response.status_code == 200, response.text
+    return client
+
+
+def run_export_job(settings, owner: int, parent: int, options: dict):
+    """Queues an export of job `parent` with these options and runs it on a CPU worker slot as a
+    worker does; returns (final status, export job id)."""
+    from redis import Redis
+
+    from lanner.backend import db
+    from lanner.backend.models import Job, JobKind, JobStatus
+    from lanner.backend.queue import claim_next_job
+    from lanner.worker.devices import cpu_device
+    from lanner.worker.runner import run_job
+
+    sessions = db.session_factory(settings.database_url)
+    with sessions() as session:
+        session.add(Job(owner_id=owner, kind=JobKind.export, name="export", method="export", model=BASE_MODEL_NAME,
+                        parent_job_id=parent, status=JobStatus.queued, config={"export": options}))
+        session.commit()
+    with sessions() as session:
+        job = claim_next_job(session, "cpu0@test", cpu_device())
+    assert job is not None and job.kind == JobKind.export
+    redis = Redis.from_url(EXPORT_REDIS_URL, decode_responses=True)
+    return run_job(settings, sessions, redis, job, "cpu0@test", cpu_device()), job.id

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from export_helpers import BASE_MODEL_NAME
 
 TEMPLATE_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
@@ -100,10 +98,10 @@ def test_merged_model_loads_in_plain_transformers_with_chat_template(full_export
 
 
 def test_f16_gguf_chat_reply_follows_the_chat_template(full_export):
-    from llama_cpp import Llama
+    from lanner.backend.playground.generation import open_llama
 
     path = full_export["out"] / artifact(full_export, "gguf", "f16")["path"]
-    llm = Llama(model_path=str(path), n_ctx=256, verbose=False)
+    llm = open_llama(str(path), n_ctx=256)
     try:
         assert llm.metadata.get("tokenizer.chat_template"), "chat template missing from GGUF metadata"
         reply = llm.create_chat_completion(
@@ -120,10 +118,10 @@ def test_f16_gguf_chat_reply_follows_the_chat_template(full_export):
 
 
 def test_q4_k_m_gguf_generates(full_export):
-    from llama_cpp import Llama
+    from lanner.backend.playground.generation import open_llama
 
     path = full_export["out"] / artifact(full_export, "gguf", "q4_k_m")["path"]
-    llm = Llama(model_path=str(path), n_ctx=128, verbose=False)
+    llm = open_llama(str(path), n_ctx=128)
     try:
         text = llm.create_completion("The capital of France is", max_tokens=6, temperature=0.0)["choices"][0]["text"]
     finally:
@@ -169,7 +167,7 @@ def test_bf16_gguf_holds_the_merged_weights_exactly_and_matches(full_export):
 
 
 def test_several_llama_cpp_types_from_the_one_f16_conversion(full_export, tmp_path):
-    from llama_cpp import Llama
+    from lanner.backend.playground.generation import open_llama
 
     from lanner.worker.export import quantize_gguf
 
@@ -178,7 +176,7 @@ def test_several_llama_cpp_types_from_the_one_f16_conversion(full_export, tmp_pa
     for qtype in ("q4_0", "q5_k_m", "q6_k"):
         info = quantize_gguf(f16, tmp_path / f"m-{qtype}.gguf", qtype)
         sizes[qtype] = info["bytes"]
-        llm = Llama(model_path=info["path"], n_ctx=64, verbose=False)
+        llm = open_llama(info["path"], n_ctx=64)
         try:
             assert llm.create_completion("The capital of France is", max_tokens=4, temperature=0.0)["choices"][0]["text"].strip()
         finally:

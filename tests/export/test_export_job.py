@@ -4,61 +4,32 @@ API then lists the files with their sizes and verification and serves them in by
 from __future__ import annotations
 
 import shutil
-import uuid
 
-import pytest
+from export_helpers import EXPORT_REDIS_URL, new_user, signed_in_client
 from redis import Redis
 
-from lanner.backend import db, security
-from lanner.backend.models import Artifact, Job, JobKind, JobStatus, User
+from lanner.backend import db
+from lanner.backend.models import Artifact, Job, JobKind, JobStatus
 from lanner.backend.queue import claim_next_job
 from lanner.backend.settings import Settings
 from lanner.backend.streams import job_stream, read_after
 from lanner.worker.devices import cpu_device
 from lanner.worker.runner import run_job
 
-from support import SYSTEM_REDIS_URL
-
-EXPORT_REDIS_URL = SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/10"  # this file's own Redis database
-PASSWORD = "export-tests-password"
-
-
-@pytest.fixture
-def settings(tmp_path, smollm2_dir, monkeypatch):
-    data_dir = tmp_path / "data"
-    (data_dir / "models").mkdir(parents=True)
-    (data_dir / "models" / "SmolLM2-135M-Instruct").symlink_to(smollm2_dir)
-    settings = Settings(data_dir=data_dir, database_url=f"sqlite:///{data_dir / 'lanner.db'}",
-                        redis_url=EXPORT_REDIS_URL)
-    for key, value in (("LANNER_DATA_DIR", data_dir), ("LANNER_DATABASE_URL", settings.database_url),
-                       ("LANNER_REDIS_URL", EXPORT_REDIS_URL), ("OMP_NUM_THREADS", "1")):
-        monkeypatch.setenv(key, str(value))
-    db.migrate(settings.database_url)
-    monkeypatch.setattr(security, "SCRYPT_N", 2**10)  # fast hashing for the test user
-    Redis.from_url(EXPORT_REDIS_URL).flushdb()
-    yield settings
-    Redis.from_url(EXPORT_REDIS_URL).flushdb()
-    from lanner.backend.settings import get_settings
-
-    get_settings.cache_clear()  # signed_in_client's app read this test's environment
-
 
 def trained_job(settings: Settings, adapter) -> tuple[int, int]:
     """A finished training job whose adapter artifact is the given one; returns (owner, job id)."""
     target = settings.data_dir / "artifacts" / "1" / "adapter"
     shutil.copytree(adapter, target)
+    owner = new_user(settings)
     with db.session_factory(settings.database_url)() as session:
-        user = User(email=f"{uuid.uuid4().hex}@example.com", display_name="T", role="member",
-                    password_hash=security.hash_password(PASSWORD))
-        session.add(user)
-        session.flush()
-        job = Job(owner_id=user.id, name="trained", method="lora", model="builtin/SmolLM2-135M-Instruct",
+        job = Job(owner_id=owner, name="trained", method="lora", model="builtin/SmolLM2-135M-Instruct",
                   status=JobStatus.succeeded, config={})
         session.add(job)
         session.flush()
         session.add(Artifact(job_id=job.id, kind="adapter", name="adapter", path="artifacts/1/adapter", size_bytes=1))
         session.commit()
-        return user.id, job.id
+        return owner, job.id
 
 
 def test_an_export_job_runs_on_a_worker_and_records_verified_artifacts(settings, trained_adapter):
@@ -99,21 +70,6 @@ def test_an_export_job_runs_on_a_worker_and_records_verified_artifacts(settings,
     assert part.headers["content-range"] == f"bytes 0-3/{gguf.size_bytes}"
 
 
-def signed_in_client(settings: Settings, user_id: int):
-    from fastapi.testclient import TestClient
-
-    from lanner.backend.app import create_app
-    from lanner.backend.settings import get_settings
-
-    get_settings.cache_clear()  # the app reads the environment the settings fixture set
-    client = TestClient(create_app())
-    with db.session_factory(settings.database_url)() as session:
-        email = session.get(User, user_id).email
-    response = client.post("/api/auth/sign-in", json={"email": email, "password": PASSWORD})
-    assert response.status_code == 200, response.text
-    return client
-
-
 def test_exporting_a_job_without_an_adapter_fails_clearly(settings, trained_adapter):
     owner, parent = trained_job(settings, trained_adapter)
     sessions = db.session_factory(settings.database_url)
@@ -128,13 +84,23 @@ def test_exporting_a_job_without_an_adapter_fails_clearly(settings, trained_adap
     redis = Redis.from_url(EXPORT_REDIS_URL, decode_responses=True)
     assert run_job(settings, sessions, redis, job, "cpu0@test", cpu_device()) == JobStatus.failed
     with sessions() as session:
-        assert session.get(Job, job.id).error == f"Job {parent} has no adapter to export."
+        assert session.get(Job, job.id).error == f"Job {parent} saved neither an adapter nor a model; nothing to export."
 
 
-def test_a_qlora_job_is_exported_from_its_dequantised_4bit_base():
+def test_a_qlora_adapter_is_merged_into_the_4bit_base_its_training_recorded(tmp_path):
+    import json
+
     from lanner.worker.export_process import base_quantization
+    from lanner.worker.train_process import TRAINING_RECORD
 
-    assert base_quantization(Job(method="lora", config={})) is None
-    assert base_quantization(Job(method="qlora", config={})) == {}  # Lanner's QLoRA defaults
+    # Adapters saved before training recorded its settings: the job's config, else Lanner's defaults.
+    assert base_quantization(Job(method="lora", config={}), tmp_path) is None
+    assert base_quantization(Job(method="qlora", config={}), tmp_path) == {}
     custom = {"double_quant": False, "dtype": "bfloat16"}
-    assert base_quantization(Job(method="qlora", config={"quantization": custom})) == custom
+    assert base_quantization(Job(method="qlora", config={"quantization": custom}), tmp_path) == custom
+    # What training recorded beside the adapter wins; an adapter over a 16-bit base recorded none.
+    recorded = {"quant_type": "nf4", "blocksize": 64, "double_quant": True, "dtype": "float32"}
+    (tmp_path / TRAINING_RECORD).write_text(json.dumps({"method": "qlora", "quantization": recorded}))
+    assert base_quantization(Job(method="qlora", config={"quantization": custom}), tmp_path) == recorded
+    (tmp_path / TRAINING_RECORD).write_text(json.dumps({"method": "lora"}))
+    assert base_quantization(Job(method="lora", config={}), tmp_path) is None

@@ -13,7 +13,7 @@ PROMPT = "The lanner falcon hunts small birds over open country."
 
 def compare(model_dir, gguf_path):
     import torch
-    from llama_cpp import Llama
+    from lanner.backend.playground.generation import open_llama
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lanner.worker.export.verify import compare_logits
@@ -22,7 +22,7 @@ def compare(model_dir, gguf_path):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         reference = model(torch.tensor([ids])).logits[0].numpy()
-    llm = Llama(model_path=str(gguf_path), logits_all=True, n_ctx=64, verbose=False)
+    llm = open_llama(str(gguf_path), logits_all=True, n_ctx=64)
     try:
         llm.eval(ids)
         got = np.array(llm.scores[: len(ids)], dtype=np.float32)

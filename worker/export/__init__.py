@@ -5,11 +5,12 @@ from .dequantize import Quantization
 from .files import DiskFull, ExportError, NotEnoughDiskSpace, ensure_free_space, remove_partials
 from .gguf_convert import convert_to_gguf
 from .gguf_quantize import QUANT_TYPES, quantize_gguf
-from .merge import export_merged
+from .merge import export_merged, export_whole_model
 from .modelfile import write_modelfile
 from .pipeline import STAGES, ExportRequest, expected_bytes, run_export
-from .verify import verify_gguf, verify_merged
+from .verify import verify_gguf, verify_merged, verify_whole_model
 
 __all__ = ["DiskFull", "ExportError", "ExportRequest", "NotEnoughDiskSpace", "QUANT_TYPES", "Quantization", "STAGES",
-           "convert_to_gguf", "ensure_free_space", "expected_bytes", "export_adapter", "export_merged", "quantize_gguf",
-           "remove_partials", "run_export", "verify_gguf", "verify_merged", "write_modelfile"]
+           "convert_to_gguf", "ensure_free_space", "expected_bytes", "export_adapter", "export_merged",
+           "export_whole_model", "quantize_gguf", "remove_partials", "run_export", "verify_gguf", "verify_merged",
+           "verify_whole_model", "write_modelfile"]

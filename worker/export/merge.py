@@ -2,7 +2,8 @@
 safetensors with tokenizer and chat template. Never into quantised weights: a LoRA adapter is merged
 into the base checkpoint loaded in the target dtype; a QLoRA adapter into the base its training saw,
 quantised to 4 bits and dequantised once (dequantize.py), each layer merged in float32 and rounded
-to 16 bits once."""
+to 16 bits once. A job that trained every weight has nothing to merge: its model is saved in 16 bits
+with the same files (export_whole_model)."""
 from __future__ import annotations
 
 import json
@@ -89,7 +90,7 @@ def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dty
     quantization: how QLoRA training quantised the base (None for a LoRA adapter)."""
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
         raise ExportError(f"merged dtype must be one of {DTYPES}, not {dtype!r}")
@@ -110,10 +111,49 @@ def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dty
         model = merged = _merge_into_dequantised(base, adapter_dir, quantization, torch_dtype)
     merged.config.dtype = torch_dtype
     progress("merge", 0.6)
-    tokenizer_dir = load_tokenizer_source(base_model_dir, adapter_dir)
+    info = _save_16bit(merged, load_tokenizer_source(base_model_dir, adapter_dir), base_model_dir, out_dir, progress)
+    info.update(format="merged-safetensors", dtype=dtype)
+    del merged, model, base
+    progress("merge", 1.0)
+    if quantization is not None:
+        info["merged_into"] = {"dequantised_base": quantization.as_dict()}
+    return info
+
+
+def export_whole_model(model_dir: Path, out_dir: Path, *, base_model_dir: Path | None = None,
+                       dtype: str = "bfloat16", device: str = "cpu", progress: ProgressFn = no_progress,
+                       check_space: bool = True) -> dict:
+    """A model whose every weight was trained (full fine-tuning, continued pretraining) saved in
+    `dtype` with its tokenizer and chat template, as a merged model is: nothing to merge. Files the
+    trainer does not write (tokenizer.model) come from base_model_dir, the checkpoint it trained from."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise ExportError(f"merged dtype must be one of {DTYPES}, not {dtype!r}")
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    _refuse_quantised_base(model_dir)
+    if check_space:
+        ensure_free_space(out_dir.parent, expected_merged_bytes(model_dir))
+    progress("merge", 0.0)
+    torch_dtype = getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, device_map=device)
+    model.config.dtype = torch_dtype
+    progress("merge", 0.6)
+    info = _save_16bit(model, model_dir, Path(base_model_dir or model_dir), out_dir, progress)
+    del model
+    progress("merge", 1.0)
+    info.update(format="model-safetensors", dtype=dtype)
+    return info
+
+
+def _save_16bit(model, tokenizer_dir: Path, base_model_dir: Path, out_dir: Path, progress: ProgressFn) -> dict:
+    """model, its tokenizer (from tokenizer_dir) and EXTRA_FILES (from tokenizer_dir, else base_model_dir)."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     with atomic_dir(out_dir) as temp:
-        merged.save_pretrained(temp, safe_serialization=True)
+        model.save_pretrained(temp, safe_serialization=True)
         tokenizer.save_pretrained(temp)
         for name in EXTRA_FILES:
             source = tokenizer_dir / name if (tokenizer_dir / name).is_file() else base_model_dir / name
@@ -122,9 +162,4 @@ def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dty
         if not (temp / "chat_template.jinja").is_file() and not getattr(tokenizer, "chat_template", None):
             raise ExportError("The tokenizer has no chat template; the merged model would not chat.")
         progress("merge", 0.95)
-    del merged, model, base
-    progress("merge", 1.0)
-    info = {"format": "merged-safetensors", "path": str(out_dir), "dtype": dtype, "bytes": tree_size(out_dir)}
-    if quantization is not None:
-        info["merged_into"] = {"dequantised_base": quantization.as_dict()}
-    return info
+    return {"path": str(out_dir), "bytes": tree_size(out_dir)}

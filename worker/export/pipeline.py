@@ -1,10 +1,12 @@
 """One export job: adapter, merged model, GGUF files (+ Ollama Modelfiles), verification and a
 manifest, built in a temporary directory beside `out_dir` and renamed into place only when all of it
-succeeded. The free disk is checked for the whole export before anything is written.
+succeeded. The free disk is checked for the whole export before anything is written. A job that
+trained every weight (model_dir, no adapter) has no adapter to export: its "merged" model is the
+trained model saved in 16 bits, and the GGUF files are converted from that.
 
 Layout of out_dir:
     adapter/                      PEFT adapter (adapter_config.json, adapter_model.safetensors, tokenizer)
-    merged/                       merged 16-bit safetensors + tokenizer + chat template
+    merged/                       merged (or whole trained) 16-bit safetensors + tokenizer + chat template
     gguf/<name>-<type>.gguf       one per requested type; <name>-<type>.Modelfile beside each,
     gguf/Modelfile                and Modelfile for the smallest type
     export.json                   the manifest: artifacts (relative paths, bytes) and verification
@@ -23,20 +25,22 @@ from .files import ExportError, ProgressFn, atomic_dir, ensure_free_space, no_pr
 from .gguf_convert import OUT_TYPES, convert_to_gguf, expected_gguf_bytes
 from .gguf_quantize import QUANT_TYPES, expected_quant_bytes, quantize_gguf
 from .gguf_tokenizer import read_chat_template
-from .merge import DTYPES, expected_merged_bytes, export_merged
+from .merge import DTYPES, expected_merged_bytes, export_merged, export_whole_model
 from .modelfile import write_modelfile
-from .verify import F16_KL_BOUND, Q8_0_KL_BOUND, merged_reference, tokenizer_texts, verify_gguf, verify_merged
+from .verify import (F16_KL_BOUND, Q8_0_KL_BOUND, merged_reference, tokenizer_texts, verify_gguf, verify_merged,
+                     verify_whole_model)
 
 MANIFEST = "export.json"
 # progress(stage, fraction) is called with these stages, in this order, each from 0.0 to 1.0
-# ("gguf-<type>" for f16/bf16/q8_0 from our converter, "quantize-<type>" for llama.cpp's types).
+# ("gguf-<type>" for f16/bf16/q8_0 from our converter, "quantize-<type>" for llama.cpp's types;
+# "merge" is the 16-bit save of a whole trained model too).
 STAGES = ("check", "adapter", "merge", "verify-merged", "gguf-<type>", "quantize-<type>", "verify-gguf", "done")
 
 
 @dataclass
 class ExportRequest:
-    base_model_dir: Path           # the 16/32-bit base checkpoint the adapter was trained on
-    adapter_dir: Path              # the trainer's PEFT adapter
+    base_model_dir: Path           # the 16/32-bit base checkpoint the job trained from
+    adapter_dir: Path | None       # the trainer's PEFT adapter; None for a whole trained model (model_dir)
     out_dir: Path                  # e.g. LANNER_DATA_DIR/artifacts/<job>/export
     base_model_name: str | None = None   # recorded in adapter_config.json (default: base_model_dir)
     name: str = "model"            # file stem of the GGUFs
@@ -50,6 +54,7 @@ class ExportRequest:
     # A QLoRA adapter: how training quantised the base (dequantize.Quantization's fields; {} for the
     # defaults). The adapter is merged into that base, dequantised. None for a LoRA adapter.
     base_quantization: dict | None = None
+    model_dir: Path | None = None  # a job that trained every weight (full, pretrain): its saved model
     extra: dict = field(default_factory=dict)
 
 
@@ -61,6 +66,13 @@ def validate(request: ExportRequest) -> None:
         raise ExportError(f"Unknown GGUF types {unknown}; known: {sorted(set(OUT_TYPES) | set(QUANT_TYPES))}")
     if not (request.adapter or request.merged or request.gguf_types):
         raise ExportError("Nothing to export: choose the adapter, the merged model or a GGUF type.")
+    if (request.adapter_dir is None) == (request.model_dir is None):
+        raise ExportError("An export reads either a trained adapter or a whole trained model, not both nor neither.")
+    if request.adapter and request.adapter_dir is None:
+        raise ExportError("The job trained every weight, so it has no LoRA adapter to export; "
+                          "export the merged 16-bit model or GGUF files instead.")
+    if request.model_dir is not None and request.base_quantization is not None:
+        raise ExportError("A whole trained model has no 4-bit base to merge into.")
     _quantization(request)
 
 
@@ -73,11 +85,12 @@ def expected_bytes(request: ExportRequest) -> dict[str, int]:
     sizes = {}
     if request.adapter:
         sizes["adapter"] = adapter_weights_size(request.adapter_dir)
+    source = request.model_dir or request.base_model_dir  # what the merged model has the tensors of
     if request.merged or request.gguf_types:
-        sizes["merged"] = expected_merged_bytes(request.base_model_dir)
+        sizes["merged"] = expected_merged_bytes(source)
     if request.gguf_types:
         # The converter's estimate reads the merged checkpoint, which does not exist yet: same tensors.
-        f16 = expected_gguf_bytes(request.base_model_dir, "f16")
+        f16 = expected_gguf_bytes(source, "f16")
         sizes["gguf-f16"] = f16
         for qtype in request.gguf_types:
             if qtype == "bf16":
@@ -107,7 +120,7 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
                       "request": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(request).items()},
                       "artifacts": [], "verification": {}}
     with atomic_dir(out_dir) as work:
-        adapter_dir = Path(request.adapter_dir)
+        adapter_dir = request.adapter_dir
         if request.adapter:
             info = export_adapter(request.adapter_dir, work / "adapter", base_model=base_name,
                                   progress=progress, check_space=False)
@@ -115,21 +128,30 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
             manifest["artifacts"].append(_relative(info, work, kind="adapter"))
 
         if request.merged or request.gguf_types:
-            info = export_merged(request.base_model_dir, adapter_dir, work / "merged", dtype=request.merged_dtype,
-                                 device=request.device, quantization=_quantization(request), progress=progress,
-                                 check_space=False)
+            if request.model_dir is None:
+                info = export_merged(request.base_model_dir, adapter_dir, work / "merged", dtype=request.merged_dtype,
+                                     device=request.device, quantization=_quantization(request), progress=progress,
+                                     check_space=False)
+            else:
+                info = export_whole_model(request.model_dir, work / "merged", base_model_dir=request.base_model_dir,
+                                          dtype=request.merged_dtype, device=request.device, progress=progress,
+                                          check_space=False)
             if request.merged:
                 manifest["artifacts"].append(_relative(info, work, kind="merged"))
             reference = None
             if request.verify:
                 progress("verify-merged", 0.0)
-                result, reference = verify_merged(request.base_model_dir, adapter_dir, work / "merged",
-                                                  device=request.device, quantization=_quantization(request),
-                                                  return_reference=True)
+                if request.model_dir is None:
+                    result, reference = verify_merged(request.base_model_dir, adapter_dir, work / "merged",
+                                                      device=request.device, quantization=_quantization(request),
+                                                      return_reference=True)
+                else:
+                    result, reference = verify_whole_model(request.model_dir, work / "merged", device=request.device)
                 manifest["verification"]["merged"] = result
                 progress("verify-merged", 1.0)
                 if not result["passed"]:
-                    raise ExportError(f"The merged model does not match the trained adapter: {result}")
+                    trained = "adapter" if request.model_dir is None else "model"
+                    raise ExportError(f"The merged model does not match the trained {trained}: {result}")
             if request.gguf_types:
                 _export_gguf(request, work, manifest, reference, progress)
             if not request.merged:

@@ -10,6 +10,9 @@
    KL(merged || gguf) below F16_KL_BOUND.
 3. Other GGUF types (q8_0, k-quants): load in llama.cpp and generate; KL against the merged model is
    measured and reported, and bounded for q8_0 (Q8_0_KL_BOUND).
+A whole trained model (no adapter) saved in 16 bits is checked instead by its weights: each tensor is
+the trained one rounded to the 16-bit dtype, bit for bit; its logits against the trained model's
+(float32) are reported, with the top-1 token required to agree except at near-ties.
 """
 from __future__ import annotations
 
@@ -143,6 +146,48 @@ def verify_merged(base_model_dir: Path, adapter_dir: Path, merged_dir: Path, *, 
     return result
 
 
+def verify_whole_model(model_dir: Path, merged_dir: Path, *, device: str = "cpu") -> tuple[dict, dict]:
+    """The 16-bit copy of a whole trained model against the model itself. Returns the JSON-able
+    result and the copy's prompt ids and logits (the reference of the GGUF checks)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = _merged_dtype(merged_dir)
+    trained, copy = _tensor_files(model_dir), _tensor_files(merged_dir)
+    differ = [name for name in copy if name not in trained
+              or not torch.equal(_tensor(trained, name).to(dtype), _tensor(copy, name))]
+    missing = sorted(set(trained) - set(copy))
+    reference = merged_reference(merged_dir, device=device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, device_map=device)
+    result = compare_logits(_logits(model.eval(), reference["ids"]), reference["logits"])
+    del model
+    result.update(
+        check=f"16-bit copy vs the trained model: every tensor the trained one rounded to {dtype}; logits "
+              "(float32 compute) vs the trained model's (float32)",
+        merged_dtype=str(dtype).replace("torch.", ""), tensors=len(copy), tensors_differing=differ[:10],
+        tensors_missing=missing[:10],
+        passed=bool(not differ and not missing and result["top1_mismatches"] == result["top1_mismatches_near_ties"]),
+    )
+    return result, reference
+
+
+def _tensor_files(model_dir: Path) -> dict[str, Path]:
+    from safetensors import safe_open
+
+    names = {}
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            names.update(dict.fromkeys(handle.keys(), file))
+    return names
+
+
+def _tensor(files: dict[str, Path], name: str):
+    from safetensors import safe_open
+
+    with safe_open(str(files[name]), framework="pt") as handle:
+        return handle.get_tensor(name)
+
+
 def _merged_dtype(merged_dir: Path):
     import json
 
@@ -164,9 +209,9 @@ def merged_reference(merged_dir: Path, *, device: str = "cpu") -> dict:
 
 
 def _open_gguf(path: Path, n_ctx: int):
-    from llama_cpp import Llama
+    from lanner.backend.playground.generation import open_llama
 
-    return Llama(model_path=str(path), logits_all=True, n_ctx=n_ctx, verbose=False)
+    return open_llama(path, logits_all=True, n_ctx=n_ctx)
 
 
 def verify_gguf(gguf_path: Path, reference: dict, *, kl_bound: float | None, require_top1: bool,
