@@ -21,6 +21,10 @@ from .offload import HostOffloader, OffloadedStash
 from .planner import GIB, LayerCosts, MemoryPlan, plan_memory
 
 logger = logging.getLogger("lanner.kernels")
+# Recomputed layers run their MLP over tiles of this many tokens when a batch has more: at 8,192
+# tokens the tiles' GEMMs are as efficient as whole ones, and the MLP's (tokens, intermediate)
+# tensors stop growing with the sequence (docs/memory-engine.md, "Long context").
+MLP_TILE_ROWS = 8192
 _ENGINE_ATTR = "_lanner_memory_engine"
 
 
@@ -56,11 +60,12 @@ class MemoryEngine:
             return forward(hidden_states, *args)
         if layer_plan.mode == "keep_mlp":
             stash = MLPStash(("gate", "up"))
-        elif layer_plan.offload_up:
+        elif layer_plan.offload_up and tokens <= MLP_TILE_ROWS:
             stash = OffloadedStash(self.offloader, ("up",))
-        else:
+        else:  # a tiled MLP recomputes up tile by tile in backward: nothing to bring back from the host
             stash = None
-        run = LayerRun(stash, skip_mlp_output=not hasattr(self.layers[index], "post_feedforward_layernorm"))
+        run = LayerRun(stash, skip_mlp_output=not hasattr(self.layers[index], "post_feedforward_layernorm"),
+                       mlp_tile_rows=MLP_TILE_ROWS)
         if not layer_plan.offload_input:
             return checkpoint(forward, hidden_states, *args, use_reentrant=False, context_fn=run.contexts)
         held = self.offloader.hold(hidden_states)

@@ -16,7 +16,7 @@ def _mlp_forward(mlp: nn.Module, x, *, activation: str):
     if run is None:
         return lora_mlp(x, *(lora_projection(m) for m in projections), activation)
     return lora_mlp(x, *(lora_projection(m) for m in projections), activation,
-                    stash=run.mlp_stash, output_needed=run.mlp_output_needed)
+                    stash=run.mlp_stash, output_needed=run.mlp_output_needed, tile_rows=run.mlp_tile_rows)
 
 
 def _fused_gate_up_mlp_forward(mlp: nn.Module, x, *, activation: str):

@@ -81,6 +81,20 @@ def test_lora_mlp_matches_peft(hf_activation, dtype, device):
     _assert_same_results(ours, reference, TOL[dtype])
 
 
+@pytest.mark.parametrize("tile_rows", [3, 4])  # 10 rows: tiles of 3, 3, 3, 1 and of 4, 4, 2
+def test_lora_mlp_over_row_tiles_matches_peft(tile_rows, device):
+    """Long sequences: the MLP over row tiles, saving only its input (backward recomputes each tile)."""
+    layer = _peft_layer(LlamaConfig, LlamaForCausalLM, torch.float32, device, ["gate_proj", "up_proj", "down_proj"])
+    mlp = layer.mlp
+    x = _input((2, 5, HIDDEN), torch.float32, device)
+    dout = torch.randn(2, 5, HIDDEN, device=device)
+    projections = [lora_projection(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
+
+    ours = _run(lambda x: lora_mlp(x, *projections, "silu", tile_rows=tile_rows), x, mlp, (dout,))
+    reference = _run(mlp, x, mlp, (dout,))
+    _assert_same_results(ours, reference, TOL[torch.float32])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_lora_qkv_matches_peft(family, dtype, device):

@@ -59,6 +59,30 @@ def test_engine_gives_the_gradients_of_no_checkpointing(family, modes, offload, 
         assert max_relative_error(grads, grads_ref) < GRAD_RTOL
 
 
+@pytest.mark.parametrize("offload", [(), (0, 1)])
+def test_long_batches_tile_the_mlp_with_the_gradients_of_no_checkpointing(monkeypatch, offload, device):
+    """More tokens than MLP_TILE_ROWS (10 here, tiles of 4): recomputed layers run their MLP tile by
+    tile and saves only its input; an offloading plan then brings no up projection back."""
+    from lanner.kernels.memory import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "MLP_TILE_ROWS", 4)
+    tiles = []
+    plain_forward = lora.LoRAMLPFunction.forward
+    monkeypatch.setattr(lora.LoRAMLPFunction, "forward", staticmethod(
+        lambda ctx, *args: (plain_forward(ctx, *args), tiles.append(ctx.tile_rows))[0]))
+    reference = _model("llama", device, layers=2, gradient_checkpointing=False)
+    engined = _model("llama", device, layers=2, gradient_checkpointing=True)
+    engined.load_state_dict(reference.state_dict())
+    engine = _force_plan(engined, ["recompute"] * 2, offload)
+    for ids in token_batches(2, 2, 5, reference.config.vocab_size, device=device):
+        loss_ref, grads_ref = _step(reference, ids)
+        loss, grads = _step(engined, ids)
+        torch.testing.assert_close(loss, loss_ref, rtol=LOSS_RTOL, atol=0)
+        assert max_relative_error(grads, grads_ref) < GRAD_RTOL
+    assert tiles.count(4) == 2 * 2 * 2  # two steps, two layers, forward and recompute
+    assert len(engine.offloader._held) == len(offload)  # layer inputs only: no up projection went to the host
+
+
 def _count_weight_reads(monkeypatch, module):
     reads = []
     plain_reader = lora._WEIGHT_READERS[nn.Linear]
