@@ -71,6 +71,8 @@ def main():
     ap.add_argument("--long-context", default=None, metavar="S1,S2,...",
                     help="instead of timing: the peak of a batch-1 step at each length, and the longest "
                          "sequence that fits 24/48/80 GiB from a line through them (see long_context)")
+    ap.add_argument("--check-at", type=int, default=None,
+                    help="--long-context: check this length under the first budget instead of the predicted one")
     a = ap.parse_args()
     if a.long_context:
         a.seq = 131072  # Unsloth sizes its RoPE cache from it: room for the checked length
@@ -225,15 +227,16 @@ def long_context(model, opt, seqs, vocab, generator, a, budgets=(24, 48, 80)):
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(budgets[0] * 2**30 / total)
+    checked = a.check_at or predicted[budgets[0]]
     try:
-        peak, seconds = step(predicted[budgets[0]])
+        peak, seconds = step(checked)
         check = dict(fits=True, peak_gib=round(peak / 2**30, 3), step_s=round(seconds, 1))
     except torch.OutOfMemoryError:
         check = dict(fits=False)
     print(json.dumps(dict(mode=a.mode, model=a.model, bytes_per_token=round(slope),
                           fixed_gib=round(intercept / 2**30, 3),
                           max_seq={str(b): v for b, v in predicted.items()},
-                          check_at=dict(budget_gib=budgets[0], seq=predicted[budgets[0]], **check))), flush=True)
+                          check_at=dict(budget_gib=budgets[0], seq=checked, **check))), flush=True)
 
 
 if __name__ == "__main__":

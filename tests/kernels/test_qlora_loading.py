@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 from lanner.kernels import get_lora_model, load_4bit, save_4bit
 from lanner.kernels.quant import NF4Linear, quantize_model
 from lora_twins import tiny_model, token_batches
-from test_qlora import bnb_4bit, nf4_layers
+from test_qlora import BNB_CPU_SIZES, bnb_4bit, nf4_layers
 
 
 def _logits(model, ids):
@@ -19,7 +19,7 @@ def _logits(model, ids):
 
 
 def test_a_16_bit_checkpoint_is_quantised_on_load(tmp_path, device):
-    tiny_model("qwen2", torch.bfloat16).save_pretrained(tmp_path)
+    tiny_model("qwen2", torch.bfloat16, **BNB_CPU_SIZES).save_pretrained(tmp_path)
     model = get_lora_model(tmp_path, load_in_4bit=True, gradient_checkpointing=False)
     base = model.get_base_model()
     assert len(nf4_layers(model)) == 7 * 2
@@ -30,7 +30,7 @@ def test_a_16_bit_checkpoint_is_quantised_on_load(tmp_path, device):
 
 
 def test_a_bitsandbytes_checkpoint_loads_as_stored(tmp_path, device):
-    bnb = bnb_4bit(tiny_model("llama"), tmp_path / "float", device=device)
+    bnb = bnb_4bit(tiny_model("llama", **BNB_CPU_SIZES), tmp_path / "float", device=device)
     bnb.save_pretrained(tmp_path / "bnb")
     assert json.loads((tmp_path / "bnb" / "config.json").read_text())["quantization_config"]["load_in_4bit"]
 
@@ -44,7 +44,7 @@ def test_a_bitsandbytes_checkpoint_loads_as_stored(tmp_path, device):
 
 
 def test_ours_saved_loads_in_transformers_and_bitsandbytes(tmp_path, device):
-    tiny_model("llama").save_pretrained(tmp_path / "float")  # loaded in bf16 as a user's model would be
+    tiny_model("llama", **BNB_CPU_SIZES).save_pretrained(tmp_path / "float")  # loaded in bf16 as a user's model would be
     ours = quantize_model(AutoModelForCausalLM.from_pretrained(tmp_path / "float", dtype=torch.bfloat16), device)
     save_4bit(ours, tmp_path / "4bit")
     assert not hasattr(ours.config, "quantization_config")  # the marks are for the saved copy only
@@ -63,7 +63,7 @@ def test_ours_saved_loads_in_transformers_and_bitsandbytes(tmp_path, device):
 
 
 def test_a_bitsandbytes_model_in_memory_converts_to_ours(tmp_path, device):
-    bnb = bnb_4bit(tiny_model("llama"), tmp_path, device=device)
+    bnb = bnb_4bit(tiny_model("llama", **BNB_CPU_SIZES), tmp_path, device=device)
     ids = token_batches(1, 2, 6, bnb.config.vocab_size, device=device)[0]
     expected = _logits(bnb, ids)
     ours = quantize_model(bnb)
@@ -76,7 +76,7 @@ def test_a_bitsandbytes_model_in_memory_converts_to_ours(tmp_path, device):
     (BitsAndBytesConfig(load_in_8bit=True), "only bitsandbytes 4-bit"),
 ])
 def test_other_quantisations_are_refused_clearly(config, message, tmp_path):
-    model = tiny_model("llama")
+    model = tiny_model("llama", **BNB_CPU_SIZES)
     model.config.quantization_config = config.to_dict()
     model.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=message):
