@@ -103,13 +103,21 @@ interface ExportPanelProps {
   job: Job
   /** Its export jobs, newest first; null while loading. */
   exports: Job[] | null
-  /** Whether it has an adapter (only then can it be exported). */
-  hasAdapter: boolean
+  /** What its training saved: a LoRA adapter, a whole model (full fine-tune, pretraining), or nothing. */
+  saved: SavedWeights
   onExported: (exportJob: Job) => void
 }
 
+export type SavedWeights = 'adapter' | 'model' | null
+
+/** What a training job saved, from its artifacts: its adapter, else its whole model. */
+export function savedWeights(artifacts: { kind: string }[] | null | undefined): SavedWeights {
+  if (artifacts?.some((a) => a.kind === 'adapter')) return 'adapter'
+  return artifacts?.some((a) => a.kind === 'model') ? 'model' : null
+}
+
 /** Start an export of a finished training job, and follow each export with its own progress. */
-export function ExportPanel({ job, exports, hasAdapter, onExported }: ExportPanelProps) {
+export function ExportPanel({ job, exports, saved, onExported }: ExportPanelProps) {
   const [adapter, setAdapter] = useState(true)
   const [merged, setMerged] = useState(true)
   const [dtype, setDtype] = useState<'bfloat16' | 'float16'>('bfloat16')
@@ -117,14 +125,15 @@ export function ExportPanel({ job, exports, hasAdapter, onExported }: ExportPane
   const [verify, setVerify] = useState(true)
   const [busy, setBusy] = useState(false)
   const [error, setError] = useState<string | null>(null)
-  const exportable = job.kind === 'train' && job.status === 'succeeded' && hasAdapter
-  const nothing = !adapter && !merged && gguf.length === 0
+  const exportable = job.kind === 'train' && job.status === 'succeeded' && saved !== null
+  const withAdapter = saved === 'adapter' && adapter  // a whole model has no adapter to export
+  const nothing = !withAdapter && !merged && gguf.length === 0
 
   async function start() {
     setBusy(true)
     setError(null)
     try {
-      const body: ExportOptions = { adapter, merged, merged_dtype: dtype, gguf_types: gguf, verify }
+      const body: ExportOptions = { adapter: withAdapter, merged, merged_dtype: dtype, gguf_types: gguf, verify }
       onExported(await postJson<Job>(`/api/jobs/${job.id}/export`, body))
     } catch (err) {
       setError(`Could not start the export: ${errorText(err)}`)
@@ -140,8 +149,10 @@ export function ExportPanel({ job, exports, hasAdapter, onExported }: ExportPane
         <fieldset className="export-form">
           <legend>Export job #{job.id}</legend>
           <div className="export-form__choices">
-            <label className="check"><input type="checkbox" checked={adapter} onChange={(e) => setAdapter(e.target.checked)} /> LoRA adapter <span className="muted small">(PEFT, for vLLM and transformers)</span></label>
-            <label className="check"><input type="checkbox" checked={merged} onChange={(e) => setMerged(e.target.checked)} /> Merged model</label>
+            {saved === 'adapter' && (
+              <label className="check"><input type="checkbox" checked={adapter} onChange={(e) => setAdapter(e.target.checked)} /> LoRA adapter <span className="muted small">(PEFT, for vLLM and transformers)</span></label>
+            )}
+            <label className="check"><input type="checkbox" checked={merged} onChange={(e) => setMerged(e.target.checked)} /> {saved === 'adapter' ? 'Merged model' : '16-bit model'}</label>
             <label className="check">
               <span className="visually-hidden">Merged model precision</span>
               <select value={dtype} onChange={(e) => setDtype(e.target.value as 'bfloat16' | 'float16')} disabled={!merged} aria-label="Merged model precision">
@@ -170,7 +181,7 @@ export function ExportPanel({ job, exports, hasAdapter, onExported }: ExportPane
         <p className="muted small">
           {job.kind !== 'train' ? 'An export job is not exported again.'
             : job.status !== 'succeeded' ? 'Export becomes possible once the job has succeeded.'
-              : 'This job saved no adapter, so there is nothing to export.'}
+              : 'This job saved no adapter or model, so there is nothing to export.'}
         </p>
       )}
       {error && <p className="error-text" role="alert">{error}</p>}

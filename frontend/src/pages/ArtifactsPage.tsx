@@ -3,7 +3,7 @@ import { Link } from 'react-router'
 import { getJson } from '../api'
 import { ArtifactList } from '../components/ArtifactList'
 import { EmptyState } from '../components/EmptyState'
-import { ExportPanel, fetchExports } from '../components/ExportPanel'
+import { ExportPanel, fetchExports, savedWeights } from '../components/ExportPanel'
 import { ErrorNotice, errorText } from '../components/Field'
 import { PageHeader } from '../components/PageHeader'
 import { formatBytes, formatTime } from '../format'
@@ -77,7 +77,7 @@ export function ArtifactsPage() {
             </header>
             <div className="panel__body">
               <ArtifactList artifacts={artifacts} finished />
-              <ExportPanel job={job} hasAdapter={artifacts.some((a) => a.kind === 'adapter')}
+              <ExportPanel job={job} saved={savedWeights(artifacts)}
                 exports={exports.filter((e) => e.parent_job_id === job.id)}
                 onExported={(e) => setExports((list) => [e, ...list])} />
             </div>

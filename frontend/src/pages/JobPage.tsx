@@ -6,7 +6,7 @@ import { mayManage, useAuth } from '../auth'
 import { ArtifactList } from '../components/ArtifactList'
 import { CheckpointList } from '../components/CheckpointList'
 import { EvaluationSection } from '../components/EvaluationSection'
-import { ExportPanel, fetchExports } from '../components/ExportPanel'
+import { ExportPanel, fetchExports, savedWeights } from '../components/ExportPanel'
 import { ErrorNotice, errorText } from '../components/Field'
 import { JobStatusBadge, ProgressBar } from '../components/JobStatusBadge'
 import { LiveChart } from '../components/LiveChart'
@@ -173,7 +173,9 @@ export function JobPage() {
         )}
       />
       <ErrorNotice error={actionError} />
-      {job?.error && <ErrorNotice title="The job failed" error={job.error} />}
+      {job?.error && (job.status === 'queued'
+        ? <p className="notice" role="status">{job.error}</p>  // why it waits (the queue writes it)
+        : <ErrorNotice title="The job failed" error={job.error} />)}
       {job && (
         <section className="panel job-facts" aria-label="Job status">
           <dl className="facts facts--row">
@@ -234,7 +236,7 @@ export function JobPage() {
         <section className="panel" aria-labelledby="export-heading">
           <header className="panel__header"><h2 id="export-heading">Export</h2></header>
           <div className="panel__body">
-            <ExportPanel job={job} exports={exports} hasAdapter={!!artifacts?.some((a) => a.kind === 'adapter')}
+            <ExportPanel job={job} exports={exports} saved={savedWeights(artifacts)}
               onExported={(e) => setExports((list) => [e, ...(list ?? [])])} />
           </div>
         </section>

@@ -36,6 +36,13 @@ afterEach(() => {
 })
 
 describe('QueuePage', () => {
+  it('says why a queued job waits', async () => {
+    queue = { running: [], queued: [job({ id: 9, name: 'big run', gpus: 4, error: 'Waiting: needs 4 GPUs, the largest machine has 2.' })] }
+    render(<RouterProvider router={createMemoryRouter(routes, { initialEntries: ['/'] })} />)
+    const queued = await screen.findByTestId('queued-jobs')
+    expect(within(queued).getByText('Waiting: needs 4 GPUs, the largest machine has 2.')).toBeInTheDocument()
+  })
+
   it('shows a job added by someone else as soon as the queue stream says so, then its live metrics', async () => {
     render(<RouterProvider router={createMemoryRouter(routes, { initialEntries: ['/'] })} />)
     expect(await screen.findByText('No jobs yet')).toBeInTheDocument()

@@ -237,7 +237,10 @@ export function QueuePage() {
                       <td><span className="badge">{job.method}</span> {modelLabel(job.model)}</td>
                       <td className="nowrap">{deviceLabel(job)}</td>
                       <td className="mono">{job.priority}</td>
-                      <td className="nowrap">{job.estimated_start ? `≈ ${formatTime(job.estimated_start)}` : 'when a worker is free'}</td>
+                      <td className="nowrap">
+                        {job.estimated_start ? `≈ ${formatTime(job.estimated_start)}` : 'when a worker is free'}
+                        {job.error && <div className="muted small clamp" title={job.error}>{job.error}</div>}
+                      </td>
                       <td>{actions(job, job.queue_position ?? index + 1, queued.length)}</td>
                     </tr>
                   ))}
