@@ -262,6 +262,7 @@ def worker_options(spec: JobSpec) -> dict[str, Any]:
                        target_modules=None if spec.lora.target_modules == "all-linear" else spec.lora.target_modules)
     if spec.preference is not None:
         options["dpo_beta"] = spec.preference.beta
+        options["max_prompt_len"] = spec.preference.max_prompt_len
     return options
 
 

@@ -47,3 +47,30 @@ def test_kto_with_a_micro_batch_of_one_is_refused_before_training():
     assert TrainingOptions.from_config({"per_device_train_batch_size": 1}, "kto").problem().startswith(
         "KTO needs a micro-batch (per_device_train_batch_size) of 2 or more")
     assert TrainingOptions.from_config({"per_device_train_batch_size": 1}, "dpo").problem() is None
+
+
+def test_the_prompt_limit_reaches_the_preference_methods():
+    spec = JobSpec(method="dpo", model="builtin/SmolLM2-135M-Instruct", dataset_id=1, gpus=1,
+                   preference={"max_prompt_len": 64})
+    assert TrainingOptions.from_config(job_config(spec)).max_prompt_len == 64
+
+
+def test_long_prompts_keep_their_end(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    from lanner.worker.training.common import truncate_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    text = " ".join(f"word{i}" for i in range(200)) + " the question?"
+    conversation = [{"role": "system", "content": "Be brief."}]
+    conversation += [{"role": role, "content": f"turn {i} " + "filler " * 30}
+                     for i, role in enumerate(["user", "assistant"] * 3)]
+    conversation.append({"role": "user", "content": "the question?"})
+    rows = [{"prompt": text, "chosen": "a", "rejected": "b"}, {"prompt": conversation, "chosen": "a", "rejected": "b"},
+            {"prompt": "short", "chosen": "a", "rejected": "b"}]
+
+    kept = truncate_prompts(rows, tokenizer, 48)
+    assert len(tokenizer(kept[0]["prompt"], add_special_tokens=False)["input_ids"]) <= 48
+    assert kept[0]["prompt"].endswith("the question?") and kept[0]["chosen"] == "a"
+    assert [m["content"] for m in kept[1]["prompt"]] == ["Be brief.", "the question?"]
+    assert kept[2] == rows[2] and truncate_prompts(rows, tokenizer, None) is rows

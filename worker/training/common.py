@@ -19,6 +19,31 @@ def split(rows: list[dict], options: TrainingOptions) -> tuple[Dataset, Dataset 
     return parts["train"], parts["test"]
 
 
+def truncate_prompts(rows: list[dict], tokenizer, max_tokens: int | None) -> list[dict]:
+    """Preference rows whose prompt is longer than max_tokens keep its end, the part nearest the
+    answers: a text prompt its last max_tokens tokens, a conversation its latest messages (a leading
+    system message stays; a last message longer than the limit is left to max_seq_length)."""
+    if not max_tokens:
+        return rows
+    return [{**row, "prompt": _truncated(row["prompt"], tokenizer, max_tokens)} if "prompt" in row else row
+            for row in rows]
+
+
+def _truncated(prompt, tokenizer, max_tokens: int):
+    if isinstance(prompt, str):
+        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        return prompt if len(ids) <= max_tokens else tokenizer.decode(ids[-max_tokens:])
+    messages = list(prompt)
+
+    def length(conversation) -> int:
+        ids = tokenizer.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True)
+        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    while len(messages) > 1 and length(messages) > max_tokens:
+        del messages[1 if messages[0].get("role") == "system" and len(messages) > 2 else 0]
+    return messages
+
+
 def common_args(options: TrainingOptions, output_dir: str, has_eval: bool) -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     return dict(

@@ -45,6 +45,7 @@ class TrainingOptions:
     eval_steps: int | None = None       # default: save_steps
     save_steps: int = 50
     dpo_beta: float = 0.1               # the beta of every preference method (ORPO's lambda, KTO's beta)
+    max_prompt_len: int | None = None   # preference methods: longer prompts keep their end (common.truncate_prompts)
     oom_retry: bool = True              # on out of memory: once more at half the micro-batch, same effective batch
     memory_limit_mb: int | None = None  # a cap on what the training steps may allocate (lanner.worker.training.memory)
 
