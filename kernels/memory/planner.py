@@ -153,6 +153,8 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
     passes = [("recompute", "keep_mlp"), ("keep_mlp", "keep")]
     if rest_rate > mlp_rate:
         passes = [("recompute", "keep"), ("recompute", "keep_mlp")]
+    if costs.mlp_bytes == 0:  # an MLP off the kernels keeps nothing for its recompute: keep_mlp saves nothing
+        passes = [("recompute", "keep")]
     for src, dst in passes:
         for i in reversed(range(n_layers)):
             if modes[i] != src:

@@ -201,6 +201,14 @@ def test_no_budget_recomputes_every_layer():
     assert offloaded.predicted_peak_bytes == plan.predicted_peak_bytes - 31 * COSTS.input_bytes + prefetch
 
 
+def test_an_mlp_off_the_kernels_is_never_planned_keep_mlp():
+    """Plain PEFT's MLP stores nothing for its recompute (mlp_bytes 0): keep_mlp would cost nothing and
+    save nothing, so the budget goes to whole layers."""
+    plain = LayerCosts(input_bytes=64 * 2**20, mlp_bytes=0, saved_bytes=880 * 2**20, mlp_flops=1.9e12, rest_flops=0.8e12)
+    modes = _modes(plan_memory(32, plain, BASE, int(25 * GIB)))
+    assert "keep_mlp" not in modes and "keep" in modes and "recompute" in modes
+
+
 @pytest.mark.parametrize("budget_gib", [17.8, 19.4, 30.0, 45.0, 80.0])
 def test_budget_plans_fit_and_spend_the_budget(budget_gib):
     budget = int(budget_gib * GIB)
