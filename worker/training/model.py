@@ -14,6 +14,10 @@ from lanner.worker.events import JobEvents
 from lanner.worker.training.options import ADAPTER_METHODS, TrainingOptions
 
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# A job on a GPU that sets no memory budget plans for what it holds plus this share of what is free
+# (its lease gives it the device alone; the rest is the allocator's and CUDA's headroom), so layers
+# are kept rather than recomputed wherever the memory allows (docs/memory-engine.md).
+DEFAULT_BUDGET_SHARE_OF_FREE = 0.9
 
 
 def resolve_model(model: str, settings: Settings) -> str:
@@ -112,6 +116,15 @@ def _put_on_kernels(model, options: TrainingOptions, events: JobEvents):
     return report
 
 
+def default_budget_gib(allocated_bytes: int, free_bytes: int, memory_limit_mb: int | None) -> float:
+    """The budget of a GPU job that sets none: what it holds, plus most of the free memory, within
+    its memory_limit_mb cap when it has one."""
+    extra = free_bytes * DEFAULT_BUDGET_SHARE_OF_FREE
+    if memory_limit_mb:
+        extra = min(extra, memory_limit_mb * 2**20)
+    return (allocated_bytes + extra) / 2**30
+
+
 def _start_memory_engine(model, options: TrainingOptions, events: JobEvents, report) -> None:
     """lanner.kernels' memory engine on an adapter's decoder layers (docs/memory-engine.md), as
     get_lora_model(use_kernels=True) puts it: whenever the kernels run, or the job sets a budget or
@@ -129,17 +142,22 @@ def _start_memory_engine(model, options: TrainingOptions, events: JobEvents, rep
         events.log("Memory engine (lanner.kernels): offload_checkpoints ignored on the CPU (it moves layer inputs "
                    "from the GPU to host memory)", level="warning")
         offload = None
-    if not (report.active or options.memory_budget_gib is not None or offload):
+    budget, picked = options.memory_budget_gib, False
+    if budget is None and report.active and next(model.parameters()).device.type == "cuda":
+        budget, picked = default_budget_gib(torch.cuda.memory_allocated(), torch.cuda.mem_get_info()[0],
+                                            options.memory_limit_mb), True
+    if not (report.active or budget is not None or offload):
         return
-    engine = install_memory_engine(model, options.memory_budget_gib, offload)
+    engine = install_memory_engine(model, budget, offload)
     if engine is None:
         events.log("Memory engine (lanner.kernels): not used — the model's decoder layers have no checkpointing hook",
                    level="warning")
         return
-    if options.memory_budget_gib is None:
+    if budget is None:
         how = "no budget: every layer recomputed"
     else:
-        how = f"budget {options.memory_budget_gib:g} GiB" + ("" if offload else ", offloading if the budget needs it")
+        how = (f"budget {budget:.1f} GiB" + (", picked from the device's free memory" if picked else "")
+               + ("" if offload else ", offloading if the budget needs it"))
     if offload:
         how += ", layer inputs in host memory"
     events.log(f"Memory engine (lanner.kernels): on ({how}); the plan follows at the first training step")
