@@ -5,6 +5,7 @@ every token; preference rows render the chosen and the rejected answer."""
 from __future__ import annotations
 
 import statistics
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,19 @@ def tokenizer_dir(model: str, settings: Settings) -> str:
                                "downloaded into DATA_DIR/models: POST /api/models/downloads)")
 
 
-@lru_cache(maxsize=4)
+_loading = threading.Lock()
+
+
 def load_tokenizer(folder: str):
+    """The folder's tokenizer, loaded once. One load at a time: the dataset page asks for a preview and
+    token statistics at once, and two first loads raced (each loading its own copy, and one failing
+    in transformers' lazy imports, a 409 for that request)."""
+    with _loading:
+        return _load_tokenizer(folder)
+
+
+@lru_cache(maxsize=4)
+def _load_tokenizer(folder: str):
     # The fast tokenizer class straight from tokenizer.json: the same tokens as AutoTokenizer, but
     # without importing torch into the API process.
     from transformers import PreTrainedTokenizerFast

@@ -162,3 +162,22 @@ def test_the_upload_report_has_token_lengths_for_the_chosen_model(team, smollm2_
     unmeasured = upload(team.alice, "chat.jsonl", CHAT_ROWS, model="Qwen/Qwen3-8B")
     assert unmeasured.status_code == 201 and unmeasured.json()["report"]["token_stats"] is None
     assert "on this machine" in unmeasured.json()["report"]["token_stats_error"]
+
+
+def test_concurrent_first_requests_load_one_tokenizer(smollm2_dir, tmp_path):
+    """The dataset page asks for a preview and token statistics at once: their first loads of a
+    tokenizer used to race (two copies, and at times a 409 from transformers' lazy imports)."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lanner.backend import dataset_preview
+
+    folder = tmp_path / "tokenizer"  # a folder no earlier test has cached
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (smollm2_dir / name).exists():
+            shutil.copy(smollm2_dir / name, folder / name)
+    with ThreadPoolExecutor(8) as pool:
+        loaded = list(pool.map(dataset_preview.load_tokenizer, [str(folder)] * 8))
+    assert len({id(tokenizer) for tokenizer in loaded}) == 1
+    assert loaded[0]("hello", add_special_tokens=False)["input_ids"]
