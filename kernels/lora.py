@@ -218,11 +218,9 @@ def _down_lora_input(h, down_p):
     return None if down_p.lora_A is None else h @ down_p.lora_A.to(h.dtype).t()
 
 
-def _mlp_forward_rows(x2, projections, activation, output_needed):
-    """The MLP on rows x2 without saving anything: its output (or an uninitialised one when not needed)."""
+def _mlp_forward_rows(x2, projections, activation):
+    """The MLP's output on rows x2, saving nothing."""
     gate_p, up_p, down_p = projections
-    if not output_needed:
-        return x2.new_empty((x2.shape[0], down_p.base.out_features))
     h = gated_activation(activation, _project(x2, gate_p)[0], _project(x2, up_p)[0])
     return _project(h, down_p)[0]
 
@@ -277,10 +275,13 @@ class LoRAMLPFunction(torch.autograd.Function):
         ctx.projections, ctx.activation, ctx.x_shape, ctx.x_dtype = projections, activation, x.shape, x.dtype
         ctx.tile_rows = tile_rows if stash is None and tile_rows and x2.shape[0] > tile_rows else None
         if ctx.tile_rows:
-            outs = [_mlp_forward_rows(x2[start:start + ctx.tile_rows], projections, activation, output_needed)
-                    for start in range(0, x2.shape[0], ctx.tile_rows)]
+            out = x2.new_empty((x2.shape[0], down_p.base.out_features))
+            if output_needed:
+                for start in range(0, x2.shape[0], ctx.tile_rows):
+                    rows = slice(start, start + ctx.tile_rows)
+                    out[rows] = _mlp_forward_rows(x2[rows], projections, activation)
             ctx.save_for_backward(x2)
-            return torch.cat(outs).view(*x.shape[:-1], down_p.base.out_features)
+            return out.view(*x.shape[:-1], out.shape[-1])
         kept = (stash.take() if stash is not None else None) or {}
         gate, xa_gate = kept["gate"] if "gate" in kept else _project(x2, gate_p)
         up, xa_up = kept["up"] if "up" in kept else _project(x2, up_p)

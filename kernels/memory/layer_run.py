@@ -22,14 +22,14 @@ class LayerRun:
     (an MLPStash on the GPU, an OffloadedStash in host memory), or None.
     skip_mlp_output: in the recompute nothing after the MLP saves for backward (true of layers that
     add the MLP output straight to the residual), so the down projection's GEMM can be skipped.
-    mlp_tile_rows: a layer without a stash runs its MLP over tiles of this many rows when the batch
-    has more (lora.LoRAMLPFunction): long sequences then hold one tile's intermediates at a time.
+    mlp_tile_rows: the MLP runs over tiles of this many rows when the batch has more and it has no
+    stash (lora.LoRAMLPFunction): long sequences then hold one tile's intermediates at a time.
     """
 
     def __init__(self, mlp_stash: MLPStash | None, skip_mlp_output: bool, mlp_tile_rows: int | None = None):
         self.mlp_stash = mlp_stash
         self.skip_mlp_output = skip_mlp_output
-        self.mlp_tile_rows = mlp_tile_rows if mlp_stash is None else None
+        self.mlp_tile_rows = mlp_tile_rows
         self.recomputing = False
 
     @property
