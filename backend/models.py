@@ -5,8 +5,8 @@ import enum
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Enum, Float, ForeignKey, Index, Integer, String, Text
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy import JSON, BigInteger, DateTime, Enum, Float, ForeignKey, Index, Integer, String, Text, select
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from lanner.backend.db import Base
 
@@ -153,3 +153,12 @@ class Artifact(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     verification: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+TRAINED_KINDS = ("adapter", "model")  # what a training job saves: a LoRA/QLoRA adapter, or every weight
+
+
+def trained_weights(session: Session, job_id: int) -> Artifact | None:
+    """A training job's newest adapter or whole model (what export and GPU chat read)."""
+    return session.scalars(select(Artifact).where(Artifact.job_id == job_id, Artifact.kind.in_(TRAINED_KINDS))
+                           .order_by(Artifact.id.desc())).first()

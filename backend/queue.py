@@ -10,9 +10,11 @@ import logging
 from datetime import datetime, timezone
 from functools import lru_cache
 
+from redis import Redis
 from sqlalchemy import and_, or_, select, true, update
 from sqlalchemy.orm import Session
 
+from lanner.backend import job_queue
 from lanner.backend.job_queue import QUEUE_ORDER
 from lanner.backend.models import Job, JobKind, JobStatus
 from lanner.backend.settings import Settings
@@ -47,6 +49,24 @@ def wake_workers(settings: Settings) -> bool:
     except Exception as error:  # any broker failure: the queue itself is safe in the database
         log.warning("Could not wake the workers through %s: %s", settings.redis_url, error)
         return False
+
+
+def enqueue(session: Session, redis: Redis, settings: Settings, job: Job) -> Job:
+    """Commits a new queued job, announces it on the queue stream and wakes the workers."""
+    session.add(job)
+    session.commit()
+    job_queue.publish_queue_event(redis, "added", job_queue.job_summary(job))
+    wake_workers(settings)  # never raises: a job not announced waits in the database, where idle workers look
+    return job
+
+
+def cancel_queued(session: Session, redis: Redis, job: Job, by_user_id: int) -> None:
+    """Cancels a job that is still queued, at once, and says so on its stream and the queue's."""
+    job.status = JobStatus.cancelled
+    job.finished_at = datetime.now(timezone.utc)
+    session.commit()
+    job_queue.publish_job_event(redis, job.id, "status", {"status": "cancelled", "by": by_user_id})
+    job_queue.publish_queue_event(redis, "cancelled", job_queue.job_summary(job))
 
 
 def wake_worker(settings: Settings, worker_name: str) -> bool:

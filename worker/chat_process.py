@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lanner.backend.models import Job
 from lanner.backend.playground.gpu_session import (CONTEXT_TOKENS, KEY_SECONDS, answer_key, ready_key, requests_key,
-                                                   stop_key, trained_weights)
+                                                   stop_key)
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, main
 
 
@@ -32,15 +32,10 @@ class ChatProcess(JobProcess):
 
     def load(self) -> tuple[Job, Job, str, Path]:
         with self.sessions() as session:
-            job = session.get(Job, self.job_id)
-            parent = session.get(Job, job.parent_job_id) if job and job.parent_job_id else None
-            if parent is None:
-                raise JobFailed("The training job of this chat session was deleted.")
-            weights = trained_weights(session, parent)
+            job, parent, weights = self.parent_weights(session, "The training job of this chat session was deleted.")
             if weights is None:
                 raise JobFailed(f"Job {parent.id} saved no adapter or model to chat with.")
-            path = Path(weights.path)
-            return job, parent, weights.kind, path if path.is_absolute() else self.settings.data_dir / path
+            return job, parent, weights.kind, self.data_path(weights.path)
 
     def load_model(self, parent: Job, kind: str, path: Path):
         import torch

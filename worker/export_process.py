@@ -15,7 +15,6 @@ from lanner.backend.models import Artifact, Job, JobStatus
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 from lanner.worker.train_process import TRAINING_RECORD
 
-TRAINED_KINDS = ("adapter", "model")  # the artifacts an export reads: a LoRA/QLoRA adapter, a whole model
 
 
 class Cancelled(Exception):
@@ -39,18 +38,12 @@ class ExportProcess(JobProcess):
 
     def load(self) -> tuple[Job, Job, Artifact, Path]:
         with self.sessions() as session:
-            job = session.get(Job, self.job_id)
-            parent = session.get(Job, job.parent_job_id) if job and job.parent_job_id else None
-            if parent is None:
-                raise JobFailed("The trained job this export reads was deleted.")
+            job, parent, trained = self.parent_weights(session, "The trained job this export reads was deleted.")
             if parent.status != JobStatus.succeeded:
                 raise JobFailed(f"Job {parent.id} has not finished training ({parent.status.value}); nothing to export.")
-            trained = (session.query(Artifact).filter(Artifact.job_id == parent.id, Artifact.kind.in_(TRAINED_KINDS))
-                       .order_by(Artifact.id.desc()).first())
             if trained is None:
                 raise JobFailed(f"Job {parent.id} saved neither an adapter nor a model; nothing to export.")
-            path = Path(trained.path)
-            return job, parent, trained, path if path.is_absolute() else self.settings.data_dir / path
+            return job, parent, trained, self.data_path(trained.path)
 
     def run(self) -> int:
         job, parent, trained, trained_dir = self.load()

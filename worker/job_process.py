@@ -8,7 +8,7 @@ import traceback
 from pathlib import Path
 
 from lanner.backend.db import session_factory
-from lanner.backend.models import Job
+from lanner.backend.models import Artifact, Job, trained_weights
 from lanner.backend.redis_client import get_redis
 from lanner.backend.settings import get_settings
 from lanner.worker.events import JobEvents
@@ -33,6 +33,20 @@ class JobProcess:
         self.sessions = session_factory(self.settings.database_url)
         self.events = JobEvents(job_id, get_redis(self.settings.redis_url), self.sessions)
         self.job_id = job_id
+
+    def data_path(self, stored: str) -> Path:
+        """A path the database holds, relative to the data dir unless absolute."""
+        path = Path(stored)
+        return path if path.is_absolute() else self.settings.data_dir / path
+
+    def parent_weights(self, session, deleted: str) -> tuple[Job, Job, Artifact | None]:
+        """This job, the training job it reads (JobFailed with `deleted` when it is gone), and that
+        job's newest adapter or whole model."""
+        job = session.get(Job, self.job_id)
+        parent = session.get(Job, job.parent_job_id) if job and job.parent_job_id else None
+        if parent is None:
+            raise JobFailed(deleted)
+        return job, parent, trained_weights(session, parent.id)
 
     def on_sigterm(self, _signum, _frame) -> None:
         raise NotImplementedError

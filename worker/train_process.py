@@ -76,8 +76,7 @@ class TrainProcess(JobProcess):
             dataset = session.get(Dataset, job.dataset_id)
             if dataset is None:
                 raise JobFailed("The job's dataset was deleted.")
-            path = Path(dataset.path)
-            return job, path if path.is_absolute() else self.settings.data_dir / path
+            return job, self.data_path(dataset.path)
 
     def rows(self, path: Path, task: str) -> list[dict]:
         from lanner.backend.dataset_formats import DatasetError, examine, task_of

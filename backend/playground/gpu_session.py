@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session
 
 from lanner.backend import job_queue
 from lanner.backend.model_catalog import model_shape
-from lanner.backend.models import Artifact, Job, JobKind, JobStatus, User
+from lanner.backend.models import Job, JobKind, JobStatus, User, trained_weights
 from lanner.backend.playground.sources import NotAvailable
-from lanner.backend.queue import wake_workers
+from lanner.backend.queue import enqueue
 from lanner.backend.settings import Settings
 
 CONTEXT_TOKENS = 4096   # prompt + answer, as on the CPU path
@@ -61,12 +61,6 @@ def estimate_bytes(model: str, models_dir: Path) -> int | None:
     return count_parameters(shape)["total"] * 2 + kv + CUDA_OVERHEAD_BYTES
 
 
-def trained_weights(session: Session, job: Job) -> Artifact | None:
-    """The job's adapter (LoRA, QLoRA) or whole model (full fine-tune)."""
-    return session.scalars(select(Artifact).where(Artifact.job_id == job.id, Artifact.kind.in_(("adapter", "model")))
-                           .order_by(Artifact.id.desc())).first()
-
-
 def open_session(session: Session, user: User, job: Job) -> Job | None:
     """This user's queued or running GPU session with the job's model, if there is one."""
     return session.scalars(select(Job).where(Job.kind == JobKind.chat, Job.parent_job_id == job.id,
@@ -80,7 +74,7 @@ def start_session(session: Session, redis: Redis, settings: Settings, user: User
     if job.status != JobStatus.succeeded:
         raise NotAvailable("not_finished", f"Job {job.id} is {job.status.value}; its model can be chatted with "
                                            "once it has succeeded.")
-    if trained_weights(session, job) is None:
+    if trained_weights(session, job.id) is None:
         raise NotAvailable("no_weights", f"Job {job.id} saved no adapter or model to chat with.")
     existing = open_session(session, user, job)
     if existing is not None:
@@ -89,8 +83,4 @@ def start_session(session: Session, redis: Redis, settings: Settings, user: User
                model=job.model, parent_job_id=job.id, config={"chat": {"idle_seconds": idle_seconds}},
                status=JobStatus.queued, priority=0, queue_order=job_queue.next_queue_order(session), gpus=1,
                memory_estimate_bytes=estimate_bytes(job.model, settings.models_dir))
-    session.add(chat)
-    session.commit()
-    job_queue.publish_queue_event(redis, "added", job_queue.job_summary(chat))
-    wake_workers(settings)
-    return chat
+    return enqueue(session, redis, settings, chat)

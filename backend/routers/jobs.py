@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import logging
 import shutil
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,9 +18,9 @@ from sqlalchemy.orm import Session
 from lanner.backend import job_queue
 from lanner.backend.deps import current_user, get_db, per_user, redis_client, require_owner_or_admin
 from lanner.backend.model_catalog import estimate_job_memory
-from lanner.backend.models import Artifact, Dataset, Job, JobKind, JobStatus, Role, User
+from lanner.backend.models import TRAINED_KINDS, Artifact, Dataset, Job, JobKind, JobStatus, Role, User
 from lanner.backend.paths import inside
-from lanner.backend.queue import cancel_key, waiting_reason, wake_workers
+from lanner.backend.queue import cancel_key, cancel_queued, enqueue, waiting_reason
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, Offset, PathId, QueryId, errors
 from lanner.backend.schemas.jobs import (JobChanges, JobCreate, JobOut, JobPage, JobSpec, QueueMove, job_config,
                                          spec_of)
@@ -104,18 +103,10 @@ def _enqueue(session: Session, redis: Redis, settings: Settings, spec: JobSpec, 
               status=JobStatus.queued, priority=spec.priority,
               queue_order=job_queue.next_queue_order(session), gpus=spec.gpus, resume_from=spec.resume_from,
               error=waiting)
-    return _queue(session, redis, settings, job)
+    return enqueue(session, redis, settings, job)
 
 
-def _queue(session: Session, redis: Redis, settings: Settings, job: Job) -> Job:
-    session.add(job)
-    session.commit()
-    job_queue.publish_queue_event(redis, "added", job_queue.job_summary(job))
-    wake_workers(settings)  # never raises: a job not announced waits in the database, where idle workers look
-    return job
-
-
-def _out(session: Session, redis: Redis, job: Job, view: dict | None = None) -> JobOut:
+def job_out(session: Session, redis: Redis, job: Job, view: dict | None = None) -> JobOut:
     out = JobOut.model_validate(job)
     if job.status == JobStatus.queued:
         view = view if view is not None else job_queue.queue_view(session, redis)
@@ -139,7 +130,7 @@ def _job(session: Session, job_id: int) -> Job:
 def create_job(body: JobCreate, user: User = Depends(current_user), session: Session = Depends(get_db),
                redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> JobOut:
     job = _enqueue(session, redis, settings, body, user)
-    return _out(session, redis, job)
+    return job_out(session, redis, job)
 
 
 class MemoryEstimate(BaseModel):
@@ -180,7 +171,7 @@ def list_jobs(status: list[JobStatus] | None = Query(default=None), owner_id: Qu
     total = session.scalar(select(func.count()).select_from(query.subquery()))
     jobs = session.scalars(query.order_by(Job.id.desc()).offset(offset).limit(limit))
     view = job_queue.queue_view(session, redis)
-    return JobPage(items=[_out(session, redis, job, view) for job in jobs], total=total, offset=offset, limit=limit)
+    return JobPage(items=[job_out(session, redis, job, view) for job in jobs], total=total, offset=offset, limit=limit)
 
 
 class QueueOut(BaseModel):
@@ -193,14 +184,14 @@ def queue(_: User = Depends(current_user), session: Session = Depends(get_db),
           redis: Redis = Depends(redis_client)) -> QueueOut:
     view = job_queue.queue_view(session, redis)
     running = session.scalars(select(Job).where(Job.status == JobStatus.running).order_by(Job.started_at))
-    return QueueOut(running=[_out(session, redis, job) for job in running],
-                    queued=[_out(session, redis, job, view) for job in job_queue.queued_jobs(session)])
+    return QueueOut(running=[job_out(session, redis, job) for job in running],
+                    queued=[job_out(session, redis, job, view) for job in job_queue.queued_jobs(session)])
 
 
 @router.get("/api/jobs/{job_id}", response_model=JobOut, responses=errors(404))
 def get_job(job_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db),
             redis: Redis = Depends(redis_client)) -> JobOut:
-    return _out(session, redis, _job(session, job_id))
+    return job_out(session, redis, _job(session, job_id))
 
 
 @router.post("/api/jobs/{job_id}/cancel", response_model=JobOut,
@@ -213,17 +204,13 @@ def cancel_job(job_id: PathId, response: Response, user: User = Depends(current_
     job = _job(session, job_id)
     require_owner_or_admin(user, job.owner_id, "cancel this job")
     if job.status == JobStatus.queued:
-        job.status = JobStatus.cancelled
-        job.finished_at = datetime.now(timezone.utc)
-        session.commit()
-        job_queue.publish_job_event(redis, job.id, "status", {"status": "cancelled", "by": user.id})
-        job_queue.publish_queue_event(redis, "cancelled", job_queue.job_summary(job))
-        return _out(session, redis, job)
+        cancel_queued(session, redis, job, user.id)
+        return job_out(session, redis, job)
     if job.status == JobStatus.running:
         redis.set(cancel_key(job.id), "1", ex=job_queue.CANCEL_FLAG_SECONDS)
         job_queue.publish_job_event(redis, job.id, "cancel_requested", {"by": user.id})
         response.status_code = 202
-        return _out(session, redis, job)
+        return job_out(session, redis, job)
     raise HTTPException(409, f"Job {job_id} has already {job.status.value}")
 
 
@@ -255,7 +242,7 @@ def retry_job(job_id: PathId, body: RetryBody | None = Body(default=None), user:
     spec = _validate_spec(data)
     if spec.priority > 0 and user.role != Role.admin:  # a member retrying an admin's urgent job
         spec.priority = 0
-    return _out(session, redis, _enqueue(session, redis, settings, spec, user, parent=job))
+    return job_out(session, redis, _enqueue(session, redis, settings, spec, user, parent=job))
 
 
 def _require_training_job(job: Job, verb: str) -> None:
@@ -290,7 +277,7 @@ def export_job(job_id: PathId, body: ExportCreate = Body(default_factory=ExportC
     if job.status != JobStatus.succeeded:
         raise HTTPException(409, f"Job {job_id} is {job.status.value}; only a finished training job is exported")
     trained = set(session.scalars(select(Artifact.kind).where(Artifact.job_id == job.id,
-                                                              Artifact.kind.in_(("adapter", "model")))))
+                                                              Artifact.kind.in_(TRAINED_KINDS))))
     if not trained:
         raise HTTPException(409, f"Job {job_id} has no adapter and no trained model to export")
     if "adapter" not in trained:
@@ -304,7 +291,7 @@ def export_job(job_id: PathId, body: ExportCreate = Body(default_factory=ExportC
                  model=job.model, parent_job_id=job.id, config={"export": body.model_dump()},
                  status=JobStatus.queued, priority=job.priority, queue_order=job_queue.next_queue_order(session),
                  gpus=min(job.gpus, 1))
-    return _out(session, redis, _queue(session, redis, settings, export))
+    return job_out(session, redis, enqueue(session, redis, settings, export))
 
 
 def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
@@ -337,7 +324,7 @@ def clone_job(job_id: PathId, changes: JobChanges = Body(default_factory=JobChan
     if data.get("priority", 0) > 0 and user.role != Role.admin and "priority" not in extra:
         data["priority"] = 0
     spec = _validate_spec(data)
-    return _out(session, redis, _enqueue(session, redis, settings, spec, user, parent=job))
+    return job_out(session, redis, _enqueue(session, redis, settings, spec, user, parent=job))
 
 
 @router.post("/api/jobs/{job_id}/move", response_model=JobOut, responses=errors(403, 404, 409))
@@ -354,7 +341,7 @@ def move_job(job_id: PathId, body: QueueMove, user: User = Depends(current_user)
     job_queue.move(session, job, body.move, body.position, body.priority)
     session.commit()
     job_queue.publish_queue_event(redis, "reordered", job_queue.job_summary(job))
-    return _out(session, redis, job)
+    return job_out(session, redis, job)
 
 
 def _delete_files(settings: Settings, job: Job, artifacts: list[Artifact]) -> None:

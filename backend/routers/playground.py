@@ -22,7 +22,6 @@ import logging
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
 from typing import Any, Literal
 
 from fastapi import APIRouter, Body, Depends, HTTPException, WebSocket, WebSocketDisconnect
@@ -44,7 +43,9 @@ from lanner.backend.playground.gpu_session import (KEY_SECONDS, answer_key, read
                                                    stop_key)
 from lanner.backend.playground.settings import PlaygroundSettings
 from lanner.backend.playground.sources import NotAvailable, Side, describe, model_file, training_job
+from lanner.backend.queue import cancel_queued
 from lanner.backend.redis_client import get_redis
+from lanner.backend.routers.jobs import job_out
 from lanner.backend.schemas.common import MAX_ID, PathId, errors
 from lanner.backend.schemas.jobs import JobOut
 from lanner.backend.settings import Settings, get_settings
@@ -174,13 +175,6 @@ class GpuSessionCreate(BaseModel):
                                      "a question (default LANNER_PLAYGROUND_GPU_IDLE_SECONDS)")
 
 
-def _job_out(session: Session, redis: Redis, job: Job) -> JobOut:
-    out = JobOut.model_validate(job)
-    if job.status == JobStatus.queued:
-        out.queue_position, out.estimated_start = job_queue.queue_view(session, redis).get(job.id, (None, None))
-    return out
-
-
 @router.post("/api/playground/jobs/{job_id}/gpu-session", response_model=JobOut, status_code=201,
              dependencies=[per_user("jobs")], responses=errors(404, 409))
 def start_gpu_session(job_id: PathId, body: GpuSessionCreate = Body(default_factory=GpuSessionCreate),
@@ -195,7 +189,7 @@ def start_gpu_session(job_id: PathId, body: GpuSessionCreate = Body(default_fact
                              body.idle_seconds or PlaygroundSettings().gpu_idle_seconds)
     except NotAvailable as error:
         raise HTTPException(404 if error.code == "no_job" else 409, str(error)) from None
-    return _job_out(session, redis, chat)
+    return job_out(session, redis, chat)
 
 
 @router.post("/api/playground/gpu-sessions/{session_id}/close", response_model=JobOut, responses=errors(403, 404, 409))
@@ -208,16 +202,13 @@ def close_gpu_session(session_id: PathId, user: User = Depends(current_user), se
         raise HTTPException(404, f"No GPU chat session {session_id}")
     require_owner_or_admin(user, chat.owner_id, "close this GPU chat session")
     if chat.status == JobStatus.queued:
-        chat.status, chat.finished_at = JobStatus.cancelled, datetime.now(timezone.utc)
-        session.commit()
-        job_queue.publish_job_event(redis, chat.id, "status", {"status": "cancelled", "by": user.id})
-        job_queue.publish_queue_event(redis, "cancelled", job_queue.job_summary(chat))
+        cancel_queued(session, redis, chat, user.id)
     elif chat.status == JobStatus.running:
         redis.rpush(requests_key(chat.id), json.dumps({"type": "close"}))
         redis.expire(requests_key(chat.id), KEY_SECONDS)
     else:
         raise HTTPException(409, f"GPU chat session {session_id} has already ended ({chat.status.value})")
-    return _job_out(session, redis, chat)
+    return job_out(session, redis, chat)
 
 
 # ---- WebSocket --------------------------------------------------------------------------------

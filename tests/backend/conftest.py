@@ -130,7 +130,7 @@ def team_on_each_database(api_on_each_database) -> Team:
 def wakes(monkeypatch):
     """Records the worker wake-ups instead of sending them."""
     calls = []
-    monkeypatch.setattr("lanner.backend.routers.jobs.wake_workers", lambda settings: calls.append(settings))
+    monkeypatch.setattr("lanner.backend.queue.wake_workers", lambda settings: calls.append(settings))
     return calls
 
 

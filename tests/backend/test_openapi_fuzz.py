@@ -49,7 +49,7 @@ def fuzzed(tmp_path_factory, migrated_sqlite):
     Redis.from_url(BACKEND_REDIS_URL).flushdb()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(security, "SCRYPT_N", 2**10)
-        patch.setattr("lanner.backend.routers.jobs.wake_workers", lambda settings: None)
+        patch.setattr("lanner.backend.queue.wake_workers", lambda settings: None)
         environment = {"DATA_DIR": str(tmp / "data"), "DATABASE_URL": f"sqlite:///{database}",
                        "REDIS_URL": BACKEND_REDIS_URL, "HUB_URL": "http://127.0.0.1:9", "HUB_TIMEOUT_S": "1",
                        **{f"{kind}_PER_MINUTE": "1000000" for kind in
