@@ -16,6 +16,7 @@ the trained one rounded to the 16-bit dtype, bit for bit; its logits against the
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 
@@ -153,10 +154,11 @@ def verify_whole_model(model_dir: Path, merged_dir: Path, *, device: str = "cpu"
     from transformers import AutoModelForCausalLM
 
     dtype = _merged_dtype(merged_dir)
-    trained, copy = _tensor_files(model_dir), _tensor_files(merged_dir)
-    differ = [name for name in copy if name not in trained
-              or not torch.equal(_tensor(trained, name).to(dtype), _tensor(copy, name))]
-    missing = sorted(set(trained) - set(copy))
+    with contextlib.ExitStack() as files:
+        trained, copy = _tensor_handles(model_dir, files), _tensor_handles(merged_dir, files)
+        differ = [name for name in copy if name not in trained
+                  or not torch.equal(trained[name].get_tensor(name).to(dtype), copy[name].get_tensor(name))]
+        missing = sorted(set(trained) - set(copy))
     reference = merged_reference(merged_dir, device=device)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, device_map=device)
     result = compare_logits(_logits(model.eval(), reference["ids"]), reference["logits"])
@@ -171,21 +173,15 @@ def verify_whole_model(model_dir: Path, merged_dir: Path, *, device: str = "cpu"
     return result, reference
 
 
-def _tensor_files(model_dir: Path) -> dict[str, Path]:
+def _tensor_handles(model_dir: Path, files: contextlib.ExitStack) -> dict:
+    """Each tensor name of a checkpoint's safetensors files -> the open file that holds it."""
     from safetensors import safe_open
 
-    names = {}
+    handles = {}
     for file in sorted(Path(model_dir).glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as handle:
-            names.update(dict.fromkeys(handle.keys(), file))
-    return names
-
-
-def _tensor(files: dict[str, Path], name: str):
-    from safetensors import safe_open
-
-    with safe_open(str(files[name]), framework="pt") as handle:
-        return handle.get_tensor(name)
+        handle = files.enter_context(safe_open(str(file), framework="pt"))
+        handles.update(dict.fromkeys(handle.keys(), handle))
+    return handles
 
 
 def _merged_dtype(merged_dir: Path):
