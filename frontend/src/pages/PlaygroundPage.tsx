@@ -29,6 +29,31 @@ function sidesOf(mode: Mode): Side[] {
   return mode === 'both' ? ['base', 'tuned'] : [mode]
 }
 
+interface ChoicesProps<T extends string> {
+  legend: string
+  name: string
+  options: { value: T; label: string }[]
+  value: T
+  disabled: boolean
+  onChange: (value: T) => void
+}
+
+/** One radio button per option, in a fieldset whose legend only screen readers read. */
+function Choices<T extends string>({ legend, name, options, value, disabled, onChange }: ChoicesProps<T>) {
+  return (
+    <fieldset className="playground-sides">
+      <legend className="visually-hidden">{legend}</legend>
+      {options.map((item) => (
+        <label key={item.value} className="field--check">
+          <input type="radio" name={name} value={item.value} checked={value === item.value} disabled={disabled}
+            onChange={() => onChange(item.value)} />{' '}
+          {item.label}
+        </label>
+      ))}
+    </fieldset>
+  )
+}
+
 function ModelAvailability({ label, file, testId }: { label: string; file: ModelFile; testId: string }) {
   return (
     <p data-testid={testId}>
@@ -171,38 +196,8 @@ export function PlaygroundPage() {
                 ))}
               </select>
             </Field>
-            <fieldset className="playground-sides">
-              <legend className="visually-hidden">Who answers</legend>
-              {MODES.map((item) => (
-                <label key={item.value} className="field--check">
-                  <input
-                    type="radio"
-                    name="mode"
-                    value={item.value}
-                    checked={mode === item.value}
-                    disabled={answering}
-                    onChange={() => setMode(item.value)}
-                  />{' '}
-                  {item.label}
-                </label>
-              ))}
-            </fieldset>
-            <fieldset className="playground-sides">
-              <legend className="visually-hidden">Where it runs</legend>
-              {PLACES.map((item) => (
-                <label key={item.value} className="field--check">
-                  <input
-                    type="radio"
-                    name="where"
-                    value={item.value}
-                    checked={where === item.value}
-                    disabled={answering}
-                    onChange={() => place(item.value)}
-                  />{' '}
-                  {item.label}
-                </label>
-              ))}
-            </fieldset>
+            <Choices legend="Who answers" name="mode" options={MODES} value={mode} disabled={answering} onChange={setMode} />
+            <Choices legend="Where it runs" name="where" options={PLACES} value={where} disabled={answering} onChange={place} />
             <button type="button" className="button" disabled={answering} onClick={() => setChat(emptyChat())}>
               New chat
             </button>
