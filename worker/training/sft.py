@@ -8,7 +8,7 @@ samples, and its padding-free collator gives the batch as one row with position 
 each sample, the first label of each sample ignored, and no attention mask. From those position ids
 transformers builds a block-diagonal causal mask (sdpa, eager) or takes flash attention's varlen
 path, and lanner.kernels' RoPE rotates each sample by its own positions: no sample attends to another
-(tests/worker/test_packing.py checks it on the kernels)."""
+(tests/worker/test_memory_engine_jobs.py checks it on the kernels)."""
 from __future__ import annotations
 
 import random
