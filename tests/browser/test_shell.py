@@ -24,7 +24,7 @@ def page(stack):
 
 def test_the_shell_shows_the_queue_and_a_healthy_studio(stack, page):
     page.goto(stack.url + "/")
-    expect(page.get_by_role("heading", name="Queue")).to_be_visible()
+    expect(page.get_by_role("heading", name="Queue", exact=True)).to_be_visible()
     expect(page.get_by_test_id("health-status")).to_have_text("ok", timeout=15_000)
     expect(page.get_by_test_id("workers")).to_contain_text("cpu0")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -36,7 +36,7 @@ def test_the_router_navigates_and_survives_a_reload(stack, page):
     page.get_by_role("link", name="New fine-tune").first.click()
     expect(page).to_have_url(stack.url + "/jobs/new")
     page.goto(stack.url + "/datasets")
-    expect(page.get_by_role("heading", name="Datasets")).to_be_visible()
+    expect(page.get_by_role("heading", name="Datasets", exact=True)).to_be_visible()
     page.goto(stack.url + "/no/such/page")
     expect(page.get_by_text("not found", exact=False).first).to_be_visible()
     page.screenshot(path=SCREENSHOTS / "not-found.png")
