@@ -94,6 +94,7 @@ describe('routes', () => {
     expect(await screen.findByRole('figure', { name: 'Loss' })).toBeInTheDocument()
     expect(screen.getByRole('figure', { name: 'Tokens per second' })).toBeInTheDocument()
     expect(screen.getAllByText('Waiting for data')).toHaveLength(6)
-    expect(FakeSocket.instances.some((s) => s.url.endsWith('/ws/jobs/42?after=0-0'))).toBe(true)
+    // The stream opens in an effect after the page's first render: wait for it rather than race it.
+    await vi.waitFor(() => expect(FakeSocket.instances.some((s) => s.url.endsWith('/ws/jobs/42?after=0-0'))).toBe(true))
   })
 })
