@@ -4,6 +4,8 @@ Numerics of Hugging Face's `act_fn(gate_proj(x)) * up_proj(x)`: the activation i
 float32 and rounded to the input dtype, then multiplied by up in float32 and rounded again (what
 torch does for two bf16 tensors). Only gate and up are saved; backward recomputes the activation
 and writes d_gate and d_up over the saved gate and up buffers, so it allocates nothing.
+`glu_backward_in_place` is that backward without autograd, also giving back the recomputed output
+(over the incoming gradient), for the LoRA MLP, which needs it for the down projection's gradients.
 """
 import torch
 import triton
@@ -57,9 +59,11 @@ def _glu_bwd_kernel(
     stride_dout, stride_gate, stride_up,
     n_cols,
     ACTIVATION: tl.constexpr,
+    WRITE_OUT: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    # d_up = dout * act(gate); d_gate = dout * up * act'(gate); written over gate and up.
+    # d_up = dout * act(gate); d_gate = dout * up * act'(gate); written over gate and up. WRITE_OUT:
+    # the forward's output act(gate) * up is written over dout (each element is read before).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = cols < n_cols
@@ -72,6 +76,8 @@ def _glu_bwd_kernel(
     dact_out = (dout * u).to(GATE.dtype.element_ty).to(tl.float32)
     tl.store(GATE + row * stride_gate + cols, (dact_out * dact).to(GATE.dtype.element_ty), mask=mask)
     tl.store(UP + row * stride_up + cols, (dout * act).to(UP.dtype.element_ty), mask=mask)
+    if WRITE_OUT:
+        tl.store(DOUT + row * stride_dout + cols, (act * u).to(DOUT.dtype.element_ty), mask=mask)
 
 
 def _as_rows(t):
@@ -106,7 +112,7 @@ def _glu_forward(gate2d, up2d, activation):
     return out
 
 
-def _glu_backward(dout2d, gate2d, up2d, activation):
+def _glu_backward(dout2d, gate2d, up2d, activation, write_out=False):
     n_rows, n_cols = gate2d.shape
     if gate2d.numel():
         grid, block = _grid_and_block(n_rows, n_cols)
@@ -115,6 +121,7 @@ def _glu_backward(dout2d, gate2d, up2d, activation):
             dout2d.stride(0), gate2d.stride(0), up2d.stride(0),
             n_cols,
             ACTIVATION=activation,
+            WRITE_OUT=write_out,
             BLOCK_SIZE=block,
             num_warps=num_warps_for(block),
         )
@@ -141,6 +148,22 @@ class GLUFunction(torch.autograd.Function):
         torch.autograd.graph.increment_version(gate2d)
         torch.autograd.graph.increment_version(up2d)
         return d_gate.view(ctx.shape), d_up.view(ctx.shape), None
+
+
+_ACTIVATION_CODES = {"silu": _SILU, "gelu": _GELU, "gelu_tanh": _GELU_TANH}
+
+
+def glu_backward_in_place(dout, gate, up, activation):
+    """Backward of act(gate) * up for gate and up the caller saved, without autograd: writes d_gate
+    over gate, d_up over up and the recomputed output over dout, allocating nothing.
+    activation: "silu", "gelu" or "gelu_tanh". Returns (output, d_gate, d_up) in those buffers."""
+    if not (dout.shape == gate.shape == up.shape) or not (dout.dtype == gate.dtype == up.dtype):
+        raise ValueError("glu_backward_in_place: dout, gate and up must have one shape and dtype")
+    if any(t.stride(-1) != 1 for t in (dout, gate, up)):
+        raise ValueError("glu_backward_in_place: rows must be contiguous")
+    rows = [t.view(-1, t.shape[-1]) for t in (dout, gate, up)]  # views: the results land in the callers' buffers
+    _glu_backward(*rows, _ACTIVATION_CODES[activation], write_out=True)
+    return dout, gate, up
 
 
 def swiglu(gate, up):

@@ -99,3 +99,22 @@ def test_geglu_rejects_unknown_approximation(device):
     gate, up = _inputs((2, 8), torch.float32, device)
     with pytest.raises(ValueError):
         geglu(gate, up, approximate="sigmoid")
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh"])
+def test_backward_in_place_gives_the_output_and_gradients_in_the_callers_buffers(activation, device):
+    # The LoRA MLP's backward: h over dh, d_gate over gate, d_up over up, nothing allocated.
+    kernel = {"silu": swiglu, "gelu": geglu, "gelu_tanh": lambda g, u: geglu(g, u, approximate="tanh")}[activation]
+    gate_leaf, up_leaf = _inputs((6, 130), torch.bfloat16, device)
+    gate, up = gate_leaf * 1, up_leaf * 1
+    out = kernel(gate, up)
+    dout = torch.randn_like(out)
+    ref_gate, ref_up = torch.autograd.grad(out, (gate, up), dout)
+
+    dh, gate2, up2 = dout.clone(), (gate_leaf * 1).detach(), (up_leaf * 1).detach()
+    pointers = [t.data_ptr() for t in (dh, gate2, up2)]
+    h, d_gate, d_up = glu_module.glu_backward_in_place(dh, gate2, up2, activation)
+    assert [t.data_ptr() for t in (h, d_gate, d_up)] == pointers
+    torch.testing.assert_close(h, out.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(d_gate, ref_gate, rtol=0, atol=0)
+    torch.testing.assert_close(d_up, ref_up, rtol=0, atol=0)

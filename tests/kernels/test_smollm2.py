@@ -5,6 +5,10 @@ Cut after two layers the model is far from its training distribution (loss ~38, 
 logits), which makes the trajectory more sensitive than the mini models': float32 gradients agree
 to ~1e-6, and AdamW's sign-like early updates turn that into loss differences of a few 1e-5 by
 step 20 at this learning rate (measured on the CPU; higher rates drift further for plain PEFT too).
+The LoRA weights after 20 steps drift further than the mini models' 1e-3 bound: one step's
+gradients agree to 4.4e-6 when each rank-r term is added after its base GEMM and 7.2e-6 when the
+base GEMM accumulates onto it (float32 summation order), and after 20 steps the latter's weights are
+1.7e-3 (of the largest element) from plain PEFT's. The bound here is 3e-3.
 """
 import copy
 
@@ -34,4 +38,4 @@ def test_smollm2_trains_like_plain_peft(smollm2_dir, device):
     fast = get_lora_model(base, gradient_checkpointing=False)
     randomise_lora(plain, std=1e-3), randomise_lora(fast, std=1e-3)
     batches = token_batches(4, BATCH, SEQ, base.config.vocab_size, device=device) * (STEPS // 4)
-    assert_same_training(plain, fast, batches, LR)
+    assert_same_training(plain, fast, batches, LR, weight_rtol=3e-3)
