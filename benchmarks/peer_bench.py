@@ -68,6 +68,8 @@ def main():
     ap.add_argument("--offload", choices=["on", "off", "auto"], default="auto", help="lanner: checkpoint offloading")
     ap.add_argument("--memory-profile", default=None,
                     help="write memory_profile.py's report of the last step's peak to this file")
+    ap.add_argument("--kernel-profile", default=None,
+                    help="write the GPU time of the last two steps by kernel (torch.profiler) to this file")
     ap.add_argument("--long-context", default=None, metavar="S1,S2,...",
                     help="instead of timing: the peak of a batch-1 step at each length, and the longest "
                          "sequence that fits 24/48/80 GiB from a line through them (see long_context)")
@@ -147,6 +149,11 @@ def main():
         ids = batches[i % len(batches)]
         held_by_step.append(round(torch.cuda.memory_allocated() / 2**30, 3))
         profiled = a.memory_profile and i == a.warmup + a.steps - 1
+        if a.kernel_profile and i == a.warmup + a.steps - 2:
+            kernel_profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
+                record_shapes=True)
+            kernel_profiler.__enter__()
         if profiled:
             overall_peak = torch.cuda.max_memory_allocated()
             baseline = torch.cuda.memory_allocated()
@@ -173,6 +180,9 @@ def main():
             times.append(time.perf_counter() - t)
         loss = out.loss.item()
     ms = statistics.median(times) * 1000
+    if a.kernel_profile:
+        kernel_profiler.__exit__(None, None, None)
+        write_kernel_profile(kernel_profiler, a.kernel_profile, steps=2)
     if a.memory_profile:
         with open(a.memory_profile, "w") as handle:
             handle.write(f"{a.mode} {a.model} budget={a.budget} offload={a.offload} peak of the steps before "
@@ -192,6 +202,27 @@ def main():
                           peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2),
                           loss=round(loss, 4), gpu=torch.cuda.get_device_name(),
                           held_by_step=held_by_step, peak_by_step=peak_by_step)), flush=True)
+
+
+def write_kernel_profile(profiler, path, steps):
+    """GPU time by kernel name, per step, largest first, and the sum (what the GPU was busy with)."""
+    totals = {}
+    for event in profiler.events():
+        if event.device_type.name == "CUDA":
+            totals[event.name] = totals.get(event.name, 0.0) + event.time_range.elapsed_us() / 1000 / steps
+    busy = sum(totals.values())
+    with open(path, "w") as handle:
+        handle.write(f"GPU busy {busy:.1f} ms a step (kernels and copies, summed)\n")
+        for name, ms in sorted(totals.items(), key=lambda item: -item[1]):
+            handle.write(f"{ms:9.3f} ms {100 * ms / busy:5.1f}%  {name[:160]}\n")
+        for sort_by in ("self_device_time_total", "self_cuda_time_total"):
+            try:
+                table = profiler.key_averages(group_by_input_shape=True).table(sort_by=sort_by, row_limit=80,
+                                                                               max_name_column_width=60)
+            except (AttributeError, KeyError, ValueError):
+                continue
+            handle.write(f"\nby operator and input shapes, both steps ({sort_by}):\n{table}\n")
+            break
 
 
 def long_context(model, opt, seqs, vocab, generator, a, budgets=(24, 48, 80)):

@@ -63,7 +63,8 @@ def get_lora_model(
     gradient_checkpointing and the kernels are. With a budget, each decoder layer keeps, partly keeps
     or recomputes its activations so that the step's peak (torch.cuda.max_memory_allocated) stays
     under it; the plan is printed at the first training step. offload_checkpoints: True puts the
-    checkpointed layer inputs in pinned host memory, False never, None when the budget needs it.
+    checkpointed layer inputs (and a frozen, untied input-embedding table) in pinned host memory,
+    False never, None when the budget needs it (the inputs only).
     """
     model = _load(model_or_path, model_kwargs, load_in_4bit)
     if gradient_checkpointing:

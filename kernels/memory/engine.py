@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..lora import MLPStash
+from .host_embedding import move_input_embeddings_to_host
 from .layer_run import LayerRun
 from .offload import HostOffloader, OffloadedStash
 from .planner import GIB, LayerCosts, MemoryPlan, plan_memory
@@ -23,7 +24,8 @@ from .planner import GIB, LayerCosts, MemoryPlan, plan_memory
 logger = logging.getLogger("lanner.kernels")
 # Recomputed layers run their MLP over tiles of this many tokens when a batch has more: at 8,192
 # tokens the tiles' GEMMs are as efficient as whole ones, and the MLP's (tokens, intermediate)
-# tensors stop growing with the sequence (docs/memory-engine.md, "Long context").
+# tensors stop growing with the sequence (docs/memory-engine.md, "Long context"). A budget that
+# needs it gets smaller tiles (planner.plan_memory).
 MLP_TILE_ROWS = 8192
 _ENGINE_ATTR = "_lanner_memory_engine"
 
@@ -60,12 +62,12 @@ class MemoryEngine:
             return forward(hidden_states, *args)
         if layer_plan.mode == "keep_mlp":
             stash = MLPStash(("gate", "up"))
-        elif layer_plan.offload_up and tokens <= MLP_TILE_ROWS:
+        elif layer_plan.offload_up:  # (never in a tiled plan: its MLP recomputes up tile by tile)
             stash = OffloadedStash(self.offloader, ("up",))
-        else:  # a tiled MLP recomputes up tile by tile in backward: nothing to bring back from the host
+        else:
             stash = None
         run = LayerRun(stash, skip_mlp_output=not hasattr(self.layers[index], "post_feedforward_layernorm"),
-                       mlp_tile_rows=MLP_TILE_ROWS)
+                       mlp_tile_rows=self.plan.mlp_tile_rows)
         if not layer_plan.offload_input:
             return checkpoint(forward, hidden_states, *args, use_reentrant=False, context_fn=run.contexts)
         held = self.offloader.hold(hidden_states)
@@ -76,7 +78,7 @@ class MemoryEngine:
     def _make_plan(self, forward, hidden_states, args, tokens) -> None:
         base = self._base_bytes()
         costs = self._measure(forward, hidden_states, args)
-        self.plan = plan_memory(len(self.layers), costs, base, self.budget_bytes, self.offload)
+        self.plan = plan_memory(len(self.layers), costs, base, self.budget_bytes, self.offload, MLP_TILE_ROWS)
         self.planned_tokens = tokens
         print(self.plan.describe(), flush=True)
         if not self.plan.fits:
@@ -91,7 +93,9 @@ class MemoryEngine:
             key = _storage_key(t)
             if key not in params:
                 saved[key] = t.untyped_storage().nbytes()
-            return t
+            # Not t itself: a saved output would then hold its own grad_fn, a cycle through autograd's
+            # C++ that Python's collector cannot break, keeping this forward alive for the whole run.
+            return t.detach()
 
         run = LayerRun(MLPStash(("gate", "up")), skip_mlp_output=False)
         x = hidden_states.detach().requires_grad_(hidden_states.requires_grad)
@@ -105,6 +109,7 @@ class MemoryEngine:
             input_bytes=hidden_states.numel() * hidden_states.element_size(),
             mlp_bytes=mlp_bytes,
             saved_bytes=sum(saved.values()),
+            tokens=hidden_states.numel() // hidden_states.shape[-1],
             **_recompute_flops(self.model.config, hidden_states),
         )
 
@@ -150,6 +155,10 @@ def install_memory_engine(model: nn.Module, budget_gib: float | None = None,
     if not any(layer.gradient_checkpointing for layer in layers):
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     budget = None if budget_gib is None else int(budget_gib * GIB)
+    if offload:  # the smallest footprint asked for: the frozen embedding table goes to host memory too
+        moved = move_input_embeddings_to_host(base)
+        if moved:
+            print(f"lanner.kernels: input embeddings ({moved / GIB:.2f} GiB) read from pinned host memory", flush=True)
     engine = MemoryEngine(base, layers, budget, offload)
     object.__setattr__(base, _ENGINE_ATTR, engine)
     # Trainers turn checkpointing on again (transformers' function would replace the engine's).

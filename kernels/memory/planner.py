@@ -28,13 +28,16 @@ class LayerCosts:
     saved_bytes: int  # everything the layer saves without a checkpoint, its input included
     mlp_flops: float  # recompute FLOPs that keep_mlp saves (the gate and up GEMMs)
     rest_flops: float  # recompute FLOPs that keep saves beyond that (attention and its projections)
+    tokens: int = 0  # rows of the measured batch (0: unknown, the MLP is never tiled)
 
-    @property
-    def working_bytes(self) -> int:
-        # Backward of one layer: all it saves (recomputed or kept) plus the MLP's gradient
-        # temporaries (dh and the recomputed activation, about the size of gate and up) and two
-        # hidden-size gradients.
-        return self.saved_bytes + self.mlp_bytes + 2 * self.input_bytes
+    def working_bytes(self, mlp_tile_rows: int | None = None) -> int:
+        # Backward of one layer: all it saves (recomputed or kept), the MLP's gradient dh (whose
+        # buffer then takes the recomputed activation) and two hidden-size gradients. A tiled MLP
+        # saves only its input: gate, up and dh exist for one tile at a time.
+        if mlp_tile_rows and self.tokens > mlp_tile_rows:
+            mlp = (self.mlp_bytes + self.up_bytes) * mlp_tile_rows // self.tokens
+            return self.saved_bytes - self.mlp_bytes + mlp + 2 * self.input_bytes
+        return self.saved_bytes + self.up_bytes + 2 * self.input_bytes
 
     @property
     def up_bytes(self) -> int:
@@ -60,18 +63,27 @@ class MemoryPlan:
     costs: LayerCosts
     base_bytes: int  # weights, LoRA parameters, their gradients and optimizer state, the head's work
     budget_bytes: int | None
+    mlp_tile_rows: int | None = None  # recomputed layers run their MLP over tiles of this many rows
+
+    @property
+    def tiled(self) -> bool:
+        return bool(self.mlp_tile_rows) and self.costs.tokens > self.mlp_tile_rows
 
     @property
     def predicted_peak_bytes(self) -> int:
-        # The peak is the last layer's backward: every other layer still holds what it keeps, and
-        # the last one all it saves; offloaded tensors of the next two layers are coming back.
-        held = sum(layer.held_bytes(self.costs) for layer in self.layers[:-1])
+        # The peak is a layer's backward, while every layer before it still holds what it keeps:
+        # the last layer's when all work alike; offloaded tensors of the next two are coming back.
+        held = backward = 0
+        for layer in self.layers:
+            tile_rows = self.mlp_tile_rows if layer.mode == "recompute" else None  # kept MLPs are whole
+            backward = max(backward, held + self.costs.working_bytes(tile_rows))
+            held += layer.held_bytes(self.costs)
         prefetch = 0
         if any(layer.offload_input for layer in self.layers):
             prefetch += 2 * self.costs.input_bytes
         if any(layer.offload_up for layer in self.layers):
             prefetch += 2 * self.costs.up_bytes
-        return self.base_bytes + held + self.costs.working_bytes + prefetch
+        return self.base_bytes + backward + prefetch
 
     @property
     def fits(self) -> bool:
@@ -93,7 +105,8 @@ class MemoryPlan:
             f"({self.costs.input_bytes / GIB:.3f} GiB each), {up_offloaded} up projections "
             f"({self.costs.up_bytes / GIB:.3f} GiB each)",
             f"  base (weights, LoRA + optimizer, head) {self.base_bytes / GIB:.2f} GiB, "
-            f"one layer's backward {self.costs.working_bytes / GIB:.2f} GiB",
+            f"one layer's backward {self.costs.working_bytes(self.mlp_tile_rows) / GIB:.2f} GiB"
+            + (f" (MLP in tiles of {self.mlp_tile_rows} tokens)" if self.tiled else ""),
             "  per layer: " + " ".join(_short(layer) for layer in self.layers),
         ]
         return "\n".join(lines)
@@ -108,7 +121,7 @@ LayerPlan.code = property(lambda self: {"keep": "K", "keep_mlp": "M", "recompute
 
 
 def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes: int | None = None,
-                offload: bool | None = None) -> MemoryPlan:
+                offload: bool | None = None, mlp_tile_rows: int | None = None) -> MemoryPlan:
     """The plan for n_layers identical decoder layers.
 
     budget_bytes None: every layer recomputes (plain checkpointing), inputs offloaded only if
@@ -116,38 +129,49 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
     None when the budget needs it. Offloading moves the inputs of checkpointed layers and the up
     projections of recomputed ones to host memory. The last layer offloads nothing: it is
     recomputed first, right after the forward, so a copy would only stall the start of backward.
+    mlp_tile_rows: recomputed layers run their MLP over tiles of this many rows when the batch has
+    more (their up projection then stays out of host memory: backward recomputes it tile by tile).
+    When the budget is still exceeded with everything offloaded, smaller tiles (halving, down to
+    1,024 rows) are tried: each tile's intermediates, not the whole batch's, are then held.
     """
     if n_layers < 1:
         raise ValueError("plan_memory: a model with no decoder layers")
     if budget_bytes is not None and budget_bytes <= 0:
         raise ValueError(f"plan_memory: the memory budget must be positive, got {budget_bytes} bytes")
 
-    def layer_plan(i, mode, offload_inputs):
+    def layer_plan(i, mode, offload_inputs, tiled):
         offload_here = offload_inputs and i < n_layers - 1
-        return LayerPlan(mode, offload_here and mode != "keep", offload_here and mode == "recompute")
+        return LayerPlan(mode, offload_here and mode != "keep", offload_here and mode == "recompute" and not tiled)
 
-    def plan_of(modes, offload_inputs):
-        return MemoryPlan(tuple(layer_plan(i, mode, offload_inputs) for i, mode in enumerate(modes)),
-                          costs, base_bytes, budget_bytes)
+    def plan_of(modes, offload_inputs, tile_rows):
+        tiled = bool(tile_rows) and costs.tokens > tile_rows
+        return MemoryPlan(tuple(layer_plan(i, mode, offload_inputs, tiled) for i, mode in enumerate(modes)),
+                          costs, base_bytes, budget_bytes, tile_rows)
 
     modes = ["recompute"] * n_layers
     offload_inputs = bool(offload)
-    plan = plan_of(modes, offload_inputs)
+    plan = plan_of(modes, offload_inputs, mlp_tile_rows)
     if budget_bytes is None:
         return plan
     if not plan.fits and offload is None:
         offload_inputs = True
-        plan = plan_of(modes, offload_inputs)
+        plan = plan_of(modes, offload_inputs, mlp_tile_rows)
+    tile_rows = min(mlp_tile_rows or costs.tokens, costs.tokens)
+    while not plan.fits and tile_rows // 2 >= 1024:
+        tile_rows //= 2
+        plan = plan_of(modes, offload_inputs, tile_rows)
     if not plan.fits:
         return plan
+    tile_rows = plan.mlp_tile_rows
 
     # Upgrades, the better FLOPs-saved-per-byte first; layers are identical, so the first that does
     # not fit ends a pass.
     def bytes_to(src, dst):
-        return layer_plan(0, dst, offload_inputs).held_bytes(costs) - layer_plan(0, src, offload_inputs).held_bytes(costs)
+        return (layer_plan(0, dst, offload_inputs, plan.tiled).held_bytes(costs)
+                - layer_plan(0, src, offload_inputs, plan.tiled).held_bytes(costs))
 
     # With the up projection in host memory, keeping the MLP on the GPU saves only the gate GEMM.
-    mlp_gain = costs.mlp_flops / 2 if offload_inputs else costs.mlp_flops
+    mlp_gain = costs.mlp_flops / 2 if offload_inputs and not plan.tiled else costs.mlp_flops
     mlp_rate = mlp_gain / max(bytes_to("recompute", "keep_mlp"), 1)
     rest_rate = costs.rest_flops / max(bytes_to("keep_mlp", "keep"), 1)
     passes = [("recompute", "keep_mlp"), ("keep_mlp", "keep")]
@@ -160,7 +184,7 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
             if modes[i] != src:
                 continue
             trial = modes[:i] + [dst] + modes[i + 1:]
-            candidate = plan_of(trial, offload_inputs)
+            candidate = plan_of(trial, offload_inputs, tile_rows)
             if not candidate.fits:
                 break
             modes, plan = trial, candidate
