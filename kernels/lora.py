@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .ops.glu import geglu, glu_backward_in_place, swiglu
+from .ops.glu import GLU_ACTIVATIONS, glu, glu_backward_in_place
 
 _WEIGHT_READERS: dict[type, Callable[[nn.Module], torch.Tensor]] = {nn.Linear: lambda layer: layer.weight}
 
@@ -67,8 +67,7 @@ def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _scaled_B(p: LoRAProjection, dtype: torch.dtype) -> torch.Tensor:
-    B = p.lora_B.to(dtype) if p.scaling == 1 else (p.lora_B * p.scaling).to(dtype)
-    return B
+    return p.lora_B.to(dtype) if p.scaling == 1 else (p.lora_B * p.scaling).to(dtype)
 
 
 def _project(
@@ -193,14 +192,9 @@ class LoRAQKVFunction(torch.autograd.Function):
         return dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, *grads
 
 
-GLU_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
-
-
 def gated_activation(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """act(gate) * up on the GLU kernel; activation is one of GLU_ACTIVATIONS."""
-    if activation == "silu":
-        return swiglu(gate, up)
-    return geglu(gate, up, approximate="tanh" if activation == "gelu_tanh" else "none")
+    return glu(gate, up, activation)
 
 
 class MLPStash:

@@ -16,7 +16,6 @@ from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, art
 from lanner.worker.train_process import TRAINING_RECORD
 
 
-
 class Cancelled(Exception):
     pass
 

@@ -77,14 +77,14 @@ class MemoryEngine:
 
     def _make_plan(self, forward, hidden_states, args, tokens) -> None:
         base = self._base_bytes()
-        costs = self._measure(forward, hidden_states, args)
+        costs = self._measure(forward, hidden_states, args, tokens)
         self.plan = plan_memory(len(self.layers), costs, base, self.budget_bytes, self.offload, MLP_TILE_ROWS)
         self.planned_tokens = tokens
         print(self.plan.describe(), flush=True)
         if not self.plan.fits:
             logger.warning("lanner.kernels: the memory budget is below the smallest plan's predicted peak")
 
-    def _measure(self, forward, hidden_states, args) -> LayerCosts:
+    def _measure(self, forward, hidden_states, args, tokens: int) -> LayerCosts:
         """Runs the first layer once without a checkpoint, counting the bytes it saves for backward."""
         params = {_storage_key(p) for p in self.model.parameters()}
         saved: dict = {}
@@ -109,7 +109,7 @@ class MemoryEngine:
             input_bytes=hidden_states.numel() * hidden_states.element_size(),
             mlp_bytes=mlp_bytes,
             saved_bytes=sum(saved.values()),
-            tokens=hidden_states.numel() // hidden_states.shape[-1],
+            tokens=tokens,
             **_recompute_flops(self.model.config, hidden_states),
         )
 

@@ -30,11 +30,15 @@ class LayerCosts:
     rest_flops: float  # recompute FLOPs that keep saves beyond that (attention and its projections)
     tokens: int = 0  # rows of the measured batch (0: unknown, the MLP is never tiled)
 
+    def tiled_by(self, mlp_tile_rows: int | None) -> bool:
+        """Whether tiles of this many rows split the measured batch (None: no tiles)."""
+        return bool(mlp_tile_rows) and self.tokens > mlp_tile_rows
+
     def working_bytes(self, mlp_tile_rows: int | None = None) -> int:
         # Backward of one layer: all it saves (recomputed or kept), the MLP's gradient dh (whose
         # buffer then takes the recomputed activation) and two hidden-size gradients. A tiled MLP
         # saves only its input: gate, up and dh exist for one tile at a time.
-        if mlp_tile_rows and self.tokens > mlp_tile_rows:
+        if self.tiled_by(mlp_tile_rows):
             mlp = (self.mlp_bytes + self.up_bytes) * mlp_tile_rows // self.tokens
             return self.saved_bytes - self.mlp_bytes + mlp + 2 * self.input_bytes
         return self.saved_bytes + self.up_bytes + 2 * self.input_bytes
@@ -67,7 +71,7 @@ class MemoryPlan:
 
     @property
     def tiled(self) -> bool:
-        return bool(self.mlp_tile_rows) and self.costs.tokens > self.mlp_tile_rows
+        return self.costs.tiled_by(self.mlp_tile_rows)
 
     @property
     def predicted_peak_bytes(self) -> int:
@@ -144,7 +148,7 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
         return LayerPlan(mode, offload_here and mode != "keep", offload_here and mode == "recompute" and not tiled)
 
     def plan_of(modes, offload_inputs, tile_rows):
-        tiled = bool(tile_rows) and costs.tokens > tile_rows
+        tiled = costs.tiled_by(tile_rows)
         return MemoryPlan(tuple(layer_plan(i, mode, offload_inputs, tiled) for i, mode in enumerate(modes)),
                           costs, base_bytes, budget_bytes, tile_rows)
 
@@ -162,7 +166,6 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
         plan = plan_of(modes, offload_inputs, tile_rows)
     if not plan.fits:
         return plan
-    tile_rows = plan.mlp_tile_rows
 
     # Upgrades, the better FLOPs-saved-per-byte first; layers are identical, so the first that does
     # not fit ends a pass.
@@ -184,7 +187,7 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
             if modes[i] != src:
                 continue
             trial = modes[:i] + [dst] + modes[i + 1:]
-            candidate = plan_of(trial, offload_inputs, tile_rows)
+            candidate = plan_of(trial, offload_inputs, plan.mlp_tile_rows)
             if not candidate.fits:
                 break
             modes, plan = trial, candidate

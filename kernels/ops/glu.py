@@ -151,6 +151,13 @@ class GLUFunction(torch.autograd.Function):
 
 
 _ACTIVATION_CODES = {"silu": _SILU, "gelu": _GELU, "gelu_tanh": _GELU_TANH}
+GLU_ACTIVATIONS = tuple(_ACTIVATION_CODES)
+
+
+def glu(gate, up, activation):
+    """act(gate) * up for activation "silu" (SwiGLU), "gelu" (exact GeGLU) or "gelu_tanh"; backward
+    overwrites gate and up, as swiglu's and geglu's do."""
+    return GLUFunction.apply(gate, up, _ACTIVATION_CODES[activation])
 
 
 def glu_backward_in_place(dout, gate, up, activation):

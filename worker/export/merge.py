@@ -83,23 +83,30 @@ def _merge_into_dequantised(base, adapter_dir: Path, quantization: Quantization,
     return model.unload().to(dtype)
 
 
+def _start(source_dir: Path, out_dir: Path, dtype: str, check_space: bool, progress: ProgressFn):
+    """What both 16-bit saves check first (a 16-bit dtype, an unquantised source checkpoint, room on
+    the disk); returns the torch dtype to save in."""
+    import torch
+
+    if dtype not in DTYPES:
+        raise ExportError(f"merged dtype must be one of {DTYPES}, not {dtype!r}")
+    _refuse_quantised_base(source_dir)
+    if check_space:
+        ensure_free_space(out_dir.parent, expected_merged_bytes(source_dir))
+    progress("merge", 0.0)
+    return getattr(torch, dtype)
+
+
 def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dtype: str = "bfloat16",
                   device: str = "cpu", quantization: Quantization | None = None,
                   progress: ProgressFn = no_progress, check_space: bool = True) -> dict:
     """Merge adapter_dir into base_model_dir loaded in `dtype` and save to out_dir (atomically).
     quantization: how QLoRA training quantised the base (None for a LoRA adapter)."""
-    import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    if dtype not in DTYPES:
-        raise ExportError(f"merged dtype must be one of {DTYPES}, not {dtype!r}")
     base_model_dir, adapter_dir, out_dir = Path(base_model_dir), Path(adapter_dir), Path(out_dir)
-    _refuse_quantised_base(base_model_dir)
-    if check_space:
-        ensure_free_space(out_dir.parent, expected_merged_bytes(base_model_dir))
-    progress("merge", 0.0)
-    torch_dtype = getattr(torch, dtype)
+    torch_dtype = _start(base_model_dir, out_dir, dtype, check_space, progress)
     # A QLoRA base is loaded in the dtype its weights were quantised from: the 4-bit codes depend on it.
     load_dtype = torch_dtype if quantization is None else quantization.source_dtype(base_model_dir)
     base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=load_dtype, device_map=device)
@@ -126,17 +133,10 @@ def export_whole_model(model_dir: Path, out_dir: Path, *, base_model_dir: Path |
     """A model whose every weight was trained (full fine-tuning, continued pretraining) saved in
     `dtype` with its tokenizer and chat template, as a merged model is: nothing to merge. Files the
     trainer does not write (tokenizer.model) come from base_model_dir, the checkpoint it trained from."""
-    import torch
     from transformers import AutoModelForCausalLM
 
-    if dtype not in DTYPES:
-        raise ExportError(f"merged dtype must be one of {DTYPES}, not {dtype!r}")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    _refuse_quantised_base(model_dir)
-    if check_space:
-        ensure_free_space(out_dir.parent, expected_merged_bytes(model_dir))
-    progress("merge", 0.0)
-    torch_dtype = getattr(torch, dtype)
+    torch_dtype = _start(model_dir, out_dir, dtype, check_space, progress)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, device_map=device)
     model.config.dtype = torch_dtype
     progress("merge", 0.6)

@@ -138,12 +138,13 @@ def _start_memory_engine(model, options: TrainingOptions, events: JobEvents, rep
                        "use_kernels and gradient_checkpointing on", level="warning")
         return
     offload = options.offload_checkpoints or None  # off: only when the budget needs it
-    if offload and next(model.parameters()).device.type != "cuda":
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    if offload and not on_gpu:
         events.log("Memory engine (lanner.kernels): offload_checkpoints ignored on the CPU (it moves layer inputs "
                    "from the GPU to host memory)", level="warning")
         offload = None
     budget, picked = options.memory_budget_gib, False
-    if budget is None and report.active and next(model.parameters()).device.type == "cuda":
+    if budget is None and report.active and on_gpu:
         budget, picked = default_budget_gib(torch.cuda.memory_allocated(), torch.cuda.mem_get_info()[0],
                                             options.memory_limit_mb), True
     if not (report.active or budget is not None or offload):
