@@ -75,9 +75,14 @@ def main():
                          "sequence that fits 24/48/80 GiB from a line through them (see long_context)")
     ap.add_argument("--check-at", type=int, default=None,
                     help="--long-context: check this length under the first budget instead of the predicted one")
+    ap.add_argument("--fits", default=None, metavar="GIB:S1,S2,...",
+                    help="instead of timing: one batch-1 step at each length (ascending) with the allocator capped "
+                         "at GIB (after one step at 8,192 tokens), reporting its peak, up to the first that runs "
+                         "out of memory")
     a = ap.parse_args()
-    if a.long_context:
-        a.seq = 131072  # Unsloth sizes its RoPE cache from it: room for the checked length
+    if a.long_context or a.fits:
+        # Unsloth sizes its RoPE cache from it: room for the checked lengths
+        a.seq = max([131072] + [int(s) for s in (a.fits or ":").split(":")[1].split(",") if s])
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     if a.mode.startswith("unsloth"):
@@ -136,8 +141,8 @@ def main():
     opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
     vocab = CONFIGS[a.model]["vocab_size"]
     g = torch.Generator(device="cuda").manual_seed(1)
-    if a.long_context:
-        return long_context(model, opt, [int(s) for s in a.long_context.split(",")], vocab, g, a)
+    if a.long_context or a.fits:
+        return long_context(model, opt, [int(s) for s in (a.long_context or "").split(",") if s], vocab, g, a)
     batches = [torch.randint(0, vocab, (a.bs, a.seq), device="cuda", generator=g) for _ in range(4)]
     if a.memory_profile:
         from memory_profile import MARKER_BYTES, PhasePeaks, analyse
@@ -228,8 +233,10 @@ def write_kernel_profile(profiler, path, steps):
 def long_context(model, opt, seqs, vocab, generator, a, budgets=(24, 48, 80)):
     """Peak memory is linear in the sequence length for these engines (flash attention, chunked loss,
     checkpointed layers), so two or more measured lengths give the line; its crossing with each
-    budget is the longest sequence predicted to fit. The first budget's prediction is then checked:
-    one step at that length with the allocator capped at the budget (set_per_process_memory_fraction)."""
+    budget is the longest sequence predicted to fit. Then one step at each checked length with the
+    allocator capped (set_per_process_memory_fraction): --fits' lengths and cap, else the first
+    budget's predicted length (or --check-at). Each result is printed as it comes."""
+    import gc
     import torch
 
     def step(seq):
@@ -249,25 +256,38 @@ def long_context(model, opt, seqs, vocab, generator, a, budgets=(24, 48, 80)):
         peak, seconds = step(seq)
         points.append((seq, peak))
         print(json.dumps(dict(mode=a.mode, seq=seq, peak_gib=round(peak / 2**30, 3), step_s=round(seconds, 2))), flush=True)
-    n = len(points)
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
-    intercept = mean_y - slope * mean_x
-    predicted = {b: int((b * 2**30 - intercept) / slope) // 1024 * 1024 for b in budgets}
+    if len(points) >= 2:
+        n = len(points)
+        mean_x = sum(x for x, _ in points) / n
+        mean_y = sum(y for _, y in points) / n
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+        intercept = mean_y - slope * mean_x
+        predicted = {b: int((b * 2**30 - intercept) / slope) // 1024 * 1024 for b in budgets}
+        print(json.dumps(dict(mode=a.mode, model=a.model, bytes_per_token=round(slope),
+                              fixed_gib=round(intercept / 2**30, 3),
+                              max_seq={str(b): v for b, v in predicted.items()})), flush=True)
+    if a.fits:
+        cap, lengths = a.fits.split(":")
+        cap, checked = float(cap), [int(s) for s in lengths.split(",")]
+    else:
+        cap, checked = budgets[0], [a.check_at or predicted[budgets[0]]]
+    if not points:
+        step(8192)  # plan (lanner) or compile (unsloth) at a short length first
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.empty_cache()
-    torch.cuda.set_per_process_memory_fraction(budgets[0] * 2**30 / total)
-    checked = a.check_at or predicted[budgets[0]]
-    try:
-        peak, seconds = step(checked)
-        check = dict(fits=True, peak_gib=round(peak / 2**30, 3), step_s=round(seconds, 1))
-    except torch.OutOfMemoryError:
-        check = dict(fits=False)
-    print(json.dumps(dict(mode=a.mode, model=a.model, bytes_per_token=round(slope),
-                          fixed_gib=round(intercept / 2**30, 3),
-                          max_seq={str(b): v for b, v in predicted.items()},
-                          check_at=dict(budget_gib=budgets[0], seq=checked, **check))), flush=True)
+    torch.cuda.set_per_process_memory_fraction(cap * 2**30 / total)
+    for seq in checked:
+        try:
+            peak, seconds = step(seq)
+            check = dict(fits=True, peak_gib=round(peak / 2**30, 3), step_s=round(seconds, 1))
+        except torch.OutOfMemoryError:
+            check = dict(fits=False)
+            opt.zero_grad(set_to_none=True)
+            gc.collect()
+            torch.cuda.empty_cache()
+        print(json.dumps(dict(mode=a.mode, model=a.model, check_at=dict(budget_gib=cap, seq=seq, **check))), flush=True)
+        if not check["fits"]:
+            break  # the longer ones would not fit either
 
 
 if __name__ == "__main__":

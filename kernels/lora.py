@@ -226,24 +226,39 @@ def _mlp_forward_rows(x2, projections, activation):
     return _project(h, down_p)[0]
 
 
-def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down, dout2):
+def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down, dout2, dh_tile_rows=None):
     """dX and the six LoRA gradients of one MLP on rows x2 (ha_down: recomputed from h when None).
 
-    Holds three (rows, intermediate) buffers, not four: glu_backward_in_place writes the recomputed
-    activation h over dh, and d_gate, d_up over gate, up."""
+    The GLU backward writes the recomputed activation h over dh, and d_gate, d_up over gate, up. dh
+    exists dh_tile_rows rows at a time (all rows when None): with gate and up held whole, it is the
+    one more (rows, intermediate) buffer, so tiles of a quarter of the rows take 3/4 of it off the
+    peak for the same FLOPs (the down weight is read, or dequantised, once for all tiles)."""
     gate_p, up_p, down_p = projections
-    dha = None if down_p.lora_A is None else dout2 @ _scaled_B(down_p, dout2.dtype)
-    dh = _input_grad([(dout2, down_p)], dha, down_p.lora_A)
-    h, dgate, dup = glu_backward_in_place(dh, gate, up, activation)
-    del dh, gate, up
-    dA_down = dB_down = None
-    if down_p.lora_A is not None:
-        if ha_down is None:
-            ha_down = _down_lora_input(h, down_p)
+    rows, dtype = dout2.shape[0], dout2.dtype
+    step = dh_tile_rows if dh_tile_rows and rows > dh_tile_rows else rows
+    adapted = down_p.lora_A is not None
+    weight = base_weight(down_p.base).to(dtype)
+    A_down = down_p.lora_A.to(dtype) if adapted else None
+    dha = dout2 @ _scaled_B(down_p, dtype) if adapted else None
+    ha_parts, dA_down = [], None
+    for start in range(0, rows, step):
+        tile = slice(start, start + step)
+        dh = dout2[tile] @ weight if not adapted else (dha[tile] @ A_down).addmm_(dout2[tile], weight)
+        h, _, _ = glu_backward_in_place(dh, gate[tile], up[tile], activation)
+        del dh
+        if adapted:
+            if ha_down is None:
+                ha_parts.append(_down_lora_input(h, down_p))
+            part = dha[tile].t() @ h
+            dA_down = part.float() if dA_down is None else dA_down.add_(part)
+        del h
+    del weight
+    dB_down = None
+    if adapted:
+        ha_down = ha_down if ha_down is not None else torch.cat(ha_parts)
         dB_down = (dout2.t() @ ha_down).mul_(down_p.scaling).to(down_p.lora_B.dtype)
-        dA_down = (dha.t() @ h).to(down_p.lora_A.dtype)
-    del h
-    dx, grads = _shared_input_backward(x2, (dgate, dup), (xa_gate, xa_up), (gate_p, up_p))
+        dA_down = dA_down.to(down_p.lora_A.dtype)
+    dx, grads = _shared_input_backward(x2, (gate, up), (xa_gate, xa_up), (gate_p, up_p))  # now d_gate, d_up
     return dx, (*grads, dA_down, dB_down)
 
 
@@ -264,13 +279,19 @@ class LoRAMLPFunction(torch.autograd.Function):
     of them at the backward's peak, 168 KB a token at the Llama-3 8B shape). Under the memory engine's
     checkpoint the recompute then skips the gate and up GEMMs, so the FLOPs are those of the untiled
     path; without a checkpoint, gate and up are computed twice.
+
+    dh_tile_rows: backward builds the down projection's input gradient this many rows at a time (see
+    _mlp_backward). after_backward: called once backward has let go of the MLP's tensors (the memory
+    engine then starts bringing the previous layer's offloaded up projection back).
     """
 
     @staticmethod
-    def forward(ctx, x, dtype, activation, projections, stash, output_needed, tile_rows, *lora_weights):
+    def forward(ctx, x, dtype, activation, projections, stash, output_needed, tile_rows, dh_tile_rows, after_backward,
+                *lora_weights):
         gate_p, up_p, down_p = projections
         x2 = _rows(x, dtype)
         ctx.projections, ctx.activation, ctx.x_shape, ctx.x_dtype = projections, activation, x.shape, x.dtype
+        ctx.dh_tile_rows, ctx.after_backward = dh_tile_rows, after_backward
         ctx.tile_rows = tile_rows if stash is None and tile_rows and x2.shape[0] > tile_rows else None
         if ctx.tile_rows:
             out = x2.new_empty((x2.shape[0], down_p.base.out_features))
@@ -304,7 +325,7 @@ class LoRAMLPFunction(torch.autograd.Function):
         x2, *saved = ctx.saved_tensors
         dout2 = dout.reshape(-1, dout.shape[-1]).to(x2.dtype)
         if not ctx.tile_rows:
-            dx, grads = _mlp_backward(ctx.projections, ctx.activation, x2, *saved, dout2)
+            dx, grads = _mlp_backward(ctx.projections, ctx.activation, x2, *saved, dout2, ctx.dh_tile_rows)
         else:
             gate_p, up_p, _ = ctx.projections
             dx, grads = torch.empty_like(x2), None
@@ -313,11 +334,14 @@ class LoRAMLPFunction(torch.autograd.Function):
                 gate, xa_gate = _project(x2[rows], gate_p)
                 up, xa_up = _project(x2[rows], up_p)
                 dx_tile, tile_grads = _mlp_backward(ctx.projections, ctx.activation, x2[rows], gate, up, xa_gate,
-                                                    xa_up, None, dout2[rows])
+                                                    xa_up, None, dout2[rows], ctx.dh_tile_rows)
                 del gate, up
                 dx[rows] = dx_tile
                 grads = _add_grads(grads, tile_grads)
-        return (dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, None, None, None, None, *grads)
+        del x2, saved, dout2
+        if ctx.after_backward is not None:
+            ctx.after_backward()
+        return (dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, None, None, None, None, None, None, *grads)
 
 
 def lora_linear(x: torch.Tensor, projection: LoRAProjection) -> torch.Tensor:
@@ -336,16 +360,18 @@ def lora_qkv(
 def lora_mlp(
     x: torch.Tensor, gate: LoRAProjection, up: LoRAProjection, down: LoRAProjection, activation: str,
     *, stash: MLPStash | None = None, output_needed: bool = True, tile_rows: int | None = None,
+    dh_tile_rows: int | None = None, after_backward: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """activation: "silu" (SwiGLU), "gelu" (exact GeGLU) or "gelu_tanh" (tanh-approximated GeGLU).
 
-    stash, output_needed and tile_rows serve activation checkpointing and long sequences (see
-    LoRAMLPFunction); the defaults give the plain forward.
+    stash, output_needed, tile_rows, dh_tile_rows and after_backward serve activation checkpointing
+    and long sequences (see LoRAMLPFunction); the defaults give the plain forward and backward.
     """
     if activation not in GLU_ACTIVATIONS:
         raise ValueError(f"unknown GLU activation {activation!r}; expected one of {GLU_ACTIVATIONS}")
     projections = (gate, up, down)
     dtype = compute_dtype(x)
     return LoRAMLPFunction.apply(
-        x, dtype, activation, projections, stash, output_needed, tile_rows, *_flat_lora_weights(projections)
+        x, dtype, activation, projections, stash, output_needed, tile_rows, dh_tile_rows, after_backward,
+        *_flat_lora_weights(projections),
     )

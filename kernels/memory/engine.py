@@ -27,6 +27,9 @@ logger = logging.getLogger("lanner.kernels")
 # tensors stop growing with the sequence (docs/memory-engine.md, "Long context"). A budget that
 # needs it gets smaller tiles (planner.plan_memory).
 MLP_TILE_ROWS = 8192
+# Checkpointed layers' MLP backward builds dh (tokens x intermediate) this many rows at a time:
+# -168 MiB of peak at 8,192 tokens on the 8B shape; 2,048-row GEMMs keep the tensor cores full.
+DH_TILE_ROWS = 2048
 _ENGINE_ATTR = "_lanner_memory_engine"
 
 
@@ -66,8 +69,10 @@ class MemoryEngine:
             stash = OffloadedStash(self.offloader, ("up",))
         else:
             stash = None
+        previous_up_offloaded = index > 0 and self.plan.layers[index - 1].offload_up
         run = LayerRun(stash, skip_mlp_output=not hasattr(self.layers[index], "post_feedforward_layernorm"),
-                       mlp_tile_rows=self.plan.mlp_tile_rows)
+                       mlp_tile_rows=self.plan.mlp_tile_rows, mlp_dh_tile_rows=self.plan.dh_tile_rows,
+                       after_mlp_backward=self.offloader.prefetch_last_stash if previous_up_offloaded else None)
         if not layer_plan.offload_input:
             return checkpoint(forward, hidden_states, *args, use_reentrant=False, context_fn=run.contexts)
         held = self.offloader.hold(hidden_states)
@@ -76,9 +81,20 @@ class MemoryEngine:
         return out
 
     def _make_plan(self, forward, hidden_states, args, tokens) -> None:
+        if self.plan is not None and self.plan.costs.tokens:
+            # A longer batch: scaled from the first measurement, not measured again. Measuring runs the
+            # first layer without a checkpoint, which at 100k+ tokens alone needs more than the step.
+            costs = self.plan.costs.scaled_to(tokens, **_recompute_flops(self.model.config, hidden_states))
+        else:
+            costs = self._measure(forward, hidden_states, args, tokens)
+        # After the measuring forward and a first backward matmul: what the first matmuls allocate for
+        # good is then counted (a 4-bit model's dequantisation buffer, 112 MiB at 8B; the cuBLAS
+        # workspaces of autograd's backward thread, 2 x 64 MiB on the H200).
+        if hidden_states.is_cuda:
+            _run_backward_matmuls(hidden_states)
         base = self._base_bytes()
-        costs = self._measure(forward, hidden_states, args, tokens)
-        self.plan = plan_memory(len(self.layers), costs, base, self.budget_bytes, self.offload, MLP_TILE_ROWS)
+        self.plan = plan_memory(len(self.layers), costs, base, self.budget_bytes, self.offload, MLP_TILE_ROWS,
+                                DH_TILE_ROWS)
         self.planned_tokens = tokens
         print(self.plan.describe(), flush=True)
         if not self.plan.fits:
@@ -122,6 +138,14 @@ class MemoryEngine:
         if device.type == "cuda":
             return torch.cuda.memory_allocated(device) + missing
         return sum(p.numel() * p.element_size() for p in params) + missing
+
+
+def _run_backward_matmuls(like: torch.Tensor) -> None:
+    """A tiny matmul backward: autograd runs backward on its own thread, whose cuBLAS handles allocate
+    their workspaces at that thread's first GEMMs."""
+    with torch.enable_grad():
+        a = torch.ones(16, 16, device=like.device, dtype=like.dtype, requires_grad=True)
+        torch.addmm(torch.ones(16, device=like.device, dtype=like.dtype), a, a.t()).sum().backward()
 
 
 def _forward_held(forward, held, *args):

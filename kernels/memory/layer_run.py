@@ -8,6 +8,7 @@ to keep its matmul outputs (a `keep_mlp` layer).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 
 from ..lora import MLPStash
@@ -24,12 +25,17 @@ class LayerRun:
     add the MLP output straight to the residual), so the down projection's GEMM can be skipped.
     mlp_tile_rows: the MLP runs over tiles of this many rows when the batch has more and it has no
     stash (lora.LoRAMLPFunction): long sequences then hold one tile's intermediates at a time.
+    mlp_dh_tile_rows: the MLP's backward builds its dh this many rows at a time.
+    after_mlp_backward: called when the MLP's backward has let go of its tensors.
     """
 
-    def __init__(self, mlp_stash: MLPStash | None, skip_mlp_output: bool, mlp_tile_rows: int | None = None):
+    def __init__(self, mlp_stash: MLPStash | None, skip_mlp_output: bool, mlp_tile_rows: int | None = None,
+                 mlp_dh_tile_rows: int | None = None, after_mlp_backward: Callable[[], None] | None = None):
         self.mlp_stash = mlp_stash
         self.skip_mlp_output = skip_mlp_output
         self.mlp_tile_rows = mlp_tile_rows
+        self.mlp_dh_tile_rows = mlp_dh_tile_rows
+        self.after_mlp_backward = after_mlp_backward
         self.recomputing = False
 
     @property

@@ -6,9 +6,12 @@ compute that follows) and its GPU memory is released once that copy has read it.
 at most a few copies ahead of: the CPU waits for the copy issued `_COPIES_IN_FLIGHT` items ago,
 because the caching allocator can reuse a released block only once its copy is seen complete, and
 a CPU far ahead of the GPU would otherwise count every released input as still allocated. In
-backward the layers are recomputed last to first: fetching one item starts bringing back the two
-before it (the previous layer's input and up projection) on the side stream, so each copy overlaps
-a layer's recompute and backward. On a CPU device (tests) the copies are plain, synchronous ones.
+backward the layers are recomputed last to first, and each copy back overlaps compute on the side
+stream: fetching a layer's input starts bringing back the previous layer's input; the previous
+layer's up projection (3.5 times larger on the 8B shape) starts coming back only when this layer's
+MLP backward has let go of its own gate, up and dh, so the two never share the peak, and arrives
+while this layer's attention backward and the previous layer's attention recompute run. On a CPU
+device (tests) the copies are plain, synchronous ones.
 """
 from __future__ import annotations
 
@@ -19,15 +22,15 @@ import torch
 from ..lora import MLPStash
 
 _COPIES_IN_FLIGHT = 4
-_PREFETCH_AHEAD = 2
 _SMALLEST_OFFLOADED = 2**20  # smaller tensors (rank-r products) stay on the GPU
 
 
 class OffloadedTensor:
     """One tensor: on the GPU until released, in host memory until its recompute fetches it."""
 
-    def __init__(self, offloader: "HostOffloader", tensor: torch.Tensor, index: int):
+    def __init__(self, offloader: "HostOffloader", tensor: torch.Tensor, index: int, stashed: bool):
         self._offloader, self.index, self._generation = offloader, index, offloader.generation
+        self.stashed = stashed  # an MLP stash's tensor (else a layer input)
         self._device, self.requires_grad = tensor.device, tensor.requires_grad
         self._forward_tensor: torch.Tensor | None = tensor
         self._host: torch.Tensor | None = offloader.to_host(tensor, index)
@@ -38,8 +41,13 @@ class OffloadedTensor:
         """The forward is done with it: drop the GPU copy (the host copy is being written on the side stream)."""
         self._forward_tensor = None
 
+    @property
+    def in_host(self) -> bool:
+        """Released, and not yet fetched or on its way back."""
+        return self._host is not None and self._fetched is None and self._forward_tensor is None
+
     def prefetch(self) -> None:
-        if self._host is not None and self._fetched is None and self._forward_tensor is None:
+        if self.in_host:
             self._fetched, self._ready = self._offloader.to_device(self._host, self._device)
 
     def get(self) -> torch.Tensor:
@@ -50,8 +58,8 @@ class OffloadedTensor:
         if self._generation != self._offloader.generation:
             raise RuntimeError("lanner.kernels: an offloaded checkpoint was overwritten by a later forward before "
                                "its backward ran; run backward once after each forward")
-        for back in range(1, _PREFETCH_AHEAD + 1):
-            self._offloader.prefetch(self.index - back)
+        if not self.stashed:
+            self._offloader.prefetch_previous_input(self.index)
         self.prefetch()
         if self._ready is not None:
             torch.cuda.current_stream(self._device).wait_event(self._ready)
@@ -71,7 +79,7 @@ class OffloadedStash(MLPStash):
     def _hold(self, tensor):
         if tensor is None or tensor.numel() * tensor.element_size() < _SMALLEST_OFFLOADED:
             return tensor
-        held = self._offloader.hold(tensor)
+        held = self._offloader.hold(tensor, stashed=True)
         held.release()  # the MLP's forward is over when it stores
         return held
 
@@ -106,14 +114,31 @@ class HostOffloader:
         self.generation += 1
         self._held = []
 
-    def hold(self, tensor: torch.Tensor) -> OffloadedTensor:
-        held = OffloadedTensor(self, tensor, len(self._held))
+    def hold(self, tensor: torch.Tensor, stashed: bool = False) -> OffloadedTensor:
+        held = OffloadedTensor(self, tensor, len(self._held), stashed)
         self._held.append(held)
         return held
 
-    def prefetch(self, index: int) -> None:
-        if 0 <= index < len(self._held):
-            self._held[index].prefetch()
+    def prefetch_previous_input(self, index: int) -> None:
+        """Starts bringing back the layer input held last before item `index`."""
+        for item in reversed(self._held[:index]):
+            if not item.stashed:
+                item.prefetch()
+                return
+
+    def prefetch_last_stash(self) -> None:
+        """Starts bringing back the last stash still in host memory (its tensors were held one after
+        another): the memory engine calls it when an MLP backward is over, for the layer before,
+        whose up projection is needed next."""
+        items = reversed(self._held)
+        for item in items:
+            if item.stashed and item.in_host:
+                item.prefetch()
+                break
+        for item in items:
+            if not item.stashed:
+                break
+            item.prefetch()
 
     def host_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())

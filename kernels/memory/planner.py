@@ -34,18 +34,32 @@ class LayerCosts:
         """Whether tiles of this many rows split the measured batch (None: no tiles)."""
         return bool(mlp_tile_rows) and self.tokens > mlp_tile_rows
 
-    def working_bytes(self, mlp_tile_rows: int | None = None) -> int:
+    def working_bytes(self, mlp_tile_rows: int | None = None, dh_tile_rows: int | None = None) -> int:
         # Backward of one layer: all it saves (recomputed or kept), the MLP's gradient dh (whose
-        # buffer then takes the recomputed activation) and two hidden-size gradients. A tiled MLP
-        # saves only its input: gate, up and dh exist for one tile at a time.
+        # buffer then takes the recomputed activation; dh_tile_rows rows at a time when given) and
+        # two hidden-size gradients. A tiled MLP saves only its input: gate, up and dh exist for one
+        # tile at a time.
+        rows = self.tokens or 1
         if self.tiled_by(mlp_tile_rows):
-            mlp = (self.mlp_bytes + self.up_bytes) * mlp_tile_rows // self.tokens
-            return self.saved_bytes - self.mlp_bytes + mlp + 2 * self.input_bytes
-        return self.saved_bytes + self.up_bytes + 2 * self.input_bytes
+            rows = mlp_tile_rows
+            saved = self.saved_bytes - self.mlp_bytes + self.mlp_bytes * rows // self.tokens
+        else:
+            saved = self.saved_bytes
+        if self.tokens and dh_tile_rows and rows > dh_tile_rows:
+            rows = dh_tile_rows
+        return saved + self.up_bytes * rows // (self.tokens or 1) + 2 * self.input_bytes
 
     @property
     def up_bytes(self) -> int:
         return self.mlp_bytes // 2
+
+    def scaled_to(self, tokens: int, mlp_flops: float, rest_flops: float) -> "LayerCosts":
+        """The same layer on a batch of `tokens`: everything it holds is per token (FLOPs are given, as
+        attention's grow faster)."""
+        def scale(n):
+            return n * tokens // self.tokens
+        return LayerCosts(scale(self.input_bytes), scale(self.mlp_bytes), scale(self.saved_bytes), mlp_flops,
+                          rest_flops, tokens)
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,7 @@ class MemoryPlan:
     base_bytes: int  # weights, LoRA parameters, their gradients and optimizer state, the head's work
     budget_bytes: int | None
     mlp_tile_rows: int | None = None  # recomputed layers run their MLP over tiles of this many rows
+    dh_tile_rows: int | None = None  # checkpointed layers' MLP backward builds dh this many rows at a time
 
     @property
     def tiled(self) -> bool:
@@ -75,19 +90,20 @@ class MemoryPlan:
 
     @property
     def predicted_peak_bytes(self) -> int:
-        # The peak is a layer's backward, while every layer before it still holds what it keeps:
-        # the last layer's when all work alike; offloaded tensors of the next two are coming back.
+        # The peak is a layer's MLP backward, while every layer before it still holds what it keeps:
+        # the last layer's when all work alike. The previous layer's offloaded input is coming back
+        # meanwhile; its up projection starts coming back only once this MLP backward is over.
         held = backward = 0
         for layer in self.layers:
-            tile_rows = self.mlp_tile_rows if layer.mode == "recompute" else None  # kept MLPs are whole
-            backward = max(backward, held + self.costs.working_bytes(tile_rows))
+            backward = max(backward, held + self.working_bytes(layer))
             held += layer.held_bytes(self.costs)
-        prefetch = 0
-        if any(layer.offload_input for layer in self.layers):
-            prefetch += 2 * self.costs.input_bytes
-        if any(layer.offload_up for layer in self.layers):
-            prefetch += 2 * self.costs.up_bytes
+        prefetch = self.costs.input_bytes if any(layer.offload_input for layer in self.layers) else 0
         return self.base_bytes + backward + prefetch
+
+    def working_bytes(self, layer: LayerPlan) -> int:
+        if layer.mode == "keep":  # no checkpoint: a kept layer's MLP is whole, backward too
+            return self.costs.working_bytes()
+        return self.costs.working_bytes(self.mlp_tile_rows if layer.mode == "recompute" else None, self.dh_tile_rows)
 
     @property
     def fits(self) -> bool:
@@ -109,7 +125,7 @@ class MemoryPlan:
             f"({self.costs.input_bytes / GIB:.3f} GiB each), {up_offloaded} up projections "
             f"({self.costs.up_bytes / GIB:.3f} GiB each)",
             f"  base (weights, LoRA + optimizer, head) {self.base_bytes / GIB:.2f} GiB, "
-            f"one layer's backward {self.costs.working_bytes(self.mlp_tile_rows) / GIB:.2f} GiB"
+            f"one layer's backward {self.working_bytes(self.layers[0]) / GIB:.2f} GiB"
             + (f" (MLP in tiles of {self.mlp_tile_rows} tokens)" if self.tiled else ""),
             "  per layer: " + " ".join(_short(layer) for layer in self.layers),
         ]
@@ -125,7 +141,8 @@ LayerPlan.code = property(lambda self: {"keep": "K", "keep_mlp": "M", "recompute
 
 
 def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes: int | None = None,
-                offload: bool | None = None, mlp_tile_rows: int | None = None) -> MemoryPlan:
+                offload: bool | None = None, mlp_tile_rows: int | None = None,
+                dh_tile_rows: int | None = None) -> MemoryPlan:
     """The plan for n_layers identical decoder layers.
 
     budget_bytes None: every layer recomputes (plain checkpointing), inputs offloaded only if
@@ -137,6 +154,7 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
     more (their up projection then stays out of host memory: backward recomputes it tile by tile).
     When the budget is still exceeded with everything offloaded, smaller tiles (halving, down to
     1,024 rows) are tried: each tile's intermediates, not the whole batch's, are then held.
+    dh_tile_rows: the MLP backward of checkpointed layers builds dh this many rows at a time.
     """
     if n_layers < 1:
         raise ValueError("plan_memory: a model with no decoder layers")
@@ -150,7 +168,7 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
     def plan_of(modes, offload_inputs, tile_rows):
         tiled = costs.tiled_by(tile_rows)
         return MemoryPlan(tuple(layer_plan(i, mode, offload_inputs, tiled) for i, mode in enumerate(modes)),
-                          costs, base_bytes, budget_bytes, tile_rows)
+                          costs, base_bytes, budget_bytes, tile_rows, dh_tile_rows)
 
     modes = ["recompute"] * n_layers
     offload_inputs = bool(offload)

@@ -16,7 +16,8 @@ def _mlp_forward(mlp: nn.Module, x, *, activation: str):
     if run is None:
         return lora_mlp(x, *(lora_projection(m) for m in projections), activation)
     return lora_mlp(x, *(lora_projection(m) for m in projections), activation,
-                    stash=run.mlp_stash, output_needed=run.mlp_output_needed, tile_rows=run.mlp_tile_rows)
+                    stash=run.mlp_stash, output_needed=run.mlp_output_needed, tile_rows=run.mlp_tile_rows,
+                    dh_tile_rows=run.mlp_dh_tile_rows, after_backward=run.after_mlp_backward)
 
 
 def _fused_gate_up_mlp_forward(mlp: nn.Module, x, *, activation: str):

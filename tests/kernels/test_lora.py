@@ -95,6 +95,22 @@ def test_lora_mlp_over_row_tiles_matches_peft(tile_rows, device):
     _assert_same_results(ours, reference, TOL[torch.float32])
 
 
+@pytest.mark.parametrize("tile_rows, dh_tile_rows", [(None, 3), (None, 4), (4, 3)])
+def test_lora_mlp_backward_over_dh_tiles_matches_peft(tile_rows, dh_tile_rows, device):
+    """The MLP's backward building dh a few rows at a time (10 rows: dh tiles of 3, 3, 3, 1 and 4, 4,
+    2), on its own and inside row tiles of 4, with and without the rank-r product saved."""
+    layer = _peft_layer(LlamaConfig, LlamaForCausalLM, torch.float32, device, ["gate_proj", "up_proj", "down_proj"])
+    mlp = layer.mlp
+    x = _input((2, 5, HIDDEN), torch.float32, device)
+    dout = torch.randn(2, 5, HIDDEN, device=device)
+    projections = [lora_projection(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
+
+    ours = _run(lambda x: lora_mlp(x, *projections, "silu", tile_rows=tile_rows, dh_tile_rows=dh_tile_rows),
+                x, mlp, (dout,))
+    reference = _run(mlp, x, mlp, (dout,))
+    _assert_same_results(ours, reference, TOL[torch.float32])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_lora_qkv_matches_peft(family, dtype, device):
