@@ -80,9 +80,12 @@ def main():
                          "at GIB (after one step at 8,192 tokens), reporting its peak, up to the first that runs "
                          "out of memory")
     a = ap.parse_args()
+    if a.fits:
+        cap, lengths = a.fits.split(":")
+        a.fits = float(cap), [int(s) for s in lengths.split(",")]
     if a.long_context or a.fits:
         # Unsloth sizes its RoPE cache from it: room for the checked lengths
-        a.seq = max([131072] + [int(s) for s in (a.fits or ":").split(":")[1].split(",") if s])
+        a.seq = max([131072, *(a.fits[1] if a.fits else [])])
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     if a.mode.startswith("unsloth"):
@@ -266,11 +269,7 @@ def long_context(model, opt, seqs, vocab, generator, a, budgets=(24, 48, 80)):
         print(json.dumps(dict(mode=a.mode, model=a.model, bytes_per_token=round(slope),
                               fixed_gib=round(intercept / 2**30, 3),
                               max_seq={str(b): v for b, v in predicted.items()})), flush=True)
-    if a.fits:
-        cap, lengths = a.fits.split(":")
-        cap, checked = float(cap), [int(s) for s in lengths.split(",")]
-    else:
-        cap, checked = budgets[0], [a.check_at or predicted[budgets[0]]]
+    cap, checked = a.fits or (budgets[0], [a.check_at or predicted[budgets[0]]])
     if not points:
         step(8192)  # plan (lanner) or compile (unsloth) at a short length first
     total = torch.cuda.get_device_properties(0).total_memory

@@ -235,27 +235,28 @@ def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down
     peak for the same FLOPs (the down weight is read, or dequantised, once for all tiles)."""
     gate_p, up_p, down_p = projections
     rows, dtype = dout2.shape[0], dout2.dtype
-    step = dh_tile_rows if dh_tile_rows and rows > dh_tile_rows else rows
+    step = dh_tile_rows if dh_tile_rows and rows > dh_tile_rows else max(rows, 1)
     adapted = down_p.lora_A is not None
     weight = base_weight(down_p.base).to(dtype)
-    A_down = down_p.lora_A.to(dtype) if adapted else None
-    dha = dout2 @ _scaled_B(down_p, dtype) if adapted else None
-    ha_parts, dA_down = [], None
+    dA_down = dB_down = None
+    if adapted:
+        A_down = down_p.lora_A.to(dtype)
+        dha = dout2 @ _scaled_B(down_p, dtype)
+        dA_down = torch.zeros(A_down.shape, dtype=torch.float32, device=dout2.device)
+        recompute_ha = ha_down is None
+        if recompute_ha:
+            ha_down = dout2.new_empty((rows, A_down.shape[0]))
     for start in range(0, rows, step):
         tile = slice(start, start + step)
         dh = dout2[tile] @ weight if not adapted else (dha[tile] @ A_down).addmm_(dout2[tile], weight)
         h, _, _ = glu_backward_in_place(dh, gate[tile], up[tile], activation)
-        del dh
         if adapted:
-            if ha_down is None:
-                ha_parts.append(_down_lora_input(h, down_p))
-            part = dha[tile].t() @ h
-            dA_down = part.float() if dA_down is None else dA_down.add_(part)
-        del h
+            if recompute_ha:
+                ha_down[tile] = _down_lora_input(h, down_p)
+            dA_down.add_(dha[tile].t() @ h)
+        del dh, h
     del weight
-    dB_down = None
     if adapted:
-        ha_down = ha_down if ha_down is not None else torch.cat(ha_parts)
         dB_down = (dout2.t() @ ha_down).mul_(down_p.scaling).to(down_p.lora_B.dtype)
         dA_down = dA_down.to(down_p.lora_A.dtype)
     dx, grads = _shared_input_backward(x2, (gate, up), (xa_gate, xa_up), (gate_p, up_p))  # now d_gate, d_up

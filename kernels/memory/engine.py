@@ -88,8 +88,8 @@ class MemoryEngine:
         else:
             costs = self._measure(forward, hidden_states, args, tokens)
         # After the measuring forward and a first backward matmul: what the first matmuls allocate for
-        # good is then counted (a 4-bit model's dequantisation buffer, 112 MiB at 8B; the cuBLAS
-        # workspaces of autograd's backward thread, 2 x 64 MiB on the H200).
+        # good is then counted (a 4-bit model's dequantisation buffer, 112 MiB at 8B; GEMM workspace of
+        # autograd's backward thread, +32 MiB on the H200, of 2 x 64 MiB that appear in the first step).
         if hidden_states.is_cuda:
             _run_backward_matmuls(hidden_states)
         base = self._base_bytes()

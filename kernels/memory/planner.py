@@ -39,15 +39,14 @@ class LayerCosts:
         # buffer then takes the recomputed activation; dh_tile_rows rows at a time when given) and
         # two hidden-size gradients. A tiled MLP saves only its input: gate, up and dh exist for one
         # tile at a time.
-        rows = self.tokens or 1
+        saved, rows = self.saved_bytes, self.tokens
         if self.tiled_by(mlp_tile_rows):
+            saved = self.saved_bytes - self.mlp_bytes + self.mlp_bytes * mlp_tile_rows // self.tokens
             rows = mlp_tile_rows
-            saved = self.saved_bytes - self.mlp_bytes + self.mlp_bytes * rows // self.tokens
-        else:
-            saved = self.saved_bytes
-        if self.tokens and dh_tile_rows and rows > dh_tile_rows:
-            rows = dh_tile_rows
-        return saved + self.up_bytes * rows // (self.tokens or 1) + 2 * self.input_bytes
+        if dh_tile_rows:
+            rows = min(rows, dh_tile_rows)
+        dh = self.up_bytes * rows // self.tokens if self.tokens else self.up_bytes  # tokens unknown: whole
+        return saved + dh + 2 * self.input_bytes
 
     @property
     def up_bytes(self) -> int:

@@ -111,6 +111,19 @@ def test_lora_mlp_backward_over_dh_tiles_matches_peft(tile_rows, dh_tile_rows, d
     _assert_same_results(ours, reference, TOL[torch.float32])
 
 
+@pytest.mark.parametrize("dh_tile_rows", [None, 4])
+def test_lora_mlp_on_no_rows_gives_empty_outputs_and_zero_gradients(dh_tile_rows, device):
+    layer = _peft_layer(LlamaConfig, LlamaForCausalLM, torch.float32, device, ["gate_proj", "up_proj", "down_proj"])
+    mlp = layer.mlp
+    projections = [lora_projection(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
+    x = _input((1, 0, HIDDEN), torch.float32, device)
+    out = lora_mlp(x, *projections, "silu", dh_tile_rows=dh_tile_rows)
+    out.sum().backward()
+    assert out.shape == (1, 0, HIDDEN) and x.grad.shape == (1, 0, HIDDEN)
+    grads = [p.grad for p in _lora_params(mlp).values()]
+    assert len(grads) == 6 and all(g is not None and not g.any() for g in grads)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_lora_qkv_matches_peft(family, dtype, device):
