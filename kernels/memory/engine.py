@@ -81,10 +81,14 @@ class MemoryEngine:
         return out
 
     def _make_plan(self, forward, hidden_states, args, tokens) -> None:
+        host_room = host_memory_available()
+        if host_room is not None:  # what is free, what this engine's buffers hold, less a tenth for the process
+            host_room = (host_room + self.offloader.host_bytes()) * 9 // 10
         if self.plan is not None and self.plan.costs.tokens:
             # A longer batch: scaled from the first measurement, not measured again. Measuring runs the
             # first layer without a checkpoint, which at 100k+ tokens alone needs more than the step.
             costs = self.plan.costs.scaled_to(tokens, **_recompute_flops(self.model.config, hidden_states))
+            self.offloader.drop_buffers()
         else:
             costs = self._measure(forward, hidden_states, args, tokens)
         # After the measuring forward and a first backward matmul: what the first matmuls allocate for
@@ -94,7 +98,7 @@ class MemoryEngine:
             _run_backward_matmuls(hidden_states)
         base = self._base_bytes()
         self.plan = plan_memory(len(self.layers), costs, base, self.budget_bytes, self.offload, MLP_TILE_ROWS,
-                                DH_TILE_ROWS)
+                                DH_TILE_ROWS, host_room)
         self.planned_tokens = tokens
         print(self.plan.describe(), flush=True)
         if not self.plan.fits:
@@ -138,6 +142,23 @@ class MemoryEngine:
         if device.type == "cuda":
             return torch.cuda.memory_allocated(device) + missing
         return sum(p.numel() * p.element_size() for p in params) + missing
+
+
+def host_memory_available() -> int | None:
+    """Bytes of host memory this process can still take: the kernel's MemAvailable, or less where a
+    cgroup (a container's memory limit) allows less; None where neither can be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+    try:
+        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as used:
+            available = min(available, int(limit.read()) - int(used.read()))
+    except (OSError, ValueError):  # no cgroup v2, or no limit ("max")
+        pass
+    return max(available, 0)
 
 
 def _run_backward_matmuls(like: torch.Tensor) -> None:

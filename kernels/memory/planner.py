@@ -13,10 +13,14 @@ backward comes first, which gives offloaded copies of earlier layers time to com
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 2**30
 MODES = ("recompute", "keep_mlp", "keep")
+# The attention backward's own buffers, in layer inputs: fitted to the H200's measured peaks (torch's
+# flash SDPA, Llama-3 8B shape, 65k to 377k tokens, docs/memory-engine.md); its float32 dq
+# accumulator alone is two. They set the peak once long batches tile the MLP.
+ATTENTION_BACKWARD_INPUTS = 3.5
 
 
 @dataclass(frozen=True)
@@ -35,10 +39,12 @@ class LayerCosts:
         return bool(mlp_tile_rows) and self.tokens > mlp_tile_rows
 
     def working_bytes(self, mlp_tile_rows: int | None = None, dh_tile_rows: int | None = None) -> int:
-        # Backward of one layer: all it saves (recomputed or kept), the MLP's gradient dh (whose
-        # buffer then takes the recomputed activation; dh_tile_rows rows at a time when given) and
-        # two hidden-size gradients. A tiled MLP saves only its input: gate, up and dh exist for one
-        # tile at a time.
+        # Backward of one layer, the larger of its two halves. The MLP's: all the layer saves
+        # (recomputed or kept), the MLP's gradient dh (whose buffer then takes the recomputed
+        # activation; dh_tile_rows rows at a time when given) and two hidden-size gradients; a tiled
+        # MLP saves only its input: gate, up and dh exist for one tile at a time. The attention's,
+        # once the MLP's tensors are gone: the rest of what the layer saves, the two gradients and
+        # the attention backward's own buffers.
         saved, rows = self.saved_bytes, self.tokens
         if self.tiled_by(mlp_tile_rows):
             saved = self.saved_bytes - self.mlp_bytes + self.mlp_bytes * mlp_tile_rows // self.tokens
@@ -46,7 +52,9 @@ class LayerCosts:
         if dh_tile_rows:
             rows = min(rows, dh_tile_rows)
         dh = self.up_bytes * rows // self.tokens if self.tokens else self.up_bytes  # tokens unknown: whole
-        return saved + dh + 2 * self.input_bytes
+        mlp_half = saved + dh + 2 * self.input_bytes
+        attention_half = self.saved_bytes - self.mlp_bytes + (2 + ATTENTION_BACKWARD_INPUTS) * self.input_bytes
+        return max(mlp_half, int(attention_half))
 
     @property
     def up_bytes(self) -> int:
@@ -66,6 +74,9 @@ class LayerPlan:
     mode: str
     offload_input: bool = False
     offload_up: bool = False  # recompute only: the up projection waits in host memory
+
+    def host_bytes(self, costs: LayerCosts) -> int:
+        return costs.input_bytes * self.offload_input + costs.up_bytes * self.offload_up
 
     def held_bytes(self, costs: LayerCosts) -> int:
         if self.mode == "keep":
@@ -105,6 +116,10 @@ class MemoryPlan:
         return self.costs.working_bytes(self.mlp_tile_rows if layer.mode == "recompute" else None, self.dh_tile_rows)
 
     @property
+    def host_bytes(self) -> int:
+        return sum(layer.host_bytes(self.costs) for layer in self.layers)
+
+    @property
     def fits(self) -> bool:
         return self.budget_bytes is None or self.predicted_peak_bytes <= self.budget_bytes
 
@@ -122,13 +137,25 @@ class MemoryPlan:
             f"+{self.costs.mlp_bytes / GIB:.3f} GiB each",
             f"  recompute: {counts['recompute']} layers; in host memory: {offloaded} layer inputs "
             f"({self.costs.input_bytes / GIB:.3f} GiB each), {up_offloaded} up projections "
-            f"({self.costs.up_bytes / GIB:.3f} GiB each)",
+            f"({self.costs.up_bytes / GIB:.3f} GiB each), {self.host_bytes / GIB:.2f} GiB in all",
             f"  base (weights, LoRA + optimizer, head) {self.base_bytes / GIB:.2f} GiB, "
             f"one layer's backward {self.working_bytes(self.layers[0]) / GIB:.2f} GiB"
             + (f" (MLP in tiles of {self.mlp_tile_rows} tokens)" if self.tiled else ""),
             "  per layer: " + " ".join(_short(layer) for layer in self.layers),
         ]
         return "\n".join(lines)
+
+
+def _within_host_memory(layers: list[LayerPlan], costs: LayerCosts, host_bytes: int | None) -> tuple[LayerPlan, ...]:
+    if host_bytes is None or sum(layer.host_bytes(costs) for layer in layers) <= host_bytes:
+        return tuple(layers)
+    inputs_room = host_bytes // max(costs.input_bytes, 1)
+    limited = []
+    for layer in layers:
+        offload_input = layer.offload_input and inputs_room > 0
+        inputs_room -= offload_input
+        limited.append(replace(layer, offload_input=offload_input, offload_up=False))
+    return tuple(limited)
 
 
 def _short(layer: LayerPlan) -> str:
@@ -141,7 +168,7 @@ LayerPlan.code = property(lambda self: {"keep": "K", "keep_mlp": "M", "recompute
 
 def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes: int | None = None,
                 offload: bool | None = None, mlp_tile_rows: int | None = None,
-                dh_tile_rows: int | None = None) -> MemoryPlan:
+                dh_tile_rows: int | None = None, host_bytes: int | None = None) -> MemoryPlan:
     """The plan for n_layers identical decoder layers.
 
     budget_bytes None: every layer recomputes (plain checkpointing), inputs offloaded only if
@@ -154,6 +181,8 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
     When the budget is still exceeded with everything offloaded, smaller tiles (halving, down to
     1,024 rows) are tried: each tile's intermediates, not the whole batch's, are then held.
     dh_tile_rows: the MLP backward of checkpointed layers builds dh this many rows at a time.
+    host_bytes: the host memory offloading may take (None: no limit). Beyond it the up projections
+    stay on the GPU, then the inputs of the last layers that would offload.
     """
     if n_layers < 1:
         raise ValueError("plan_memory: a model with no decoder layers")
@@ -166,8 +195,9 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
 
     def plan_of(modes, offload_inputs, tile_rows):
         tiled = costs.tiled_by(tile_rows)
-        return MemoryPlan(tuple(layer_plan(i, mode, offload_inputs, tiled) for i, mode in enumerate(modes)),
-                          costs, base_bytes, budget_bytes, tile_rows, dh_tile_rows)
+        layers = [layer_plan(i, mode, offload_inputs, tiled) for i, mode in enumerate(modes)]
+        return MemoryPlan(_within_host_memory(layers, costs, host_bytes), costs, base_bytes, budget_bytes,
+                          tile_rows, dh_tile_rows)
 
     modes = ["recompute"] * n_layers
     offload_inputs = bool(offload)

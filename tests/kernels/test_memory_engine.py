@@ -7,6 +7,7 @@ the engine changes what is stored and recomputed, never the arithmetic.
 import dataclasses
 import gc
 import weakref
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 
 from lanner.kernels import get_lora_model, lora
 from lanner.kernels.memory import LayerCosts, LayerPlan, MemoryPlan, memory_engine_of, plan_memory
+from lanner.kernels.memory.planner import ATTENTION_BACKWARD_INPUTS
 from lora_twins import lora_grads, max_relative_error, randomise_lora, tiny_model, token_batches
 
 LOSS_RTOL, GRAD_RTOL = 1e-6, 1e-5
@@ -232,6 +234,35 @@ def test_a_longer_batch_is_planned_from_the_first_measurement(device):
     assert costs.mlp_flops == 2 * first.mlp_flops and costs.rest_flops > first.rest_flops
 
 
+def test_a_new_plan_frees_the_host_buffers_of_the_old_one(monkeypatch, device):
+    """Host buffers are kept by item number. Once a longer batch tiles the MLP, the up projections
+    stay on the GPU and the layer inputs take the first numbers: the old plan's other buffers were
+    left page-locked (4 GiB of host memory at 376k tokens after a first step at 8,192)."""
+    from lanner.kernels.memory import engine as engine_module, offload
+
+    monkeypatch.setattr(offload, "_SMALLEST_OFFLOADED", 1)
+    monkeypatch.setattr(engine_module, "MLP_TILE_ROWS", 6)
+    model = _model("llama", device, layers=3, offload_checkpoints=True)
+    engine, vocab = memory_engine_of(model), model.config.vocab_size
+    _step(model, token_batches(1, 1, 5, vocab, device=device)[0])
+    assert not engine.plan.tiled and len(engine.offloader._held) > 2  # inputs, up projections, rank-r products
+    _step(model, token_batches(1, 2, 5, vocab, device=device)[0])
+    assert engine.plan.tiled and len(engine.offloader._held) == 2  # the two inputs
+    assert engine.offloader.host_bytes() == 2 * 10 * model.config.hidden_size * 4
+
+
+def test_the_engine_offloads_what_host_memory_holds(monkeypatch, device):
+    from lanner.kernels.memory import engine as engine_module
+
+    model = _model("llama", device, layers=3, offload_checkpoints=True)
+    input_bytes = 10 * model.config.hidden_size * 4
+    monkeypatch.setattr(engine_module, "host_memory_available", lambda: input_bytes * 3 // 2)  # 90% of it: one input
+    engine = memory_engine_of(model)
+    _step(model, token_batches(1, 2, 5, model.config.vocab_size, device=device)[0])
+    assert [layer.offload_input for layer in engine.plan.layers] == [True, False, False]
+    assert engine.offloader.host_bytes() == input_bytes
+
+
 def test_engine_survives_a_trainer_reenabling_checkpointing(device):
     model = _model("llama", device, layers=2)
     engine = memory_engine_of(model)
@@ -324,7 +355,7 @@ def test_a_budget_below_every_offloaded_plan_tiles_the_mlp():
     costs = dataclasses.replace(COSTS, tokens=8192)
     offloaded = plan_memory(32, costs, BASE, offload=True, mlp_tile_rows=8192)
     assert not offloaded.tiled and all(layer.offload_up for layer in offloaded.layers[:-1])
-    budget = offloaded.predicted_peak_bytes - int(0.5 * GIB)
+    budget = offloaded.predicted_peak_bytes - int(0.4 * GIB)
     plan = plan_memory(32, costs, BASE, budget, offload=True, mlp_tile_rows=8192)
     assert plan.fits and plan.tiled and plan.mlp_tile_rows in (4096, 2048, 1024)
     assert not any(layer.offload_up for layer in plan.layers) and set(_modes(plan)) == {"recompute"}
@@ -333,6 +364,33 @@ def test_a_budget_below_every_offloaded_plan_tiles_the_mlp():
     assert "MLP in tiles of" in plan.describe()
     # Without a budget the tiles are the ones asked for, and only a longer batch is tiled.
     assert plan_memory(32, dataclasses.replace(costs, tokens=32768), BASE, mlp_tile_rows=8192).tiled
+    # No tile takes the attention backward's own memory off.
+    assert not plan_memory(32, costs, BASE, budget - int(0.1 * GIB), offload=True, mlp_tile_rows=8192).fits
+
+
+def test_a_long_batch_peaks_in_the_attention_backward():
+    """Once the MLP is tiled, its backward holds one tile's gate, up and dh; the attention backward,
+    with its own buffers (in layer inputs, measured on the device), then sets the peak."""
+    costs = dataclasses.replace(COSTS, tokens=8192).scaled_to(131072, COSTS.mlp_flops, COSTS.rest_flops)
+    plan = plan_memory(32, costs, BASE, offload=True, mlp_tile_rows=8192, dh_tile_rows=2048)
+    attention = costs.saved_bytes - costs.mlp_bytes + (2 + ATTENTION_BACKWARD_INPUTS) * costs.input_bytes
+    assert plan.tiled and plan.predicted_peak_bytes == BASE + int(attention) + costs.input_bytes
+
+
+def test_offloading_takes_no_more_host_memory_than_it_is_given():
+    """Beyond the host memory given, the up projections stay on the GPU, then the inputs of the last
+    layers that would offload: the plan holds them on the GPU, and its predicted peak counts them."""
+    costs = dataclasses.replace(COSTS, tokens=8192)
+    whole = plan_memory(32, costs, BASE, offload=True)
+    assert whole.host_bytes == 31 * (costs.input_bytes + costs.up_bytes)
+    assert plan_memory(32, costs, BASE, offload=True, host_bytes=whole.host_bytes) == whole
+    limited = plan_memory(32, costs, BASE, offload=True, host_bytes=10 * costs.input_bytes + 1)
+    assert [layer.offload_input for layer in limited.layers] == [True] * 10 + [False] * 22
+    assert not any(layer.offload_up for layer in limited.layers) and limited.host_bytes == 10 * costs.input_bytes
+    inputs_only = plan_memory(32, costs, BASE, offload=True, mlp_tile_rows=4096)  # tiled: no up projection offloaded
+    tiled_limited = plan_memory(32, costs, BASE, offload=True, mlp_tile_rows=4096, host_bytes=10 * costs.input_bytes)
+    assert tiled_limited.predicted_peak_bytes == inputs_only.predicted_peak_bytes + 21 * costs.input_bytes
+    assert "10 layer inputs" in limited.describe()
 
 
 def test_planner_rejects_bad_input():
@@ -362,6 +420,37 @@ def test_embedding_table_in_host_memory_gives_the_same_rows_and_leaves_the_alloc
 
     tied = LlamaForCausalLM(LlamaConfig(**{**config.to_dict(), "tie_word_embeddings": True}))
     assert move_input_embeddings_to_host(tied.to("cuda").requires_grad_(False)) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locking needs a CUDA device")
+def test_pinned_buffers_are_page_locked_until_the_last_view_is_gone(monkeypatch):
+    from lanner.kernels.memory.offload import pinned_empty
+
+    cudart, unregistered = torch.cuda.cudart(), []
+
+    def unregister(address):
+        unregistered.append((address, int(cudart.cudaHostUnregister(address))))
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: SimpleNamespace(
+        cudaHostRegister=cudart.cudaHostRegister, cudaHostUnregister=unregister))
+    buffer = pinned_empty(3 * 2**20 + 5, torch.bfloat16)  # not a power of two: torch's allocator would round it
+    address = buffer.data_ptr()
+    assert buffer.is_pinned() and buffer.numel() == 3 * 2**20 + 5 and buffer.dtype == torch.bfloat16
+    source = torch.randn(buffer.numel(), device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        buffer.copy_(source, non_blocking=True)
+    side.synchronize()
+    assert torch.equal(buffer.cuda(), source)
+
+    view = buffer[:10]
+    del buffer
+    gc.collect()
+    assert view.is_pinned() and unregistered == []
+    del view
+    gc.collect()
+    assert unregistered == [(address, 0)]  # unregistered, successfully, as the memory was freed
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA caching allocator's peak")
