@@ -306,7 +306,8 @@ def sweep_orphans(settings: Settings, worker_name: str | None = None) -> list[in
     With worker_name: that worker's running jobs. Called when its dispatch task starts, a moment at
     which the worker (one job at a time) runs nothing, so these are left from a previous life of a
     worker of the same name (killed, then restarted). Without: jobs whose worker has no heartbeat,
-    read twice a heartbeat apart so that a Redis restart does not look like every worker dying.
+    read twice a heartbeat apart so that a Redis restart does not look like every worker dying; and
+    the queued jobs on several GPUs are told again why they wait (a machine may have gone).
     A job whose config asks for it ("requeue_on_worker_loss") and has a checkpoint is queued again
     to resume from its latest checkpoint instead of failing. Returns the ids of the jobs swept.
     """
@@ -336,6 +337,8 @@ def sweep_orphans(settings: Settings, worker_name: str | None = None) -> list[in
         else:
             events.status(JobStatus.failed, error=errors[job_id])
             publish_queue_event(redis, "finished", {**summaries[job_id], "error": errors[job_id]})
+    if not worker_name:
+        _note_waiting_jobs(sessions, redis)
     return failed
 
 

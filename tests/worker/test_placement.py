@@ -16,7 +16,7 @@ from lanner.backend.queue import claim_next_job, has_runnable_job, unclaim_job, 
 from lanner.backend.settings import Settings, get_settings
 from lanner.backend.streams import HARDWARE_STREAM, QUEUE_STREAM, read_after
 from lanner.backend.worker_registry import (announce_worker, device_holders, keep_devices, live_workers,
-                                            release_devices, reservation_key, reserve_devices)
+                                            release_devices, reservation_key, reserve_devices, retire_worker)
 from lanner.worker.devices import cpu_device
 from lanner.worker import runner
 from lanner.worker.runner import DeviceLease, _claim, idle_devices
@@ -127,6 +127,10 @@ def test_workers_say_why_a_job_on_more_devices_than_any_machine_waits(studio):
     assert reserve_devices(redis, [devices[2]["id"]], "cpu2@test")
     assert runner.run_queue(settings, "cpu0@test", devices[0]) == []
     assert studio.get_job(job_id).error is None
+
+    retire_worker(redis, "cpu2@test")  # its machine is gone: the janitor's sweep says so again
+    assert runner.sweep_orphans(settings) == []
+    assert studio.get_job(job_id).error == "Waiting: needs 3 GPUs, the largest machine has 2."
 
 
 def test_device_reservations_are_all_or_nothing_and_only_their_holder_frees_them(studio):
