@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 
+import psutil
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -81,9 +82,8 @@ class MemoryEngine:
         return out
 
     def _make_plan(self, forward, hidden_states, args, tokens) -> None:
-        host_room = host_memory_available()
-        if host_room is not None:  # what is free, what this engine's buffers hold, less a tenth for the process
-            host_room = (host_room + self.offloader.host_bytes()) * 9 // 10
+        # What is free, what this engine's buffers hold, less a tenth for the rest of the process.
+        host_room = (host_memory_available() + self.offloader.host_bytes()) * 9 // 10
         if self.plan is not None and self.plan.costs.tokens:
             # A longer batch: scaled from the first measurement, not measured again. Measuring runs the
             # first layer without a checkpoint, which at 100k+ tokens alone needs more than the step.
@@ -144,15 +144,10 @@ class MemoryEngine:
         return sum(p.numel() * p.element_size() for p in params) + missing
 
 
-def host_memory_available() -> int | None:
-    """Bytes of host memory this process can still take: the kernel's MemAvailable, or less where a
-    cgroup (a container's memory limit) allows less; None where neither can be read."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            fields = dict(line.split(":", 1) for line in meminfo)
-        available = int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
+def host_memory_available() -> int:
+    """Bytes of host memory this process can still take: what the system reports available (as the
+    worker's free_memory reads it), or less where a cgroup v2 limit (a container's) allows less."""
+    available = psutil.virtual_memory().available
     try:
         with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as used:
             available = min(available, int(limit.read()) - int(used.read()))
