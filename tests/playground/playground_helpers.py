@@ -7,6 +7,9 @@ import os
 SYSTEM_REDIS_URL = os.environ.get("LANNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # A Redis database of the playground tests' own (backend 11, worker 15; 12-14 are used elsewhere).
 PLAYGROUND_REDIS_URL = SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/9"
+# A question SmolLM2 answers at length (to max_tokens at temperature 0), for tests that act while an
+# answer streams; it answers "Count from 1 to 300" in 9 tokens, which can end before a stop arrives.
+LONG_QUESTION = "Write a long story about a cat who travels the world."
 
 
 def qa_rows(count: int) -> list[dict]:

@@ -11,7 +11,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from lanner.backend.models import JobStatus
-from playground_helpers import answer, receive_until_done
+from playground_helpers import LONG_QUESTION, answer, receive_until_done
 
 pytestmark = pytest.mark.timeout(300)
 QUESTION = "What is 3 plus 3?"
@@ -72,7 +72,7 @@ def test_side_by_side_streams_both_models_and_stop_ends_them(served):
         assert len(served.app.state.playground_cache.loaded()) == 2
 
         # A long answer, stopped after its first token.
-        generate(ws, job, sides=("base",), question="Count from 1 to 300, one number a line.", max_tokens=2000)
+        generate(ws, job, sides=("base",), question=LONG_QUESTION, max_tokens=2000)
         while json.loads(ws.recv(timeout=60))["type"] != "token":
             pass
         ws.send(json.dumps({"type": "stop"}))
@@ -90,7 +90,8 @@ def test_two_people_asking_the_same_model_at_once_stream_together_from_one_load(
         try:
             with connect(served.ws_url) as ws:
                 ready.wait()
-                generate(ws, job, sides=("base",), question="Count from 1 to 50, one number a line.", max_tokens=60)
+                # Answers of ~2 s each: a short one could end before the other's fresh context read its prompt.
+                generate(ws, job, sides=("base",), question=LONG_QUESTION, max_tokens=120)
                 while True:
                     message = json.loads(ws.recv(timeout=120))
                     with lock:

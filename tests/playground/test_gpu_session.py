@@ -12,7 +12,7 @@ import pytest
 from websockets.sync.client import connect
 
 from lanner.backend.models import Job, JobKind, JobStatus
-from playground_helpers import answer, celery_worker, receive_until_done
+from playground_helpers import LONG_QUESTION, answer, celery_worker, receive_until_done
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -78,7 +78,7 @@ def test_a_gpu_session_is_a_queued_job_that_streams_answers_until_closed(served)
 
             # A long answer stopped after its first token.
             ask(ws, studio.trained_job, session["id"], max_tokens=400,
-                chats={"base": [{"role": "user", "content": "Count from 1 to 300, one number a line."}]})
+                chats={"base": [{"role": "user", "content": LONG_QUESTION}]})
             first = {}
             while first.get("type") not in ("token", "done", "error"):
                 first = json.loads(ws.recv(timeout=120))
