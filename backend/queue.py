@@ -7,6 +7,7 @@ worker also looks at the queue when it starts and every few seconds while idle.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import lru_cache
 
@@ -238,21 +239,28 @@ def note_waiting_jobs(session: Session, largest: int) -> list[int]:
     return changed
 
 
-def fail_orphaned_jobs(session: Session, live_workers: set[str], reason: str | None = None,
-                       only_worker: str | None = None) -> list[int]:
-    """Mark failed the running jobs whose worker is not alive (or, with only_worker, the running jobs
-    of that worker, which has just started and so cannot be running them). Returns their ids."""
+def sweep_orphaned_jobs(session: Session, live_workers: set[str], reason: str | None = None,
+                        only_worker: str | None = None,
+                        resume_point: Callable[[Job], str | None] = lambda job: None) -> list[int]:
+    """Ends the running jobs whose worker is not alive (or, with only_worker, the running jobs of that
+    worker, which has just started and so cannot be running them): a job for which resume_point names
+    a checkpoint is queued again to resume from it, any other is marked failed. One commit for all,
+    so that no reader sees a job that goes back to the queue failed on the way. Returns their ids."""
     query = select(Job).where(Job.status == JobStatus.running)
     if only_worker is not None:
         query = query.where(Job.worker == only_worker)
-    failed = []
-    for job in session.execute(query).scalars():
+    swept = []
+    for job in session.execute(query).scalars().all():  # all first: resume_point may query the session
         if only_worker is None and job.worker in live_workers:
             continue
-        job.status = JobStatus.failed
-        job.error = reason or (f"The worker {job.worker} stopped while running this job "
-                               f"(killed or crashed); the job did not finish.")
-        job.finished_at = datetime.now(timezone.utc)
-        failed.append(job.id)
+        if checkpoint := resume_point(job):
+            job.status, job.resume_from, job.worker, job.error, job.finished_at = (
+                JobStatus.queued, checkpoint, None, None, None)
+        else:
+            job.status = JobStatus.failed
+            job.error = reason or (f"The worker {job.worker} stopped while running this job "
+                                   f"(killed or crashed); the job did not finish.")
+            job.finished_at = datetime.now(timezone.utc)
+        swept.append(job.id)
     session.commit()
-    return failed
+    return swept

@@ -26,8 +26,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from lanner.backend.db import session_factory
 from lanner.backend.models import Artifact, Job, JobKind, JobStatus
 from lanner.backend.job_queue import job_summary, publish_queue_event
-from lanner.backend.queue import (cancel_key, claim_next_job, device_capacity, fail_orphaned_jobs, has_runnable_job,
-                                  multi_device_capacity, note_waiting_jobs, unclaim_job, wake_worker)
+from lanner.backend.queue import (cancel_key, claim_next_job, device_capacity, has_runnable_job,
+                                  multi_device_capacity, note_waiting_jobs, sweep_orphaned_jobs, unclaim_job,
+                                  wake_worker)
 from lanner.backend.redis_client import get_redis
 from lanner.backend.settings import Settings
 from lanner.backend.worker_registry import (HEARTBEAT_SECONDS, device_holders, keep_devices, largest_machine,
@@ -314,23 +315,26 @@ def sweep_orphans(settings: Settings, worker_name: str | None = None) -> list[in
     sessions = session_factory(settings.database_url)
     redis = get_redis(settings.redis_url)
     with sessions() as session:
+        def resume_point(job: Job) -> str | None:
+            return latest_checkpoint(session, settings, job.id) if (job.config or {}).get("requeue_on_worker_loss") else None
+
         if worker_name:
-            failed = fail_orphaned_jobs(
-                session, set(), only_worker=worker_name,
+            swept = sweep_orphaned_jobs(
+                session, set(), only_worker=worker_name, resume_point=resume_point,
                 reason=f"The worker {worker_name} stopped while running this job (killed or crashed) "
                        f"and has restarted; the job did not finish.")
         else:
             alive = {record["name"] for record in live_workers(redis)}
             time.sleep(HEARTBEAT_SECONDS * 1.5)
             alive |= {record["name"] for record in live_workers(redis)}
-            failed = fail_orphaned_jobs(session, alive)
-        requeued = [job_id for job_id in failed if _requeue_from_checkpoint(session, settings, job_id)]
-        summaries = {job_id: job_summary(session.get(Job, job_id)) for job_id in failed}
-        errors = {job_id: session.get(Job, job_id).error for job_id in failed}
-        resume = {job_id: session.get(Job, job_id).resume_from for job_id in requeued}
-    for job_id in failed:
+            swept = sweep_orphaned_jobs(session, alive, resume_point=resume_point)
+        jobs = {job_id: session.get(Job, job_id) for job_id in swept}
+        summaries = {job_id: job_summary(job) for job_id, job in jobs.items()}
+        errors = {job_id: job.error for job_id, job in jobs.items()}
+        resume = {job_id: job.resume_from for job_id, job in jobs.items() if job.status == JobStatus.queued}
+    for job_id in swept:
         events = JobEvents(job_id, redis, sessions)
-        if job_id in requeued:
+        if job_id in resume:
             events.status(JobStatus.queued, error=None, resume_from=resume[job_id])
             events.log(f"Its worker was lost; queued again to resume from {resume[job_id]}", level="warning")
             publish_queue_event(redis, "requeued", summaries[job_id])
@@ -339,7 +343,7 @@ def sweep_orphans(settings: Settings, worker_name: str | None = None) -> list[in
             publish_queue_event(redis, "finished", {**summaries[job_id], "error": errors[job_id]})
     if not worker_name:
         _note_waiting_jobs(sessions, redis)
-    return failed
+    return swept
 
 
 def latest_checkpoint(session: Session, settings: Settings, job_id: int) -> str | None:
@@ -348,16 +352,3 @@ def latest_checkpoint(session: Session, settings: Settings, job_id: int) -> str 
     rows = session.execute(select(Artifact).where(Artifact.job_id == job_id, Artifact.kind == "checkpoint")
                            .order_by(Artifact.id.desc())).scalars()
     return next((row.name for row in rows if (settings.data_dir / row.path).is_dir()), None)
-
-
-def _requeue_from_checkpoint(session: Session, settings: Settings, job_id: int) -> bool:
-    """A job that asked for it (config "requeue_on_worker_loss") and has a checkpoint goes back to the
-    queue to resume from its latest one, instead of staying failed."""
-    job = session.get(Job, job_id)
-    checkpoint = latest_checkpoint(session, settings, job_id) if (job.config or {}).get("requeue_on_worker_loss") else None
-    if checkpoint is None:
-        return False
-    job.status, job.resume_from, job.worker, job.error, job.finished_at = (JobStatus.queued, checkpoint, None,
-                                                                           None, None)
-    session.commit()
-    return True

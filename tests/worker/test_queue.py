@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from lanner.backend import db
 from lanner.backend.models import Job, JobKind, JobStatus, Role, User
-from lanner.backend.queue import DISPATCH_TASK, claim_next_job, fail_orphaned_jobs, has_runnable_job, wake_workers
+from lanner.backend.queue import DISPATCH_TASK, claim_next_job, has_runnable_job, sweep_orphaned_jobs, wake_workers
 from lanner.backend.settings import Settings
 
 from worker_helpers import WORKER_REDIS_URL
@@ -91,20 +91,33 @@ def test_racing_workers_never_take_the_same_job(database_url):
         assert all(worker_name in taken and job_id in taken[worker_name] for job_id, worker_name in rows)
 
 
-def test_orphaned_running_jobs_are_failed(database_url):
+def test_orphaned_running_jobs_are_failed_or_requeued_in_one_commit(database_url):
     factory, owner = make_db(database_url)
     with factory() as session:
         alive = add_job(session, owner, "alive", status=JobStatus.running, worker="gpu0@a")
         dead = add_job(session, owner, "dead", status=JobStatus.running, worker="gpu1@a")
+        resumable = add_job(session, owner, "resumable", status=JobStatus.running, worker="gpu1@a")
         restarted = add_job(session, owner, "restarted", status=JobStatus.running, worker="cpu0@b")
         queued = add_job(session, owner, "queued")
-        assert fail_orphaned_jobs(session, {"gpu0@a", "cpu0@b"}) == [dead]
-        assert fail_orphaned_jobs(session, {"gpu0@a", "cpu0@b"}, only_worker="cpu0@b") == [restarted]
+    seen = []  # the statuses another connection reads while the sweep decides
+
+    def resume_point(job):
+        with factory() as other:
+            seen.append({job_id: other.get(Job, job_id).status for job_id in (dead, resumable)})
+        return "checkpoint-3" if job.id == resumable else None
+
+    with factory() as session:
+        assert sorted(sweep_orphaned_jobs(session, {"gpu0@a", "cpu0@b"}, resume_point=resume_point)) == [dead, resumable]
+        assert sweep_orphaned_jobs(session, {"gpu0@a", "cpu0@b"}, only_worker="cpu0@b") == [restarted]
+    # Nothing was committed before every job was decided: the requeued job was never failed to a reader.
+    assert seen == [{dead: JobStatus.running, resumable: JobStatus.running}] * 2
     with factory() as session:
         status = {job.id: job.status for job in session.execute(select(Job)).scalars()}
-        assert status == {alive: JobStatus.running, dead: JobStatus.failed, restarted: JobStatus.failed,
-                          queued: JobStatus.queued}
+        assert status == {alive: JobStatus.running, dead: JobStatus.failed, resumable: JobStatus.queued,
+                          restarted: JobStatus.failed, queued: JobStatus.queued}
         assert "gpu1@a stopped" in session.get(Job, dead).error
+        requeued = session.get(Job, resumable)
+        assert requeued.resume_from == "checkpoint-3" and requeued.error is None and requeued.worker is None
 
 
 def test_wake_workers_sends_the_dispatch_task_by_name(tmp_path):
