@@ -315,8 +315,10 @@ def sweep_orphans(settings: Settings, worker_name: str | None = None) -> list[in
     sessions = session_factory(settings.database_url)
     redis = get_redis(settings.redis_url)
     with sessions() as session:
-        def resume_point(job: Job) -> str | None:
-            return latest_checkpoint(session, settings, job.id) if (job.config or {}).get("requeue_on_worker_loss") else None
+        def resume_point(job: Job) -> str | None:  # only for jobs that asked to be requeued
+            if (job.config or {}).get("requeue_on_worker_loss"):
+                return latest_checkpoint(session, settings, job.id)
+            return None
 
         if worker_name:
             swept = sweep_orphaned_jobs(

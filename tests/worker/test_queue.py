@@ -107,7 +107,8 @@ def test_orphaned_running_jobs_are_failed_or_requeued_in_one_commit(database_url
         return "checkpoint-3" if job.id == resumable else None
 
     with factory() as session:
-        assert sorted(sweep_orphaned_jobs(session, {"gpu0@a", "cpu0@b"}, resume_point=resume_point)) == [dead, resumable]
+        swept = sweep_orphaned_jobs(session, {"gpu0@a", "cpu0@b"}, resume_point=resume_point)
+        assert sorted(swept) == [dead, resumable]
         assert sweep_orphaned_jobs(session, {"gpu0@a", "cpu0@b"}, only_worker="cpu0@b") == [restarted]
     # Nothing was committed before every job was decided: the requeued job was never failed to a reader.
     assert seen == [{dead: JobStatus.running, resumable: JobStatus.running}] * 2
