@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from lanner.backend.errors import BodyLimit, document_common_errors, install_error_handlers
 from lanner.backend.frontend_files import mount_frontend
 from lanner.backend.routers import artifacts, auth, catalog, datasets, health, jobs, live, metrics, playground, tokens, users
-from lanner.backend.settings import get_settings
+from lanner.core.settings import get_settings
 
 # One router per resource; another part of the studio adds its router with one line here.
 ROUTERS = [

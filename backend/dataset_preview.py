@@ -10,11 +10,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from lanner.backend.settings import Settings
-from lanner.worker.default_model import DEFAULT_MODEL_ID
+from lanner.core.settings import Settings
+from lanner.core.default_model import DEFAULT_MODEL_ID
 
 BUILTIN_DIR_NAME = "SmolLM2-135M-Instruct"
-BUILTIN_COMPLETE_MARK = ".lanner-import-complete"  # written by lanner.worker.default_model's import
+BUILTIN_COMPLETE_MARK = ".lanner-import-complete"  # written by lanner.core.default_model's import
 MAX_ROWS_MEASURED = 2000
 
 

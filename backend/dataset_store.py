@@ -44,12 +44,12 @@ async def receive_into(path: Path, chunks, limit: int) -> int:
 
 
 def inspect(path: Path, file_format: str, display_name: str) -> dict[str, Any]:
-    """The validation report. lanner.backend.dataset_formats.inspect_dataset (the worker issue's,
+    """The validation report. lanner.core.dataset_formats.inspect_dataset (the worker issue's,
     which knows every chat format) when it exists; until then a minimal check of our own."""
     try:
-        from lanner.backend.dataset_formats import DatasetError, inspect_dataset
+        from lanner.core.dataset_formats import DatasetError, inspect_dataset
     except ModuleNotFoundError as exc:
-        if exc.name != "lanner.backend.dataset_formats":
+        if exc.name != "lanner.core.dataset_formats":
             raise
         report = minimal_report(path, file_format)
         if report.get("error"):

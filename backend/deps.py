@@ -9,12 +9,12 @@ from redis import Redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lanner.backend import db
-from lanner.backend.models import ApiToken, Role, User
+from lanner.core import db
+from lanner.core.models import ApiToken, Role, User
 from lanner.backend.rate_limits import charge
-from lanner.backend.redis_client import get_redis
+from lanner.core.redis_client import get_redis
 from lanner.backend.security import API_TOKEN_PREFIX, SESSION_COOKIE, session_user_id, sha256_hex
-from lanner.backend.settings import Settings, get_settings
+from lanner.core.settings import Settings, get_settings
 
 
 def get_db(settings: Settings = Depends(get_settings)) -> Iterator[Session]:

@@ -24,7 +24,7 @@ from redis import Redis
 from lanner.backend.disk_space import check_room
 from lanner.backend.hub import Hub, HubOffline, HubRefused, RepoInfo
 from lanner.backend.paths import inside
-from lanner.backend.settings import Settings
+from lanner.core.settings import Settings
 
 log = logging.getLogger(__name__)
 STATE = "lanner:model-download:"

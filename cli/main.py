@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from lanner.backend.settings import get_settings
+from lanner.core.settings import get_settings
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
 
         up(settings)
     elif args.command == "api":
-        from lanner.backend import db
+        from lanner.core import db
 
         settings.ensure_dirs()
         db.migrate(settings.database_url)
@@ -45,13 +45,13 @@ def main(argv: list[str] | None = None) -> None:
         command = worker_command(args.name)
         os.execv(command[0], command)
     elif args.command == "migrate":
-        from lanner.backend import db
+        from lanner.core import db
 
         settings.ensure_dirs()
         db.migrate(settings.database_url)
         print(f"Database at revision {db.head_revision()}.")
     elif args.command == "import-default-model":
-        from lanner.worker.default_model import imported_model_dir
+        from lanner.core.default_model import imported_model_dir
 
         settings.ensure_dirs()
         print(imported_model_dir(settings.models_dir))
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
 def _claim_a_gpu(settings) -> str:
     import socket
 
-    from lanner.backend.redis_client import get_redis
-    from lanner.backend.worker_registry import claim_gpu
+    from lanner.core.redis_client import get_redis
+    from lanner.core.worker_registry import claim_gpu
     from lanner.worker.devices import gpu_uuids
 
     uuids = gpu_uuids()

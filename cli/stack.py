@@ -14,8 +14,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lanner.backend import db
-from lanner.backend.settings import Settings
+from lanner.core import db
+from lanner.core.settings import Settings
 from lanner.cli.redis_server import answers, start_local_redis
 from lanner.worker.devices import gpu_count
 

@@ -13,7 +13,7 @@ from support import POSTGRES_ADMIN_URL, TEST_CACHE, RunningStack, free_port, sta
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The built-in SmolLM2-135M-Instruct as a Hugging Face checkpoint (imported once per machine)."""
-    from lanner.worker.default_model import imported_model_dir
+    from lanner.core.default_model import imported_model_dir
 
     return imported_model_dir(TEST_CACHE / "models")
 
@@ -32,7 +32,7 @@ def postgres_url():
     except Exception as exc:
         pytest.fail(f"PostgreSQL is needed at {POSTGRES_ADMIN_URL} (set LANNER_TEST_POSTGRES_URL): {exc}")
     yield make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    from lanner.backend.db import get_engine
+    from lanner.core.db import get_engine
 
     get_engine.cache_clear()
     with admin.connect() as connection:

@@ -1,6 +1,6 @@
 """The Celery application. A worker owns one device and runs one job at a time: concurrency 1,
 prefetch 1, late acknowledgement (a job on several devices borrows the idle devices of other workers
-of its machine: lanner.worker.runner). The queue itself is the database (lanner.backend.queue); Celery
+of its machine: lanner.worker.runner). The queue itself is the database (lanner.core.queue.claim); Celery
 messages only wake workers, and a worker also looks at the queue when it starts and while idle.
 
 The solo pool runs the task in the worker's own process, so the training subprocess is the worker's
@@ -14,11 +14,11 @@ import time
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
-from lanner.backend.queue import DISPATCH_TASK
-from lanner.backend.redis_client import get_redis
-from lanner.backend.settings import get_settings
-from lanner.backend.streams import HARDWARE_STREAM, SHARED_STREAM_MAXLEN, publish
-from lanner.backend.worker_registry import (HEARTBEAT_SECONDS, announce_worker, device_holders, keep_gpu_claim,
+from lanner.core.queue.claim import DISPATCH_TASK
+from lanner.core.redis_client import get_redis
+from lanner.core.settings import get_settings
+from lanner.core.streams import HARDWARE_STREAM, SHARED_STREAM_MAXLEN, publish
+from lanner.core.worker_registry import (HEARTBEAT_SECONDS, announce_worker, device_holders, keep_gpu_claim,
                                             retire_worker)
 from lanner.worker.devices import current_device, free_memory
 from lanner.worker.telemetry import device_sampler

@@ -13,9 +13,8 @@ import threading
 import time
 from pathlib import Path
 
-from lanner.backend.models import Job
-from lanner.backend.playground.gpu_session import (CONTEXT_TOKENS, KEY_SECONDS, answer_key, ready_key, requests_key,
-                                                   stop_key)
+from lanner.core.models import Job
+from lanner.core.messages.chat import CONTEXT_TOKENS, KEY_SECONDS, answer_key, ready_key, requests_key, stop_key
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, main
 
 

@@ -1,7 +1,7 @@
 """What device this worker owns: one GPU through NVML, or the CPU through psutil.
 
 A device is a dict: kind ("cuda" or "cpu"), name, memory_total_bytes, index (NVML's), id and host.
-The id names it in the device reservations (lanner.backend.worker_registry): a GPU's UUID, unique
+The id names it in the device reservations (lanner.core.worker_registry): a GPU's UUID, unique
 across hosts; for the CPU, the worker's own name, so that several CPU workers of one machine stand
 in for several GPUs (tests, and a CPU box that runs multi-process jobs).
 """

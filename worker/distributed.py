@@ -90,7 +90,7 @@ def rank_main(job_id: int) -> int:
 
         if torch.cuda.is_available():
             torch.cuda.set_device(local_rank())  # so that "cuda" is this rank's device
-    from lanner.backend.models import Job
+    from lanner.core.models import Job
     from lanner.worker.job_process import EXIT_FAILED, JobFailed, main
     from lanner.worker.train_process import TrainProcess
 
@@ -142,9 +142,9 @@ def failure_reason(failures: dict[int, tuple[int, str]], first_rank: int, world:
 
 
 def _write_error(job_id: int, error: str) -> None:
-    from lanner.backend.db import session_factory
-    from lanner.backend.models import Job
-    from lanner.backend.settings import get_settings
+    from lanner.core.db import session_factory
+    from lanner.core.models import Job
+    from lanner.core.settings import get_settings
 
     with session_factory(get_settings().database_url)() as session:
         session.get(Job, job_id).error = error
@@ -152,9 +152,9 @@ def _write_error(job_id: int, error: str) -> None:
 
 
 def _reported_error(job_id: int) -> str | None:
-    from lanner.backend.db import session_factory
-    from lanner.backend.models import Job
-    from lanner.backend.settings import get_settings
+    from lanner.core.db import session_factory
+    from lanner.core.models import Job
+    from lanner.core.settings import get_settings
 
     with session_factory(get_settings().database_url)() as session:
         return session.get(Job, job_id).error

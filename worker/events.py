@@ -9,8 +9,8 @@ from typing import Any
 from redis import Redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from lanner.backend.models import DeviceSample, Job, JobMetric, JobStatus
-from lanner.backend.streams import job_stream, publish
+from lanner.core.models import DeviceSample, Job, JobMetric, JobStatus
+from lanner.core.streams import job_stream, publish
 from lanner.worker.distributed import is_main_process
 
 log = logging.getLogger(__name__)

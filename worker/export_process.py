@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from lanner.backend.models import Artifact, Job, JobStatus
+from lanner.core.models import Artifact, Job, JobStatus
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 from lanner.worker.train_process import TRAINING_RECORD
 

@@ -7,10 +7,10 @@ import signal
 import traceback
 from pathlib import Path
 
-from lanner.backend.db import session_factory
-from lanner.backend.models import Artifact, Job, trained_weights
-from lanner.backend.redis_client import get_redis
-from lanner.backend.settings import get_settings
+from lanner.core.db import session_factory
+from lanner.core.models import Artifact, Job, trained_weights
+from lanner.core.redis_client import get_redis
+from lanner.core.settings import get_settings
 from lanner.worker.events import JobEvents
 
 EXIT_FAILED = 1

@@ -23,15 +23,15 @@ from redis import Redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from lanner.backend.db import session_factory
-from lanner.backend.models import Artifact, Job, JobKind, JobStatus
-from lanner.backend.job_queue import job_summary, publish_queue_event
-from lanner.backend.queue import (cancel_key, claim_next_job, device_capacity, has_runnable_job,
+from lanner.core.db import session_factory
+from lanner.core.models import Artifact, Job, JobKind, JobStatus
+from lanner.core.queue.order import job_summary, publish_queue_event
+from lanner.core.queue.claim import (cancel_key, claim_next_job, device_capacity, has_runnable_job,
                                   multi_device_capacity, note_waiting_jobs, sweep_orphaned_jobs, unclaim_job,
                                   wake_worker)
-from lanner.backend.redis_client import get_redis
-from lanner.backend.settings import Settings
-from lanner.backend.worker_registry import (HEARTBEAT_SECONDS, device_holders, keep_devices, largest_machine,
+from lanner.core.redis_client import get_redis
+from lanner.core.settings import Settings
+from lanner.core.worker_registry import (HEARTBEAT_SECONDS, device_holders, keep_devices, largest_machine,
                                             live_workers, release_devices, reserve_devices)
 from lanner.worker.devices import free_memory, is_local
 from lanner.worker.events import JobEvents, finish_job

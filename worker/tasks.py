@@ -2,8 +2,8 @@
 so that order and priority stay the database's and a lost or duplicated message costs nothing."""
 from __future__ import annotations
 
-from lanner.backend.queue import DISPATCH_TASK
-from lanner.backend.settings import get_settings
+from lanner.core.queue.claim import DISPATCH_TASK
+from lanner.core.settings import get_settings
 from lanner.worker.celery_app import app, worker_state
 from lanner.worker.devices import current_device
 from lanner.worker.runner import run_queue

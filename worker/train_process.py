@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from lanner.backend.models import Artifact, Dataset, Job
+from lanner.core.models import Artifact, Dataset, Job
 from lanner.worker.distributed import is_main_process, world_size
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 
@@ -79,7 +79,7 @@ class TrainProcess(JobProcess):
             return job, self.data_path(dataset.path)
 
     def rows(self, path: Path, task: str) -> list[dict]:
-        from lanner.backend.dataset_formats import DatasetError, examine, task_of
+        from lanner.core.dataset_formats import DatasetError, examine, task_of
 
         try:
             report, rows = examine(path)

@@ -17,38 +17,21 @@ from redis import Redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lanner.backend import job_queue
-from lanner.backend.model_catalog import model_shape
-from lanner.backend.models import Job, JobKind, JobStatus, User, trained_weights
+from lanner.core.queue import order as queue_order
+from lanner.core.model_catalog import model_shape
+from lanner.core.models import Job, JobKind, JobStatus, User, trained_weights
 from lanner.backend.playground.sources import NotAvailable
-from lanner.backend.queue import enqueue
-from lanner.backend.settings import Settings
+from lanner.core.queue.claim import enqueue
+from lanner.core.settings import Settings
+from lanner.core.messages.chat import CONTEXT_TOKENS
 
-CONTEXT_TOKENS = 4096   # prompt + answer, as on the CPU path
-KEY_SECONDS = 3600      # Redis keys of a session outlive no session by more than this
 OPEN = (JobStatus.queued, JobStatus.running)
-
-
-def requests_key(job_id: int) -> str:
-    return f"lanner:chat:{job_id}:requests"
-
-
-def answer_key(job_id: int, request_id: str) -> str:
-    return f"lanner:chat:{job_id}:answer:{request_id}"
-
-
-def stop_key(job_id: int, request_id: str) -> str:
-    return f"lanner:chat:{job_id}:stop:{request_id}"
-
-
-def ready_key(job_id: int) -> str:
-    return f"lanner:chat:{job_id}:ready"
 
 
 def estimate_bytes(model: str, models_dir: Path) -> int | None:
     """Device memory of a session: the model's 16-bit weights, a 16-bit KV cache for CONTEXT_TOKENS
     and CUDA's fixed overhead (an adapter's weights are a rounding error). None: a model of unknown size."""
-    from lanner.backend.memory_estimate import CUDA_OVERHEAD_BYTES, count_parameters
+    from lanner.core.memory_estimate import CUDA_OVERHEAD_BYTES, count_parameters
 
     shape = model_shape(model, models_dir)
     if shape is None:
@@ -81,6 +64,6 @@ def start_session(session: Session, redis: Redis, settings: Settings, user: User
         return existing
     chat = Job(owner_id=user.id, kind=JobKind.chat, name=f"GPU chat with {job.name}"[:200], method="chat",
                model=job.model, parent_job_id=job.id, config={"chat": {"idle_seconds": idle_seconds}},
-               status=JobStatus.queued, priority=0, queue_order=job_queue.next_queue_order(session), gpus=1,
+               status=JobStatus.queued, priority=0, queue_order=queue_order.next_queue_order(session), gpus=1,
                memory_estimate_bytes=estimate_bytes(job.model, settings.models_dir))
     return enqueue(session, redis, settings, chat)

@@ -1,4 +1,4 @@
-"""The playground's settings, read from the environment like lanner.backend.settings (README's table)."""
+"""The playground's settings, read from the environment like lanner.core.settings (README's table)."""
 from __future__ import annotations
 
 from pydantic import Field

@@ -9,10 +9,10 @@ from typing import Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lanner.backend.models import Artifact, Job, JobKind, JobStatus
+from lanner.core.models import Artifact, Job, JobKind, JobStatus
 from lanner.backend.paths import inside
-from lanner.backend.settings import Settings
-from lanner.worker.default_model import DEFAULT_MODEL_ID, DefaultModelMissing, gguf_path
+from lanner.core.settings import Settings
+from lanner.core.default_model import DEFAULT_MODEL_ID, DefaultModelMissing, gguf_path
 
 Side = Literal["base", "tuned"]
 # On a CPU, q8_0 answers about twice as fast as f16 and its output is nearly the same (export checks

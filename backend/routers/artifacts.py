@@ -12,11 +12,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db, require_owner_or_admin
-from lanner.backend.models import Artifact, Job, User
+from lanner.core.models import Artifact, Job, User
 from lanner.backend.paths import inside
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, PathId, errors
 from lanner.backend.schemas.artifacts import ArtifactOut
-from lanner.backend.settings import Settings, get_settings
+from lanner.core.settings import Settings, get_settings
 
 router = APIRouter(tags=["artifacts"], responses={**SIGNED_IN_ERRORS, **errors(404)})
 SINGLE_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)

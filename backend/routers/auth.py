@@ -7,12 +7,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db, per_client, redis_client
-from lanner.backend.models import Role, User
+from lanner.core.models import Role, User
 from lanner.backend.schemas.accounts import NewUser, SetupState, SignIn, UserOut, UserUpdate
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, errors
 from lanner.backend.security import (SESSION_COOKIE, close_session, hash_password, open_session,
                                      verify_password)
-from lanner.backend.settings import Settings, get_settings
+from lanner.core.settings import Settings, get_settings
 
 router = APIRouter(tags=["accounts"])
 _SETUP_LOCK = "lanner:setup-lock"

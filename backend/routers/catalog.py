@@ -12,11 +12,11 @@ from lanner.backend import model_downloads
 from lanner.backend.deps import current_user, per_user, redis_client
 from lanner.backend.disk_space import NoRoom
 from lanner.backend.hub import Hub, HubOffline, HubRefused
-from lanner.backend.model_catalog import BUILTIN_PARAMETERS, DEFAULT_MODEL_ID, catalog_entries, local_models
-from lanner.backend.models import User
+from lanner.core.model_catalog import BUILTIN_PARAMETERS, DEFAULT_MODEL_ID, catalog_entries, local_models
+from lanner.core.models import User
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, errors
-from lanner.backend.schemas.jobs import HUB_ID
-from lanner.backend.settings import Settings, get_settings
+from lanner.core.spec import HUB_ID
+from lanner.core.settings import Settings, get_settings
 
 router = APIRouter(tags=["models"], responses=SIGNED_IN_ERRORS)
 OFFLINE_HINT = "use the built-in model, a model already downloaded, or a local path"

@@ -16,12 +16,12 @@ from sqlalchemy.orm import Session
 from lanner.backend import dataset_preview, dataset_store
 from lanner.backend.deps import current_user, get_db, per_user, require_owner_or_admin
 from lanner.backend.disk_space import NoRoom, check_room
-from lanner.backend.models import Dataset, Job, JobStatus, User
+from lanner.core.models import Dataset, Job, JobStatus, User
 from lanner.backend.paths import inside, safe_filename
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, Offset, PathId, QueryId, errors
 from lanner.backend.schemas.datasets import DatasetOut, DatasetPage, DatasetPreview, TokenStats, UsageOut
-from lanner.backend.settings import Settings, get_settings
-from lanner.worker.default_model import DEFAULT_MODEL_ID
+from lanner.core.settings import Settings, get_settings
+from lanner.core.default_model import DEFAULT_MODEL_ID
 
 router = APIRouter(tags=["datasets"], responses=SIGNED_IN_ERRORS)
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def _check_room(settings: Settings, size: int) -> None:
 
 def _upload_token_stats(path: Path, model: str | None, settings: Settings) -> dict:
     """The report's token statistics; an upload never fails for want of them."""
-    from lanner.backend.dataset_formats import load_rows, task_of
+    from lanner.core.dataset_formats import load_rows, task_of
 
     chosen = model or DEFAULT_MODEL_ID
     try:
@@ -179,7 +179,7 @@ def delete_dataset(dataset_id: PathId, user: User = Depends(current_user), sessi
 
 
 def _rows_and_tokenizer(dataset: Dataset, model: str, settings: Settings):
-    from lanner.backend.dataset_formats import DatasetError, load_rows, task_of
+    from lanner.core.dataset_formats import DatasetError, load_rows, task_of
 
     try:
         folder = dataset_preview.tokenizer_dir(model, settings)

@@ -5,10 +5,10 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel
 from sqlalchemy.engine import make_url
 
-from lanner.backend import db
-from lanner.backend.redis_client import get_redis
-from lanner.backend.settings import Settings, get_settings
-from lanner.backend.worker_registry import live_workers
+from lanner.core import db
+from lanner.core.redis_client import get_redis
+from lanner.core.settings import Settings, get_settings
+from lanner.core.worker_registry import live_workers
 
 router = APIRouter(tags=["health"])
 VERSION = "0.1.0"

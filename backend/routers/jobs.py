@@ -15,18 +15,18 @@ from redis import Redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from lanner.backend import job_queue
+from lanner.core.queue import order as queue_order
 from lanner.backend.deps import current_user, get_db, per_user, redis_client, require_owner_or_admin
-from lanner.backend.model_catalog import estimate_job_memory
-from lanner.backend.models import TRAINED_KINDS, Artifact, Dataset, Job, JobKind, JobStatus, Role, User
+from lanner.core.model_catalog import estimate_job_memory
+from lanner.core.models import TRAINED_KINDS, Artifact, Dataset, Job, JobKind, JobStatus, Role, User
 from lanner.backend.paths import inside
-from lanner.backend.queue import cancel_key, cancel_queued, enqueue, waiting_reason
+from lanner.core.queue.claim import cancel_key, cancel_queued, enqueue, waiting_reason
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, Offset, PathId, QueryId, errors
-from lanner.backend.schemas.jobs import (JobChanges, JobCreate, JobOut, JobPage, JobSpec, QueueMove, job_config,
-                                         spec_of)
-from lanner.backend.settings import Settings, get_settings
-from lanner.backend.streams import job_stream
-from lanner.backend.worker_registry import largest_machine, live_workers
+from lanner.backend.schemas.jobs import JobChanges, JobCreate, JobOut, JobPage, QueueMove
+from lanner.core.spec import JobSpec, job_config, spec_of
+from lanner.core.settings import Settings, get_settings
+from lanner.core.streams import job_stream
+from lanner.core.worker_registry import largest_machine, live_workers
 
 router = APIRouter(tags=["jobs"], responses=SIGNED_IN_ERRORS)
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _enqueue(session: Session, redis: Redis, settings: Settings, spec: JobSpec, 
               dataset_id=spec.dataset_id, parent_job_id=parent.id if parent else None,
               config=config, memory_estimate_bytes=(estimate or {}).get("total_bytes"),
               status=JobStatus.queued, priority=spec.priority,
-              queue_order=job_queue.next_queue_order(session), gpus=spec.gpus, resume_from=spec.resume_from,
+              queue_order=queue_order.next_queue_order(session), gpus=spec.gpus, resume_from=spec.resume_from,
               error=waiting)
     return enqueue(session, redis, settings, job)
 
@@ -109,7 +109,7 @@ def _enqueue(session: Session, redis: Redis, settings: Settings, spec: JobSpec, 
 def job_out(session: Session, redis: Redis, job: Job, view: dict | None = None) -> JobOut:
     out = JobOut.model_validate(job)
     if job.status == JobStatus.queued:
-        view = view if view is not None else job_queue.queue_view(session, redis)
+        view = view if view is not None else queue_order.queue_view(session, redis)
         out.queue_position, out.estimated_start = view.get(job.id, (None, None))
     elif job.status == JobStatus.running:
         try:
@@ -170,7 +170,7 @@ def list_jobs(status: list[JobStatus] | None = Query(default=None), owner_id: Qu
         query = query.where(Job.name.ilike(f"%{q}%"))
     total = session.scalar(select(func.count()).select_from(query.subquery()))
     jobs = session.scalars(query.order_by(Job.id.desc()).offset(offset).limit(limit))
-    view = job_queue.queue_view(session, redis)
+    view = queue_order.queue_view(session, redis)
     return JobPage(items=[job_out(session, redis, job, view) for job in jobs], total=total, offset=offset, limit=limit)
 
 
@@ -182,10 +182,10 @@ class QueueOut(BaseModel):
 @router.get("/api/queue", response_model=QueueOut)
 def queue(_: User = Depends(current_user), session: Session = Depends(get_db),
           redis: Redis = Depends(redis_client)) -> QueueOut:
-    view = job_queue.queue_view(session, redis)
+    view = queue_order.queue_view(session, redis)
     running = session.scalars(select(Job).where(Job.status == JobStatus.running).order_by(Job.started_at))
     return QueueOut(running=[job_out(session, redis, job) for job in running],
-                    queued=[job_out(session, redis, job, view) for job in job_queue.queued_jobs(session)])
+                    queued=[job_out(session, redis, job, view) for job in queue_order.queued_jobs(session)])
 
 
 @router.get("/api/jobs/{job_id}", response_model=JobOut, responses=errors(404))
@@ -207,8 +207,8 @@ def cancel_job(job_id: PathId, response: Response, user: User = Depends(current_
         cancel_queued(session, redis, job, user.id)
         return job_out(session, redis, job)
     if job.status == JobStatus.running:
-        redis.set(cancel_key(job.id), "1", ex=job_queue.CANCEL_FLAG_SECONDS)
-        job_queue.publish_job_event(redis, job.id, "cancel_requested", {"by": user.id})
+        redis.set(cancel_key(job.id), "1", ex=queue_order.CANCEL_FLAG_SECONDS)
+        queue_order.publish_job_event(redis, job.id, "cancel_requested", {"by": user.id})
         response.status_code = 202
         return job_out(session, redis, job)
     raise HTTPException(409, f"Job {job_id} has already {job.status.value}")
@@ -289,7 +289,7 @@ def export_job(job_id: PathId, body: ExportCreate = Body(default_factory=ExportC
         raise _field_error("gguf_types", "choose the adapter, the merged model or at least one GGUF type")
     export = Job(owner_id=user.id, kind=JobKind.export, name=f"export of {job.name}"[:200], method="export",
                  model=job.model, parent_job_id=job.id, config={"export": body.model_dump()},
-                 status=JobStatus.queued, priority=job.priority, queue_order=job_queue.next_queue_order(session),
+                 status=JobStatus.queued, priority=job.priority, queue_order=queue_order.next_queue_order(session),
                  gpus=min(job.gpus, 1))
     return job_out(session, redis, enqueue(session, redis, settings, export))
 
@@ -338,9 +338,9 @@ def move_job(job_id: PathId, body: QueueMove, user: User = Depends(current_user)
         raise HTTPException(403, "Only an admin may change a job's priority")
     if job.status != JobStatus.queued:
         raise HTTPException(409, f"Job {job_id} is {job.status.value}, not queued")
-    job_queue.move(session, job, body.move, body.position, body.priority)
+    queue_order.move(session, job, body.move, body.position, body.priority)
     session.commit()
-    job_queue.publish_queue_event(redis, "reordered", job_queue.job_summary(job))
+    queue_order.publish_queue_event(redis, "reordered", queue_order.job_summary(job))
     return job_out(session, redis, job)
 
 
@@ -368,7 +368,7 @@ def delete_job(job_id: PathId, user: User = Depends(current_user), session: Sess
         raise HTTPException(409, f"Job {job_id} is running: cancel it first")
     was_queued = job.status == JobStatus.queued
     artifacts = list(session.scalars(select(Artifact).where(Artifact.job_id == job.id)))
-    summary = job_queue.job_summary(job)
+    summary = queue_order.job_summary(job)
     session.delete(job)
     session.commit()
     _delete_files(settings, job, artifacts)
@@ -377,7 +377,7 @@ def delete_job(job_id: PathId, user: User = Depends(current_user), session: Sess
     except Exception:
         log.warning("could not drop the Redis keys of job %s", job_id, exc_info=True)
     if was_queued:
-        job_queue.publish_queue_event(redis, "deleted", summary)
+        queue_order.publish_queue_event(redis, "deleted", summary)
     return Response(status_code=204)
 
 

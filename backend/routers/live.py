@@ -13,12 +13,12 @@ import re
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from redis.asyncio import Redis as AsyncRedis
 
-from lanner.backend import db
+from lanner.core import db
 from lanner.backend.deps import websocket_user
-from lanner.backend.models import Job
-from lanner.backend.redis_client import get_redis
-from lanner.backend.settings import get_settings
-from lanner.backend.streams import HARDWARE_STREAM, QUEUE_STREAM, job_stream
+from lanner.core.models import Job
+from lanner.core.redis_client import get_redis
+from lanner.core.settings import get_settings
+from lanner.core.streams import HARDWARE_STREAM, QUEUE_STREAM, job_stream
 
 router = APIRouter(tags=["live"])
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db
-from lanner.backend.models import DeviceSample, Job, JobMetric, User
+from lanner.core.models import DeviceSample, Job, JobMetric, User
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, PathId, UtcDateTime, errors
 
 router = APIRouter(tags=["jobs"], responses={**SIGNED_IN_ERRORS, **errors(404)})

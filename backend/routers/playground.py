@@ -30,25 +30,26 @@ from redis import Redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lanner.backend import db, job_queue
+from lanner.core import db
+from lanner.core.queue import order as queue_order
 from lanner.backend.deps import (current_user, get_db, may_manage, per_user, redis_client, require_owner_or_admin,
                                  websocket_user)
-from lanner.backend.models import Artifact, Job, JobKind, JobStatus, User
+from lanner.core.models import Artifact, Job, JobKind, JobStatus, User
 from lanner.backend.paths import inside
-from lanner.backend.playground.cache import ModelCache, NotEnoughMemory
-from lanner.backend.playground.generation import (GenerationError, Sampling, add_context, chat_template,
+from lanner.inference.cache import ModelCache, NotEnoughMemory
+from lanner.inference.generation import (GenerationError, Sampling, add_context, chat_template,
                                                   context_bytes, estimate_bytes, load_llama, render_prompt,
                                                   stream_answer)
-from lanner.backend.playground.gpu_session import (KEY_SECONDS, answer_key, ready_key, requests_key, start_session,
-                                                   stop_key)
+from lanner.backend.playground.gpu_session import start_session
+from lanner.core.messages.chat import KEY_SECONDS, answer_key, ready_key, requests_key, stop_key
 from lanner.backend.playground.settings import PlaygroundSettings
 from lanner.backend.playground.sources import NotAvailable, Side, describe, model_file, training_job
-from lanner.backend.queue import cancel_queued
-from lanner.backend.redis_client import get_redis
+from lanner.core.queue.claim import cancel_queued
+from lanner.core.redis_client import get_redis
 from lanner.backend.routers.jobs import job_out
 from lanner.backend.schemas.common import MAX_ID, PathId, errors
 from lanner.backend.schemas.jobs import JobOut
-from lanner.backend.settings import Settings, get_settings
+from lanner.core.settings import Settings, get_settings
 
 router = APIRouter(tags=["playground"])
 log = logging.getLogger(__name__)
@@ -241,7 +242,7 @@ def _gpu_session_state(settings: Settings, redis: Redis, job_id: int) -> tuple[J
         job = session.get(Job, job_id)
         if job is None:
             return JobStatus.cancelled, None, "The session was deleted."
-        position = job_queue.queue_view(session, redis).get(job_id, (None, None))[0] \
+        position = queue_order.queue_view(session, redis).get(job_id, (None, None))[0] \
             if job.status == JobStatus.queued else None
         return job.status, position, job.error
 

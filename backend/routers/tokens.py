@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db
-from lanner.backend.models import ApiToken, User
+from lanner.core.models import ApiToken, User
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, PathId, errors
 from lanner.backend.schemas.accounts import CreatedToken, NewToken, TokenOut
 from lanner.backend.security import new_api_token, sha256_hex

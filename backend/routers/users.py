@@ -6,7 +6,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db, require_admin
-from lanner.backend.models import Role, User
+from lanner.core.models import Role, User
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, PathId, errors
 from lanner.backend.schemas.accounts import NewTeamUser, UserOut, UserUpdate
 from lanner.backend.security import hash_password

@@ -1,1 +1,1 @@
-"""Pydantic request and response schemas, apart from the ORM models in lanner.backend.models."""
+"""Pydantic request and response schemas, apart from the ORM models in lanner.core.models."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lanner.backend.models import Role
+from lanner.core.models import Role
 from lanner.backend.security import MIN_PASSWORD_LENGTH
 from lanner.backend.schemas.common import UtcDateTime
 

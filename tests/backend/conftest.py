@@ -9,9 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 from redis import Redis
 
-from lanner.backend import db, security
+from lanner.backend import security
+from lanner.core import db
 from lanner.backend.app import create_app
-from lanner.backend.settings import get_settings
+from lanner.core.settings import get_settings
 
 from backend_helpers import BACKEND_REDIS_URL, PASSWORD
 
@@ -130,7 +131,7 @@ def team_on_each_database(api_on_each_database) -> Team:
 def wakes(monkeypatch):
     """Records the worker wake-ups instead of sending them."""
     calls = []
-    monkeypatch.setattr("lanner.backend.queue.wake_workers", lambda settings: calls.append(settings))
+    monkeypatch.setattr("lanner.core.queue.claim.wake_workers", lambda settings: calls.append(settings))
     return calls
 
 

@@ -5,8 +5,8 @@ import hashlib
 
 from sqlalchemy import select
 
-from lanner.backend import db
-from lanner.backend.models import ApiToken, User
+from lanner.core import db
+from lanner.core.models import ApiToken, User
 from lanner.backend.security import SESSION_PREFIX, hash_password, verify_password
 
 from backend_helpers import PASSWORD

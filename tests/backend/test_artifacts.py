@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from lanner.backend import db
-from lanner.backend.models import Artifact, Job, JobStatus
+from lanner.core import db
+from lanner.core.models import Artifact, Job, JobStatus
 
 from backend_helpers import CHAT_ROWS, upload
 

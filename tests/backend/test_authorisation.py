@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lanner.backend import db
-from lanner.backend.models import Artifact, Job, JobStatus
+from lanner.core import db
+from lanner.core.models import Artifact, Job, JobStatus
 
 from backend_helpers import CHAT_ROWS, upload
 

@@ -2,7 +2,7 @@
 say what the machines have; queued with the reason it waits when no worker is live."""
 from __future__ import annotations
 
-from lanner.backend.worker_registry import announce_worker
+from lanner.core.worker_registry import announce_worker
 
 from backend_helpers import CHAT_ROWS, upload
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lanner.backend.memory_estimate import estimate_memory
+from lanner.core.memory_estimate import estimate_memory
 from lanner.worker.training.options import TrainingOptions
 
 from backend_helpers import CHAT_ROWS, upload

@@ -5,9 +5,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from lanner.backend import db
-from lanner.backend.models import Artifact, Job, JobStatus
-from lanner.backend.streams import QUEUE_STREAM, job_stream, read_after
+from lanner.core import db
+from lanner.core.models import Artifact, Job, JobStatus
+from lanner.core.streams import QUEUE_STREAM, job_stream, read_after
 
 from backend_helpers import CHAT_ROWS, PREFERENCE_ROWS, upload
 
@@ -259,14 +259,14 @@ def test_delete_removes_the_job_its_artifacts_and_their_files(team_on_each_datab
 
 
 def test_the_cancel_key_is_the_one_the_worker_reads():
-    from lanner.backend import queue
+    from lanner.core.queue import claim as queue_claim
     from lanner.backend.routers import jobs
 
-    assert jobs.cancel_key is queue.cancel_key and queue.cancel_key(7) == "lanner:job:7:cancel"
+    assert jobs.cancel_key is queue_claim.cancel_key and queue_claim.cancel_key(7) == "lanner:job:7:cancel"
 
 
 def test_metrics_and_device_samples_page_through_the_saved_history(team_on_each_database, wakes):
-    from lanner.backend.models import DeviceSample, JobMetric
+    from lanner.core.models import DeviceSample, JobMetric
 
     team = team_on_each_database
     dataset_id = upload(team.alice, "chat.jsonl", CHAT_ROWS).json()["id"]

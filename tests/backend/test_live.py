@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from starlette.websockets import WebSocketDisconnect
 
-from lanner.backend.streams import HARDWARE_STREAM, QUEUE_STREAM, job_stream, publish
+from lanner.core.streams import HARDWARE_STREAM, QUEUE_STREAM, job_stream, publish
 
 from backend_helpers import CHAT_ROWS, upload
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import time
 
-from lanner.backend.schemas.jobs import JobSpec
-from lanner.worker.default_model import DEFAULT_MODEL_ID
+from lanner.core.spec import JobSpec
+from lanner.core.default_model import DEFAULT_MODEL_ID
 
 
 def test_the_catalog_has_the_default_the_curated_bases_and_local_models(team):

@@ -15,12 +15,13 @@ from schemathesis.checks import (content_type_conformance, not_a_server_error, r
                                  response_schema_conformance, status_code_conformance)
 from schemathesis.config import SchemathesisConfig
 
-from lanner.backend import db, security
+from lanner.backend import security
+from lanner.core import db
 from lanner.backend.app import create_app
-from lanner.backend.models import Artifact, Job, JobStatus
-from lanner.backend.redis_client import get_redis
+from lanner.core.models import Artifact, Job, JobStatus
+from lanner.core.redis_client import get_redis
 from lanner.backend.security import SESSION_COOKIE, open_session
-from lanner.backend.settings import get_settings
+from lanner.core.settings import get_settings
 
 from backend_helpers import BACKEND_REDIS_URL, CHAT_ROWS, PASSWORD, upload
 
@@ -49,7 +50,7 @@ def fuzzed(tmp_path_factory, migrated_sqlite):
     Redis.from_url(BACKEND_REDIS_URL).flushdb()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(security, "SCRYPT_N", 2**10)
-        patch.setattr("lanner.backend.queue.wake_workers", lambda settings: None)
+        patch.setattr("lanner.core.queue.claim.wake_workers", lambda settings: None)
         environment = {"DATA_DIR": str(tmp / "data"), "DATABASE_URL": f"sqlite:///{database}",
                        "REDIS_URL": BACKEND_REDIS_URL, "HUB_URL": "http://127.0.0.1:9", "HUB_TIMEOUT_S": "1",
                        **{f"{kind}_PER_MINUTE": "1000000" for kind in

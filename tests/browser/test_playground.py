@@ -17,8 +17,8 @@ def finished_job(stack) -> int:
     """A succeeded LoRA job of the admin, written as the worker leaves one (training is not the point here)."""
     from datetime import datetime, timezone
 
-    from lanner.backend.db import session_factory
-    from lanner.backend.models import Job, JobStatus, User
+    from lanner.core.db import session_factory
+    from lanner.core.models import Job, JobStatus, User
 
     with session_factory(f"sqlite:///{stack.data_dir / 'lanner.db'}")() as session:
         admin = session.query(User).filter_by(role="admin").first()

@@ -46,8 +46,9 @@ def full_export(smollm2_dir, trained_adapter, tmp_path_factory):
 def settings(tmp_path, smollm2_dir, monkeypatch):
     from redis import Redis
 
-    from lanner.backend import db, security
-    from lanner.backend.settings import Settings, get_settings
+    from lanner.backend import security
+    from lanner.core import db
+    from lanner.core.settings import Settings, get_settings
 
     data_dir = tmp_path / "data"
     (data_dir / "models").mkdir(parents=True)

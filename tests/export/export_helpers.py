@@ -87,8 +87,9 @@ PASSWORD = "export-tests-password"
 
 
 def new_user(settings) -> int:
-    from lanner.backend import db, security
-    from lanner.backend.models import User
+    from lanner.backend import security
+    from lanner.core import db
+    from lanner.core.models import User
 
     with db.session_factory(settings.database_url)() as session:
         user = User(email=f"{uuid.uuid4().hex}@example.com", display_name="T", role="member",
@@ -101,10 +102,10 @@ def new_user(settings) -> int:
 def signed_in_client(settings, user_id: int):
     from fastapi.testclient import TestClient
 
-    from lanner.backend import db
+    from lanner.core import db
     from lanner.backend.app import create_app
-    from lanner.backend.models import User
-    from lanner.backend.settings import get_settings
+    from lanner.core.models import User
+    from lanner.core.settings import get_settings
 
     get_settings.cache_clear()  # the app reads the environment the settings fixture set
     client = TestClient(create_app())
@@ -120,9 +121,9 @@ def run_export_job(settings, owner: int, parent: int, options: dict):
     worker does; returns (final status, export job id)."""
     from redis import Redis
 
-    from lanner.backend import db
-    from lanner.backend.models import Job, JobKind, JobStatus
-    from lanner.backend.queue import claim_next_job
+    from lanner.core import db
+    from lanner.core.models import Job, JobKind, JobStatus
+    from lanner.core.queue.claim import claim_next_job
     from lanner.worker.devices import cpu_device
     from lanner.worker.runner import run_job
 

@@ -98,7 +98,7 @@ def test_merged_model_loads_in_plain_transformers_with_chat_template(full_export
 
 
 def test_f16_gguf_chat_reply_follows_the_chat_template(full_export):
-    from lanner.backend.playground.generation import open_llama
+    from lanner.inference.generation import open_llama
 
     path = full_export["out"] / artifact(full_export, "gguf", "f16")["path"]
     llm = open_llama(str(path), n_ctx=256)
@@ -118,7 +118,7 @@ def test_f16_gguf_chat_reply_follows_the_chat_template(full_export):
 
 
 def test_q4_k_m_gguf_generates(full_export):
-    from lanner.backend.playground.generation import open_llama
+    from lanner.inference.generation import open_llama
 
     path = full_export["out"] / artifact(full_export, "gguf", "q4_k_m")["path"]
     llm = open_llama(str(path), n_ctx=128)
@@ -167,7 +167,7 @@ def test_bf16_gguf_holds_the_merged_weights_exactly_and_matches(full_export):
 
 
 def test_several_llama_cpp_types_from_the_one_f16_conversion(full_export, tmp_path):
-    from lanner.backend.playground.generation import open_llama
+    from lanner.inference.generation import open_llama
 
     from lanner.worker.export import quantize_gguf
 

@@ -8,11 +8,11 @@ import shutil
 from export_helpers import EXPORT_REDIS_URL, new_user, signed_in_client
 from redis import Redis
 
-from lanner.backend import db
-from lanner.backend.models import Artifact, Job, JobKind, JobStatus
-from lanner.backend.queue import claim_next_job
-from lanner.backend.settings import Settings
-from lanner.backend.streams import job_stream, read_after
+from lanner.core import db
+from lanner.core.models import Artifact, Job, JobKind, JobStatus
+from lanner.core.queue.claim import claim_next_job
+from lanner.core.settings import Settings
+from lanner.core.streams import job_stream, read_after
 from lanner.worker.devices import cpu_device
 from lanner.worker.runner import run_job
 

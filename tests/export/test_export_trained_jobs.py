@@ -11,8 +11,8 @@ import sys
 import pytest
 from export_helpers import BASE_MODEL_NAME, new_user, run_export_job, signed_in_client
 
-from lanner.backend import db
-from lanner.backend.models import Artifact, Dataset, Job, JobStatus
+from lanner.core import db
+from lanner.core.models import Artifact, Dataset, Job, JobStatus
 from lanner.worker.train_process import TRAINING_RECORD
 
 from support import REPO

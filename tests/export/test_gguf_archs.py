@@ -13,7 +13,7 @@ PROMPT = "The lanner falcon hunts small birds over open country."
 
 def compare(model_dir, gguf_path):
     import torch
-    from lanner.backend.playground.generation import open_llama
+    from lanner.inference.generation import open_llama
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lanner.worker.export.verify import compare_logits

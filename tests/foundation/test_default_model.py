@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lanner.worker.default_model import DEFAULT_MODEL_ID, gguf_path
+from lanner.core.default_model import DEFAULT_MODEL_ID, gguf_path
 
 
 def test_the_gguf_ships_in_the_package():

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from lanner.backend import db
+from lanner.core import db
 from lanner.backend.app import create_app
-from lanner.backend.settings import get_settings
+from lanner.core.settings import get_settings
 
 from support import free_port
 

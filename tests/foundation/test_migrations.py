@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from sqlalchemy import inspect
 
-from lanner.backend import db
+from lanner.core import db
 
 
 def test_migrations_go_up_and_down(database_url):

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from lanner.backend.settings import Settings
+from lanner.core.settings import Settings
 
 
 def test_defaults_put_everything_under_the_data_dir(monkeypatch, tmp_path):

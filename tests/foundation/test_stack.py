@@ -92,7 +92,7 @@ def test_without_redis_server_up_says_what_to_install(tmp_path):
 
 
 def test_worker_replicas_claim_distinct_gpus():
-    from lanner.backend.worker_registry import GPU_CLAIM_PREFIX, claim_gpu
+    from lanner.core.worker_registry import GPU_CLAIM_PREFIX, claim_gpu
 
     redis = Redis.from_url(SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/14")
     uuids = [f"GPU-test-{i}-{os.getpid()}" for i in range(2)]

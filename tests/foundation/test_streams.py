@@ -5,7 +5,7 @@ import uuid
 
 from redis import Redis
 
-from lanner.backend.streams import publish, read_after
+from lanner.core.streams import publish, read_after
 
 from support import SYSTEM_REDIS_URL
 

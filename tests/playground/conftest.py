@@ -38,12 +38,12 @@ class Studio:
                 "LANNER_REDIS_URL": PLAYGROUND_REDIS_URL}
 
     def sessions(self):
-        from lanner.backend.db import session_factory
+        from lanner.core.db import session_factory
 
         return session_factory(self.database_url)()
 
     def add_job(self, **fields) -> int:
-        from lanner.backend.models import Job
+        from lanner.core.models import Job
 
         with self.sessions() as session:
             job = Job(owner_id=self.owner_id, name=fields.pop("name", "playground test"),
@@ -53,7 +53,7 @@ class Studio:
             return job.id
 
     def set_status(self, job_id: int, status) -> None:
-        from lanner.backend.models import Job
+        from lanner.core.models import Job
 
         with self.sessions() as session:
             session.get(Job, job_id).status = status
@@ -71,10 +71,10 @@ def studio(smollm2_dir, tmp_path_factory) -> Studio:
     import torch
     from redis import Redis
 
-    from lanner.backend import db
-    from lanner.backend.models import ApiToken, Dataset, Job, JobKind, JobStatus, User
+    from lanner.core import db
+    from lanner.core.models import ApiToken, Dataset, Job, JobKind, JobStatus, User
     from lanner.backend.security import sha256_hex
-    from lanner.backend.settings import get_settings
+    from lanner.core.settings import get_settings
 
     data_dir = tmp_path_factory.mktemp("playground") / "data"
     (data_dir / "models").mkdir(parents=True)
@@ -158,7 +158,7 @@ def served(studio, monkeypatch) -> Served:
     import uvicorn
 
     from lanner.backend.app import create_app
-    from lanner.backend.settings import get_settings
+    from lanner.core.settings import get_settings
 
     for key, value in studio.env().items():
         monkeypatch.setenv(key, value)

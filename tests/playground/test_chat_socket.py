@@ -10,7 +10,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from lanner.backend.models import JobStatus
+from lanner.core.models import JobStatus
 from playground_helpers import LONG_QUESTION, answer, receive_until_done
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,7 +26,7 @@ def generate(ws, job_id: int, sides=("tuned",), **options) -> None:
 def test_the_fine_tuned_gguf_streams_an_answer_in_its_chat_template(served):
     from transformers import AutoTokenizer
 
-    from lanner.backend.playground.generation import chat_template, render_prompt
+    from lanner.inference.generation import chat_template, render_prompt
 
     job = served.studio.trained_job
     listed = httpx.get(f"{served.url}/api/playground/jobs/{job}", headers=served.headers).json()

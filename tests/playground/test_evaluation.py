@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from lanner.backend.models import Artifact, JobStatus
+from lanner.core.models import Artifact, JobStatus
 from lanner.worker.training.evaluation import rouge_l
 
 pytestmark = pytest.mark.timeout(300)
@@ -89,8 +89,8 @@ def test_without_a_validation_split_the_last_rows_are_held_out_of_training_for_t
 def test_the_held_out_rows_are_taken_out_of_the_trainers_training_set(served, tmp_path):
     from redis import Redis
 
-    from lanner.backend.dataset_formats import examine
-    from lanner.backend.settings import get_settings
+    from lanner.core.dataset_formats import examine
+    from lanner.core.settings import get_settings
     from lanner.worker.events import JobEvents
     from lanner.worker.training.callbacks import MetricsCallback
     from lanner.worker.training.evaluation import BeforeAfterEvaluation
@@ -101,7 +101,7 @@ def test_the_held_out_rows_are_taken_out_of_the_trainers_training_set(served, tm
 
     studio = served.studio
     with studio.sessions() as session:
-        from lanner.backend.models import Job
+        from lanner.core.models import Job
 
         options = TrainingOptions.from_config(session.get(Job, studio.held_out_job).config, "lora")
     _, rows = examine(studio.data_dir / "datasets" / "qa.jsonl")

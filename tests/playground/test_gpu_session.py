@@ -11,7 +11,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from lanner.backend.models import Job, JobKind, JobStatus
+from lanner.core.models import Job, JobKind, JobStatus
 from playground_helpers import LONG_QUESTION, answer, celery_worker, receive_until_done
 
 pytestmark = pytest.mark.timeout(600)
@@ -136,8 +136,8 @@ def test_a_gpu_session_needs_a_finished_job_and_a_queued_one_is_cancelled_on_clo
 
 def test_the_chat_kind_needs_no_migration_on_sqlite_or_postgresql(database_url):
     # job_kind is a plain string column (no native enum, no CHECK): a new kind is stored as it is
-    from lanner.backend import db
-    from lanner.backend.models import User
+    from lanner.core import db
+    from lanner.core.models import User
 
     db.migrate(database_url)
     with db.session_factory(database_url)() as session:

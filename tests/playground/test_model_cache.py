@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from lanner.backend.playground.cache import ModelCache, NotEnoughMemory
-from lanner.backend.playground.generation import estimate_bytes, load_llama
+from lanner.inference.cache import ModelCache, NotEnoughMemory
+from lanner.inference.generation import estimate_bytes, load_llama
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture(scope="module")
 def ggufs(tmp_path_factory):
     """Three GGUF files (copies of the shipped SmolLM2: three models as far as the cache knows)."""
-    from lanner.worker.default_model import gguf_path
+    from lanner.core.default_model import gguf_path
 
     folder = tmp_path_factory.mktemp("ggufs")
     return [shutil.copyfile(gguf_path(), folder / f"model-{name}.gguf") for name in "abc"]
@@ -96,7 +96,7 @@ def test_concurrent_users_of_one_model_load_it_once(ggufs):
 
 
 def test_a_model_streams_several_answers_from_a_bounded_pool_of_contexts_on_one_copy(ggufs):
-    from lanner.backend.playground.generation import Sampling, add_context, context_bytes, stream_answer
+    from lanner.inference.generation import Sampling, add_context, context_bytes, stream_answer
 
     a, b = ggufs[:2]
     one, extra = estimate_bytes(a), context_bytes(a)

@@ -17,8 +17,8 @@ def _clean_redis() -> Redis:
 
 @pytest.fixture
 def studio(tmp_path, smollm2_dir) -> Studio:
-    from lanner.backend import db
-    from lanner.backend.models import User
+    from lanner.core import db
+    from lanner.core.models import User
 
     data_dir = tmp_path / "data"
     (data_dir / "models").mkdir(parents=True)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lanner.backend.dataset_formats import DatasetError, inspect_dataset, load_rows
+from lanner.core.dataset_formats import DatasetError, inspect_dataset, load_rows
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

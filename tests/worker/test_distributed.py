@@ -11,10 +11,10 @@ import time
 import psutil
 import pytest
 
-from lanner.backend.models import Artifact, JobMetric, JobStatus
-from lanner.backend.queue import cancel_key
-from lanner.backend.streams import QUEUE_STREAM, job_stream, read_after
-from lanner.backend.worker_registry import device_holders
+from lanner.core.models import Artifact, JobMetric, JobStatus
+from lanner.core.queue.claim import cancel_key
+from lanner.core.streams import QUEUE_STREAM, job_stream, read_after
+from lanner.core.worker_registry import device_holders
 
 from worker_helpers import pid_gone, qa_rows, training_pid
 

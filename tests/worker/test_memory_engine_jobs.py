@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lanner.backend.dataset_formats import examine
-from lanner.backend.db import session_factory
-from lanner.backend.streams import job_stream, read_after
+from lanner.core.dataset_formats import examine
+from lanner.core.db import session_factory
+from lanner.core.streams import job_stream, read_after
 from lanner.kernels import get_lora_model, memory_engine_of
 from lanner.worker.events import JobEvents
 from lanner.worker.training.model import default_budget_gib, load_model, load_tokenizer

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lanner.backend.memory_estimate import estimate_memory
+from lanner.core.memory_estimate import estimate_memory
 
 
 def test_counts_match_the_real_model(smollm2_dir):

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 from sqlalchemy import select
 
-from lanner.backend.models import Artifact
-from lanner.backend.schemas.jobs import DEFAULT_LEARNING_RATE
+from lanner.core.models import Artifact
+from lanner.core.spec import DEFAULT_LEARNING_RATE
 
 from training_run import logs, step_metrics, trained
 from worker_helpers import qa_rows

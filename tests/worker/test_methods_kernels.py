@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from lanner.backend.db import session_factory
-from lanner.backend.streams import job_stream, read_after
+from lanner.core.db import session_factory
+from lanner.core.streams import job_stream, read_after
 from lanner.kernels.patching.binding import is_patched
 from lanner.worker.events import JobEvents
 from lanner.worker.training.model import load_model

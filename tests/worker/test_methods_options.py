@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lanner.backend.schemas.jobs import DEFAULT_LEARNING_RATE, JobSpec, job_config
+from lanner.core.spec import DEFAULT_LEARNING_RATE, JobSpec, job_config
 from lanner.worker.training.memory import smaller_micro_batch
 from lanner.worker.training.options import TrainingOptions
 

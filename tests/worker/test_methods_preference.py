@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from lanner.backend.models import Artifact
+from lanner.core.models import Artifact
 
 from training_run import events, logs, run_train_process, step_metrics, trained
 

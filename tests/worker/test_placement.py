@@ -10,12 +10,12 @@ import socket
 import pytest
 from fastapi.testclient import TestClient
 
-from lanner.backend.job_queue import QUEUE_ORDER
-from lanner.backend.models import Job, JobStatus
-from lanner.backend.queue import claim_next_job, has_runnable_job, unclaim_job, waiting_reason
-from lanner.backend.settings import Settings, get_settings
-from lanner.backend.streams import HARDWARE_STREAM, QUEUE_STREAM, read_after
-from lanner.backend.worker_registry import (announce_worker, device_holders, keep_devices, live_workers,
+from lanner.core.queue.order import QUEUE_ORDER
+from lanner.core.models import Job, JobStatus
+from lanner.core.queue.claim import claim_next_job, has_runnable_job, unclaim_job, waiting_reason
+from lanner.core.settings import Settings, get_settings
+from lanner.core.streams import HARDWARE_STREAM, QUEUE_STREAM, read_after
+from lanner.core.worker_registry import (announce_worker, device_holders, keep_devices, live_workers,
                                             release_devices, reservation_key, reserve_devices, retire_worker)
 from lanner.worker.devices import cpu_device
 from lanner.worker import runner
@@ -192,7 +192,7 @@ def test_a_worker_borrows_an_idle_device_unless_another_worker_took_it_first(stu
 
 
 def _sessions(studio):
-    from lanner.backend.db import session_factory
+    from lanner.core.db import session_factory
 
     return session_factory(studio.database_url)
 

@@ -8,10 +8,10 @@ import uuid
 from redis import Redis
 from sqlalchemy import select
 
-from lanner.backend import db
-from lanner.backend.models import Job, JobKind, JobStatus, Role, User
-from lanner.backend.queue import DISPATCH_TASK, claim_next_job, has_runnable_job, sweep_orphaned_jobs, wake_workers
-from lanner.backend.settings import Settings
+from lanner.core import db
+from lanner.core.models import Job, JobKind, JobStatus, Role, User
+from lanner.core.queue.claim import DISPATCH_TASK, claim_next_job, has_runnable_job, sweep_orphaned_jobs, wake_workers
+from lanner.core.settings import Settings
 
 from worker_helpers import WORKER_REDIS_URL
 

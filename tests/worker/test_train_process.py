@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from lanner.backend.models import Artifact, JobMetric
-from lanner.backend.streams import job_stream, read_after
+from lanner.core.models import Artifact, JobMetric
+from lanner.core.streams import job_stream, read_after
 
 from training_run import run_train_process
 from worker_helpers import qa_rows
@@ -73,9 +73,9 @@ def test_an_exception_in_training_fails_the_job_with_its_reason(studio):
 
 
 def test_a_sweep_fails_running_jobs_whose_worker_has_no_heartbeat(studio):
-    from lanner.backend.models import JobStatus
-    from lanner.backend.settings import Settings
-    from lanner.backend.worker_registry import announce_worker
+    from lanner.core.models import JobStatus
+    from lanner.core.settings import Settings
+    from lanner.core.worker_registry import announce_worker
     from lanner.worker.runner import sweep_orphans
 
     from worker_helpers import WORKER_REDIS_URL

@@ -7,10 +7,10 @@ import os
 import signal
 import time
 
-from lanner.backend.models import DeviceSample, JobStatus
-from lanner.backend.queue import cancel_key, wake_workers
-from lanner.backend.settings import Settings
-from lanner.backend.streams import QUEUE_STREAM, job_stream, read_after
+from lanner.core.models import DeviceSample, JobStatus
+from lanner.core.queue.claim import cancel_key, wake_workers
+from lanner.core.settings import Settings
+from lanner.core.streams import QUEUE_STREAM, job_stream, read_after
 
 from worker_helpers import WORKER_REDIS_URL, pid_gone, qa_rows, training_pid
 
@@ -116,7 +116,7 @@ def test_a_worker_killed_with_sigkill_fails_its_job_within_60_seconds(studio, ce
 
 
 def _has_checkpoint(studio, job_id: int) -> bool:
-    from lanner.backend.models import Artifact
+    from lanner.core.models import Artifact
 
     with studio.sessions() as session:
         return session.query(Artifact).filter_by(job_id=job_id, kind="checkpoint").first() is not None

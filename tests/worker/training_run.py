@@ -4,7 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from lanner.backend.streams import job_stream, read_after
+from lanner.core.streams import job_stream, read_after
 
 from worker_helpers import REPO
 

@@ -48,12 +48,12 @@ class Studio:
         return env
 
     def sessions(self):
-        from lanner.backend.db import session_factory
+        from lanner.core.db import session_factory
 
         return session_factory(self.database_url)()
 
     def dataset(self, name: str, lines: list) -> int:
-        from lanner.backend.models import Dataset
+        from lanner.core.models import Dataset
 
         path = self.data_dir / "datasets" / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +66,7 @@ class Studio:
             return dataset.id
 
     def job(self, dataset_id: int, config: dict | None = None, **fields) -> int:
-        from lanner.backend.models import Job
+        from lanner.core.models import Job
 
         with self.sessions() as session:
             job = Job(owner_id=self.owner_id, name=fields.pop("name", "test job"), method=fields.pop("method", "lora"),
@@ -80,7 +80,7 @@ class Studio:
         return self.get_job(job_id).dataset_id
 
     def get_job(self, job_id: int):
-        from lanner.backend.models import Job
+        from lanner.core.models import Job
 
         with self.sessions() as session:
             return session.get(Job, job_id)
@@ -120,7 +120,7 @@ class CeleryWorker:
         return f"{self.name}@{socket.gethostname()}"
 
     def wait_ready(self, timeout: float = 60) -> "CeleryWorker":
-        from lanner.backend.worker_registry import live_workers
+        from lanner.core.worker_registry import live_workers
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -143,7 +143,7 @@ class CeleryWorker:
 
 
 def training_pid(studio: Studio, job_id: int) -> int:
-    from lanner.backend.streams import job_stream, read_after
+    from lanner.core.streams import job_stream, read_after
 
     events = read_after(studio.redis, job_stream(job_id), count=10_000)
     for _, kind, data in events:

@@ -205,7 +205,7 @@ def merged_reference(merged_dir: Path, *, device: str = "cpu") -> dict:
 
 
 def _open_gguf(path: Path, n_ctx: int):
-    from lanner.backend.playground.generation import open_llama
+    from lanner.inference.generation import open_llama
 
     return open_llama(path, logits_all=True, n_ctx=n_ctx)
 

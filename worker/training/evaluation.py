@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from lanner.backend.models import Artifact, Job
-from lanner.backend.settings import get_settings
+from lanner.core.models import Artifact, Job
+from lanner.core.settings import get_settings
 from lanner.worker.distributed import is_main_process
 from lanner.worker.job_process import artifacts_dir
 from lanner.worker.training.callbacks import CancelCallback, MetricsCallback

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lanner.backend.settings import Settings
-from lanner.worker.default_model import DEFAULT_MODEL_ID, imported_model_dir
+from lanner.core.settings import Settings
+from lanner.core.default_model import DEFAULT_MODEL_ID, imported_model_dir
 from lanner.worker.events import JobEvents
 from lanner.worker.training.options import ADAPTER_METHODS, TrainingOptions
 

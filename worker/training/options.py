@@ -65,7 +65,7 @@ class TrainingOptions:
         values["method"] = method
         values["lora"] = _trains_adapter(method, config)
         if "learning_rate" not in values:
-            from lanner.backend.schemas.jobs import DEFAULT_LEARNING_RATE
+            from lanner.core.spec import DEFAULT_LEARNING_RATE
 
             values["learning_rate"] = DEFAULT_LEARNING_RATE.get(method, cls.learning_rate)
         return cls(**values)

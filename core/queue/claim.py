@@ -15,10 +15,10 @@ from redis import Redis
 from sqlalchemy import and_, or_, select, true, update
 from sqlalchemy.orm import Session
 
-from lanner.backend import job_queue
-from lanner.backend.job_queue import QUEUE_ORDER
-from lanner.backend.models import Job, JobKind, JobStatus
-from lanner.backend.settings import Settings
+from lanner.core.queue import order as queue_order
+from lanner.core.queue.order import QUEUE_ORDER
+from lanner.core.models import Job, JobKind, JobStatus
+from lanner.core.settings import Settings
 
 DISPATCH_TASK = "lanner.dispatch"
 CANCEL_KEY = "lanner:job:{job_id}:cancel"
@@ -56,7 +56,7 @@ def enqueue(session: Session, redis: Redis, settings: Settings, job: Job) -> Job
     """Commits a new queued job, announces it on the queue stream and wakes the workers."""
     session.add(job)
     session.commit()
-    job_queue.publish_queue_event(redis, "added", job_queue.job_summary(job))
+    queue_order.publish_queue_event(redis, "added", queue_order.job_summary(job))
     wake_workers(settings)  # never raises: a job not announced waits in the database, where idle workers look
     return job
 
@@ -66,8 +66,8 @@ def cancel_queued(session: Session, redis: Redis, job: Job, by_user_id: int) -> 
     job.status = JobStatus.cancelled
     job.finished_at = datetime.now(timezone.utc)
     session.commit()
-    job_queue.publish_job_event(redis, job.id, "status", {"status": "cancelled", "by": by_user_id})
-    job_queue.publish_queue_event(redis, "cancelled", job_queue.job_summary(job))
+    queue_order.publish_job_event(redis, job.id, "status", {"status": "cancelled", "by": by_user_id})
+    queue_order.publish_queue_event(redis, "cancelled", queue_order.job_summary(job))
 
 
 def wake_worker(settings: Settings, worker_name: str) -> bool:

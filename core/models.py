@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, Enum, Float, ForeignKey, Index, Integer, String, Text, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from lanner.backend.db import Base
+from lanner.core.db import Base
 
 
 def utcnow() -> datetime:

@@ -14,9 +14,9 @@ from redis import Redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from lanner.backend.models import Job, JobStatus
-from lanner.backend.streams import QUEUE_STREAM, SHARED_STREAM_MAXLEN, job_stream, publish
-from lanner.backend.worker_registry import live_workers
+from lanner.core.models import Job, JobStatus
+from lanner.core.streams import QUEUE_STREAM, SHARED_STREAM_MAXLEN, job_stream, publish
+from lanner.core.worker_registry import live_workers
 
 log = logging.getLogger(__name__)
 CANCEL_FLAG_SECONDS = 7 * 86400

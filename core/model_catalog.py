@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lanner.worker.default_model import DEFAULT_MODEL_ID  # a plain constant; that module imports no torch
+from lanner.core.default_model import DEFAULT_MODEL_ID  # a plain constant; that module imports no torch
 
 # (hub id, family, parameters in billions, needs an access request on the hub)
 CURATED: list[tuple[str, str, float, bool]] = [
@@ -84,10 +84,10 @@ def model_shape(model: str, models_dir: Path) -> dict | None:
 
 
 def estimate_job_memory(config: dict, model: str, gpus: int, models_dir: Path) -> dict | None:
-    """lanner.backend.memory_estimate's estimate for a job config (the flat training options);
+    """lanner.core.memory_estimate's estimate for a job config (the flat training options);
     None when the model's size is unknown. Whole-model methods, and preference methods without
     LoRA, train every weight: estimated as "full"."""
-    from lanner.backend.memory_estimate import estimate_memory
+    from lanner.core.memory_estimate import estimate_memory
 
     shape = model_shape(model, models_dir)
     if shape is None:

@@ -1,8 +1,8 @@
 from alembic import context
 from sqlalchemy import create_engine
 
-from lanner.backend import models  # noqa: F401  (registers the tables on Base.metadata)
-from lanner.backend.db import Base
+from lanner.core import models  # noqa: F401  (registers the tables on Base.metadata)
+from lanner.core.db import Base
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url")

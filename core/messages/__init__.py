@@ -1,0 +1,1 @@
+"""Typed messages between processes, one module each, imported by both ends."""
