@@ -7,6 +7,8 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from lanner.core.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
@@ -44,6 +46,10 @@ def document_common_errors(app: FastAPI) -> None:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(UserError)
+    async def user_error(request: Request, exc: UserError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
