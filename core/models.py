@@ -31,6 +31,19 @@ class JobKind(str, enum.Enum):
     chat = "chat"  # a GPU chat session with a training job's model (lanner.worker.chat_process)
 
 
+class ArtifactKind(enum.StrEnum):  # str() and f-strings give the value: it names folders too
+    """What a job's artifact is. A training job saves checkpoints, then an adapter (LoRA/QLoRA) or
+    a whole model, and its evaluation; an export writes an adapter, a merged model, GGUF files and
+    a Modelfile."""
+    checkpoint = "checkpoint"
+    adapter = "adapter"
+    model = "model"
+    evaluation = "evaluation"
+    merged = "merged"
+    gguf = "gguf"
+    modelfile = "modelfile"
+
+
 class JobStatus(str, enum.Enum):
     queued = "queued"
     running = "running"
@@ -147,7 +160,7 @@ class Artifact(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    kind: Mapped[str] = mapped_column(String(24))
+    kind: Mapped[ArtifactKind] = mapped_column(_enum(ArtifactKind, "artifact_kind"))
     name: Mapped[str] = mapped_column(String(255))
     path: Mapped[str] = mapped_column(String(1024), doc="relative to LANNER_DATA_DIR")
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -155,7 +168,7 @@ class Artifact(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
-TRAINED_KINDS = ("adapter", "model")  # what a training job saves: a LoRA/QLoRA adapter, or every weight
+TRAINED_KINDS = (ArtifactKind.adapter, ArtifactKind.model)  # what a training job saves: a LoRA/QLoRA adapter, or every weight
 
 
 def trained_weights(session: Session, job_id: int) -> Artifact | None:

@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from lanner.core.models import Artifact, Job, JobStatus
+from lanner.core.models import Artifact, ArtifactKind, Job, JobStatus
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 from lanner.worker.train_process import TRAINING_RECORD
 
@@ -50,7 +50,7 @@ class ExportProcess(JobProcess):
         from lanner.worker.export import ExportError, ExportRequest, run_export
         from lanner.worker.training.model import resolve_model
 
-        is_adapter = trained.kind == "adapter"
+        is_adapter = trained.kind == ArtifactKind.adapter
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{parent.model.rsplit('/', 1)[-1]}-job{parent.id}").strip("-")
         request = ExportRequest(
             base_model_dir=Path(resolve_model(parent.model, self.settings)),
@@ -81,11 +81,12 @@ class ExportProcess(JobProcess):
             for item in manifest["artifacts"]:
                 path = out_dir / item["path"]
                 verification = None
-                if item["kind"] == "merged":
+                kind = ArtifactKind(item["kind"])  # the manifest names its files by artifact kind
+                if kind == ArtifactKind.merged:
                     verification = manifest["verification"].get("merged")
-                elif item["kind"] == "gguf":
+                elif kind == ArtifactKind.gguf:
                     verification = manifest["verification"].get("gguf", {}).get(item.get("type"))
-                session.add(Artifact(job_id=self.job_id, kind=item["kind"], name=path.name,
+                session.add(Artifact(job_id=self.job_id, kind=kind, name=path.name,
                                      path=str(path.relative_to(self.settings.data_dir)), size_bytes=item["bytes"],
                                      verification=verification))
             session.commit()

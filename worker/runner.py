@@ -24,11 +24,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from lanner.core.db import session_factory
-from lanner.core.models import Artifact, Job, JobKind, JobStatus
+from lanner.core.models import Artifact, ArtifactKind, Job, JobKind, JobStatus
 from lanner.core.queue.order import job_summary, publish_queue_event
-from lanner.core.queue.claim import (cancel_key, claim_next_job, device_capacity, has_runnable_job,
-                                  multi_device_capacity, note_waiting_jobs, sweep_orphaned_jobs, unclaim_job,
-                                  wake_worker)
+from lanner.core.messages.signals import cancel_requested, clear_cancel
+from lanner.core.queue.claim import (claim_next_job, device_capacity, has_runnable_job, multi_device_capacity,
+                                     note_waiting_jobs, sweep_orphaned_jobs, unclaim_job, wake_worker)
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import Settings
 from lanner.core.worker_registry import (HEARTBEAT_SECONDS, device_holders, keep_devices, largest_machine,
@@ -252,7 +252,7 @@ def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, j
     if finish_job(sessions, job.id, worker_name, status, error):
         events.status(status, error=error)
         publish_queue_event(redis, "finished", {**job_summary(job), "status": status.value, "error": error})
-    redis.delete(cancel_key(job.id))
+    clear_cancel(redis, job.id)
     return status
 
 
@@ -269,7 +269,7 @@ def _samplers(devices: list[dict], events: JobEvents, pid: int) -> list[DeviceSa
 
 def _cancel_requested(redis: Redis, job_id: int) -> bool:
     try:
-        return redis.get(cancel_key(job_id)) == "1"
+        return cancel_requested(redis, job_id)
     except Exception:  # Redis away for a moment: keep training, look again next poll
         return False
 
@@ -317,7 +317,7 @@ def sweep_orphans(settings: Settings, worker_name: str | None = None) -> list[in
     with sessions() as session:
         def resume_point(job: Job) -> str | None:  # only for jobs that asked to be requeued
             if (job.config or {}).get("requeue_on_worker_loss"):
-                return latest_checkpoint(session, settings, job.id)
+                return checkpoint_on_record(session, settings, job.id)
             return None
 
         if worker_name:
@@ -348,9 +348,9 @@ def sweep_orphans(settings: Settings, worker_name: str | None = None) -> list[in
     return swept
 
 
-def latest_checkpoint(session: Session, settings: Settings, job_id: int) -> str | None:
-    """The job's newest complete checkpoint. Its Artifact row is written after the trainer finished
+def checkpoint_on_record(session: Session, settings: Settings, job_id: int) -> str | None:
+    """The job's newest complete checkpoint that the database records (and whose folder still exists). Its Artifact row is written after the trainer finished
     saving it, so a folder half-written when the worker died is never picked."""
-    rows = session.execute(select(Artifact).where(Artifact.job_id == job_id, Artifact.kind == "checkpoint")
+    rows = session.execute(select(Artifact).where(Artifact.job_id == job_id, Artifact.kind == ArtifactKind.checkpoint)
                            .order_by(Artifact.id.desc())).scalars()
     return next((row.name for row in rows if (settings.data_dir / row.path).is_dir()), None)

@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from lanner.core.models import Artifact, Dataset, Job
+from lanner.core.models import Artifact, ArtifactKind, Dataset, Job
 from lanner.worker.distributed import is_main_process, world_size
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 
@@ -53,7 +53,7 @@ class TrainProcess(JobProcess):
             os._exit(EXIT_CANCELLED)
         self.cancel.requested = True
 
-    def add_artifact(self, kind: str, name: str, path: Path) -> None:
+    def add_artifact(self, kind: ArtifactKind, name: str, path: Path) -> None:
         if not is_main_process():  # a multi-GPU job's artifacts are rank 0's to record
             return
         with self.sessions() as session:
@@ -62,7 +62,7 @@ class TrainProcess(JobProcess):
             session.commit()
 
     def on_checkpoint(self, path: Path, step: int) -> None:
-        self.add_artifact("checkpoint", path.name, path)
+        self.add_artifact(ArtifactKind.checkpoint, path.name, path)
         self.events.event("checkpoint", {"step": step, "name": path.name})
         self.events.log(f"Checkpoint saved: {path.name}")
 
@@ -134,7 +134,7 @@ class TrainProcess(JobProcess):
         if cancel.stopped:
             self.events.log("Stopped at the cancel request; the last checkpoint is kept")
             return EXIT_CANCELLED
-        if trainer.eval_dataset is not None and trainer.state.global_step % (options.eval_steps or options.save_steps):
+        if trainer.eval_dataset is not None and trainer.state.global_step % options.eval_steps:
             trainer.evaluate()
         self.save(trainer, tokenizer, out, job, options)
         return 0
@@ -174,13 +174,13 @@ class TrainProcess(JobProcess):
     def retry_smaller(self, failure, options, checkpoints: Path, resume: Path | None, attempt):
         """Once more, from the last checkpoint (or where the job started), at half the micro-batch and
         twice the accumulation; the job fails with the reason when that is off, impossible or not enough."""
-        from lanner.worker.training.memory import latest_checkpoint, release_memory, smaller_micro_batch
+        from lanner.worker.training.memory import newest_checkpoint_folder, release_memory, smaller_micro_batch
 
         smaller = smaller_micro_batch(options) if options.oom_retry else None
         if smaller is None:
             raise JobFailed(failure.message(retry="off" if not options.oom_retry else "impossible"))
         release_memory()
-        start = latest_checkpoint(checkpoints) or resume
+        start = newest_checkpoint_folder(checkpoints) or resume
         self.events.log(f"{failure.summary()}; retrying once from {start.name if start else 'the start'} with "
                         f"micro-batch {smaller.per_device_train_batch_size} x {smaller.gradient_accumulation_steps} "
                         f"accumulation steps, the same {failure.effective_batch} samples per optimizer step",
@@ -193,7 +193,7 @@ class TrainProcess(JobProcess):
     def save(self, trainer, tokenizer, out: Path, job: Job, options) -> None:
         """The adapter (LoRA, QLoRA), or the whole model in the training dtype (full, pretrain), with
         the training record beside it."""
-        kind = "adapter" if options.lora else "model"
+        kind = ArtifactKind.adapter if options.lora else ArtifactKind.model
         path = out / kind
         if is_main_process():  # every rank of a multi-GPU job gets here; one of them writes
             shutil.rmtree(path, ignore_errors=True)

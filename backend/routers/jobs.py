@@ -18,9 +18,10 @@ from sqlalchemy.orm import Session
 from lanner.core.queue import order as queue_order
 from lanner.backend.deps import current_user, get_db, per_user, redis_client, require_owner_or_admin
 from lanner.core.model_catalog import estimate_job_memory
-from lanner.core.models import TRAINED_KINDS, Artifact, Dataset, Job, JobKind, JobStatus, Role, User
+from lanner.core.models import TRAINED_KINDS, Artifact, ArtifactKind, Dataset, Job, JobKind, JobStatus, Role, User
 from lanner.backend.paths import inside
-from lanner.core.queue.claim import cancel_key, cancel_queued, enqueue, waiting_reason
+from lanner.core.messages.signals import cancel_key, cancel_requested, request_cancel
+from lanner.core.queue.claim import cancel_queued, enqueue, waiting_reason
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, Offset, PathId, QueryId, errors
 from lanner.backend.schemas.jobs import JobChanges, JobCreate, JobOut, JobPage, QueueMove
 from lanner.core.spec import JobSpec, job_config, spec_of
@@ -113,7 +114,7 @@ def job_out(session: Session, redis: Redis, job: Job, view: dict | None = None) 
         out.queue_position, out.estimated_start = view.get(job.id, (None, None))
     elif job.status == JobStatus.running:
         try:
-            out.cancel_requested = bool(redis.exists(cancel_key(job.id)))
+            out.cancel_requested = cancel_requested(redis, job.id)
         except Exception:
             log.warning("could not read the cancel flag of job %s", job.id, exc_info=True)
     return out
@@ -207,7 +208,7 @@ def cancel_job(job_id: PathId, response: Response, user: User = Depends(current_
         cancel_queued(session, redis, job, user.id)
         return job_out(session, redis, job)
     if job.status == JobStatus.running:
-        redis.set(cancel_key(job.id), "1", ex=queue_order.CANCEL_FLAG_SECONDS)
+        request_cancel(redis, job.id)
         queue_order.publish_job_event(redis, job.id, "cancel_requested", {"by": user.id})
         response.status_code = 202
         return job_out(session, redis, job)
@@ -234,7 +235,7 @@ def retry_job(job_id: PathId, body: RetryBody | None = Body(default=None), user:
                                  "(clone it to run it again)")
     data = spec_of(job.config)
     if body and body.resume_from:
-        checkpoint = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.kind == "checkpoint",
+        checkpoint = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.kind == ArtifactKind.checkpoint,
                                                            Artifact.name == body.resume_from))
         if checkpoint is None:
             raise _field_error("resume_from", f"job {job_id} has no checkpoint named {body.resume_from!r}")
@@ -280,7 +281,7 @@ def export_job(job_id: PathId, body: ExportCreate = Body(default_factory=ExportC
                                                               Artifact.kind.in_(TRAINED_KINDS))))
     if not trained:
         raise HTTPException(409, f"Job {job_id} has no adapter and no trained model to export")
-    if "adapter" not in trained:
+    if ArtifactKind.adapter not in trained:
         if body.adapter and "adapter" in body.model_fields_set:
             raise _field_error("adapter", f"job {job_id} trained every weight ({job.method}), so it has no LoRA "
                                           "adapter: export the merged model or GGUF files")

@@ -34,7 +34,7 @@ from lanner.core import db
 from lanner.core.queue import order as queue_order
 from lanner.backend.deps import (current_user, get_db, may_manage, per_user, redis_client, require_owner_or_admin,
                                  websocket_user)
-from lanner.core.models import Artifact, Job, JobKind, JobStatus, User
+from lanner.core.models import Artifact, ArtifactKind, Job, JobKind, JobStatus, User
 from lanner.backend.paths import inside
 from lanner.inference.cache import ModelCache, NotEnoughMemory
 from lanner.inference.generation import (GenerationError, Sampling, add_context, chat_template,
@@ -54,7 +54,6 @@ from lanner.core.settings import Settings, get_settings
 router = APIRouter(tags=["playground"])
 log = logging.getLogger(__name__)
 UNAUTHORISED = 4401
-EVALUATION_KIND = "evaluation"
 LISTED_JOBS = 100
 _cache_lock = threading.Lock()
 
@@ -156,7 +155,7 @@ def job_evaluation(job_id: PathId, _: User = Depends(current_user), session: Ses
     job = session.get(Job, job_id)
     if job is None:
         raise HTTPException(404, f"No job {job_id}")
-    artifact = session.scalars(select(Artifact).where(Artifact.job_id == job_id, Artifact.kind == EVALUATION_KIND)
+    artifact = session.scalars(select(Artifact).where(Artifact.job_id == job_id, Artifact.kind == ArtifactKind.evaluation)
                                .order_by(Artifact.id.desc())).first()
     if artifact is None:
         raise HTTPException(404, f"Job {job_id} has no before/after evaluation")

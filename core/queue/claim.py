@@ -21,13 +21,8 @@ from lanner.core.models import Job, JobKind, JobStatus
 from lanner.core.settings import Settings
 
 DISPATCH_TASK = "lanner.dispatch"
-CANCEL_KEY = "lanner:job:{job_id}:cancel"
 
 log = logging.getLogger(__name__)
-
-
-def cancel_key(job_id: int) -> str:
-    return CANCEL_KEY.format(job_id=job_id)
 
 
 @lru_cache

@@ -1,5 +1,5 @@
 """The queue as the database holds it: order, positions, rough start estimates, moves; and the
-Redis side the worker reads (queue events, the cancel flag).
+queue's events on Redis.
 
 Order: priority descending, then queue_order ascending, then id. Moves stay inside a job's
 priority band (only admins change priorities), so a member can reorder their own job among the
@@ -19,7 +19,6 @@ from lanner.core.streams import QUEUE_STREAM, SHARED_STREAM_MAXLEN, job_stream, 
 from lanner.core.worker_registry import live_workers
 
 log = logging.getLogger(__name__)
-CANCEL_FLAG_SECONDS = 7 * 86400
 
 
 QUEUE_ORDER = (Job.priority.desc(), Job.queue_order.asc(), Job.id.asc())

@@ -259,10 +259,10 @@ def test_delete_removes_the_job_its_artifacts_and_their_files(team_on_each_datab
 
 
 def test_the_cancel_key_is_the_one_the_worker_reads():
-    from lanner.core.queue import claim as queue_claim
+    from lanner.core.messages import signals
     from lanner.backend.routers import jobs
 
-    assert jobs.cancel_key is queue_claim.cancel_key and queue_claim.cancel_key(7) == "lanner:job:7:cancel"
+    assert jobs.cancel_key is signals.cancel_key and signals.cancel_key(7) == "lanner:job:7:cancel"
 
 
 def test_metrics_and_device_samples_page_through_the_saved_history(team_on_each_database, wakes):

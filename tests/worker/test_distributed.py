@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from lanner.core.models import Artifact, JobMetric, JobStatus
-from lanner.core.queue.claim import cancel_key
+from lanner.core.messages.signals import cancel_key
 from lanner.core.streams import QUEUE_STREAM, job_stream, read_after
 from lanner.core.worker_registry import device_holders
 

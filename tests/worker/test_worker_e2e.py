@@ -8,7 +8,8 @@ import signal
 import time
 
 from lanner.core.models import DeviceSample, JobStatus
-from lanner.core.queue.claim import cancel_key, wake_workers
+from lanner.core.messages.signals import cancel_key
+from lanner.core.queue.claim import wake_workers
 from lanner.core.settings import Settings
 from lanner.core.streams import QUEUE_STREAM, job_stream, read_after
 

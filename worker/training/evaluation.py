@@ -23,14 +23,13 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from lanner.core.models import Artifact, Job
+from lanner.core.models import Artifact, ArtifactKind, Job
 from lanner.core.settings import get_settings
 from lanner.worker.distributed import is_main_process
 from lanner.worker.job_process import artifacts_dir
 from lanner.worker.training.callbacks import CancelCallback, MetricsCallback
 
 EVALUATION_FILE = "evaluation.json"
-EVALUATION_KIND = "evaluation"
 PROMPTS = 5               # the first N prompts of the validation split, or N rows held out of training
 MIN_TRAINING_ROWS = 10    # rows left to train on below which nothing is held out
 MAX_NEW_TOKENS = 48       # short answers: enough to compare, cheap on a CPU
@@ -207,9 +206,9 @@ class BeforeAfterEvaluation(TrainerCallback):
         os.replace(partial, self.path)
         relative = str(self.path.relative_to(self.settings.data_dir))
         with self.events.sessions() as session:
-            artifact = session.query(Artifact).filter_by(job_id=self.events.job_id, kind=EVALUATION_KIND).first()
+            artifact = session.query(Artifact).filter_by(job_id=self.events.job_id, kind=ArtifactKind.evaluation).first()
             if artifact is None and register:
-                artifact = Artifact(job_id=self.events.job_id, kind=EVALUATION_KIND, name=EVALUATION_FILE, path=relative)
+                artifact = Artifact(job_id=self.events.job_id, kind=ArtifactKind.evaluation, name=EVALUATION_FILE, path=relative)
                 session.add(artifact)
             if artifact is not None:
                 artifact.size_bytes = self.path.stat().st_size

@@ -84,7 +84,7 @@ def _tips(options: TrainingOptions) -> list[str]:
     return tips
 
 
-def latest_checkpoint(checkpoints: Path) -> Path | None:
+def newest_checkpoint_folder(checkpoints: Path) -> Path | None:
     """The highest-step complete checkpoint (one the Trainer finished writing) in `checkpoints`."""
     found = [path for path in checkpoints.glob("checkpoint-*")
              if re.fullmatch(r"checkpoint-\d+", path.name) and (path / "trainer_state.json").is_file()]
