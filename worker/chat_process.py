@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from lanner.core.models import Job
+from lanner.core.models import ArtifactKind, Job
 from lanner.core.messages.chat import CONTEXT_TOKENS, KEY_SECONDS, answer_key, ready_key, requests_key, stop_key
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, main
 
@@ -47,7 +47,7 @@ class ChatProcess(JobProcess):
         tokenizer = AutoTokenizer.from_pretrained(path)
         if (parent.config or {}).get("chat_template"):
             tokenizer.chat_template = parent.config["chat_template"]
-        if kind == "adapter":
+        if kind == ArtifactKind.adapter:
             from peft import PeftModel
 
             base = AutoModelForCausalLM.from_pretrained(resolve_model(parent.model, self.settings), dtype=dtype)
@@ -76,7 +76,7 @@ class ChatProcess(JobProcess):
                 if request.get("type") == "close":
                     self.events.log("The GPU chat session was closed")
                     return 0
-                self.answer(model, tokenizer, kind == "adapter", request)
+                self.answer(model, tokenizer, kind == ArtifactKind.adapter, request)
                 last = time.monotonic()
         finally:
             self.redis.delete(ready_key(self.job_id), requests_key(self.job_id))

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lanner.core.models import Artifact, Job, JobKind, JobStatus
+from lanner.core.models import Artifact, ArtifactKind, Job, JobKind, JobStatus
 from lanner.backend.paths import inside
 from lanner.core.settings import Settings
 from lanner.core.default_model import DEFAULT_MODEL_ID, DefaultModelMissing, gguf_path
@@ -77,7 +77,7 @@ def tuned_model(session: Session, settings: Settings, job: Job) -> ModelFile:
     found = session.execute(
         select(Artifact).join(Job, Artifact.job_id == Job.id)
         .where(Job.parent_job_id == job.id, Job.kind == JobKind.export, Job.status == JobStatus.succeeded,
-               Artifact.kind == "gguf").order_by(Artifact.id.desc())).scalars().all()
+               Artifact.kind == ArtifactKind.gguf).order_by(Artifact.id.desc())).scalars().all()
     for artifact in sorted(found, key=lambda a: _type_rank(a.name)):  # stable: newest first within a type
         if inside(settings.data_dir, artifact.path) and (settings.data_dir / artifact.path).is_file():
             path = (settings.data_dir / artifact.path).resolve()
