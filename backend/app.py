@@ -7,6 +7,7 @@ from fastapi import FastAPI
 
 from lanner.backend.errors import BodyLimit, document_common_errors, install_error_handlers
 from lanner.backend.frontend_files import mount_frontend
+from lanner.backend.openapi_document import document_messages
 from lanner.backend.routers import artifacts, auth, catalog, datasets, health, jobs, live, metrics, playground, tokens, users
 from lanner.core.settings import get_settings
 
@@ -38,4 +39,5 @@ def create_app() -> FastAPI:
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, exempt=STREAMING_UPLOAD_PATHS)
     mount_frontend(app, settings.frontend_dir)
     document_common_errors(app)
+    document_messages(app)
     return app

@@ -1,0 +1,58 @@
+"""The API's OpenAPI document, with the messages of its streams among the components, so that the web
+UI's types are generated from one file (frontend/openapi.json -> frontend/src/api/schema.d.ts).
+
+    python -m lanner.backend.openapi_document frontend/openapi.json
+
+builds the app without serving it (no database, no Redis) and writes the document; `./lanner
+api-types` runs it and then the TypeScript generator.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from fastapi import FastAPI
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+# Messages sent over WebSockets and Redis, which no route declares: one line each.
+MESSAGE_MODELS: list[type[BaseModel]] = []
+
+
+def document_messages(app: FastAPI, models: list[type[BaseModel]] = MESSAGE_MODELS) -> None:
+    """Adds `models` (and the models they refer to) to the document's components.schemas."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = build()
+        if models:
+            _, found = models_json_schema([(model, "serialization") for model in models],
+                                          ref_template="#/components/schemas/{model}")
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            for name, schema in found.get("$defs", {}).items():
+                if name in schemas and schemas[name] != schema:
+                    raise ValueError(f"two different schemas are named {name} in the OpenAPI document")
+                schemas[name] = schema
+        return document
+
+    app.openapi = openapi
+
+
+def document_text() -> str:
+    from lanner.backend.app import create_app
+
+    return json.dumps(create_app().openapi(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.exit("usage: python -m lanner.backend.openapi_document OUT.json")
+    Path(args[0]).write_text(document_text(), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
