@@ -7,47 +7,42 @@ refreshed while the job runs: a worker that dies mid-job frees its devices by it
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
 from datetime import datetime, timezone
 
 from redis import Redis
+
+from lanner.core.messages.device import Device, WorkerRecord
 
 WORKER_KEY_PREFIX = "lanner:worker:"
 HEARTBEAT_SECONDS = 2.0
 WORKER_TTL_SECONDS = 10
 
 
-def announce_worker(redis: Redis, name: str, device: dict) -> None:
-    record = {"name": name, "device": device, "last_seen": datetime.now(timezone.utc).isoformat()}
-    redis.set(WORKER_KEY_PREFIX + name, json.dumps(record), ex=WORKER_TTL_SECONDS)
+def announce_worker(redis: Redis, name: str, device: Device) -> None:
+    record = WorkerRecord(name=name, device=device, last_seen=datetime.now(timezone.utc).isoformat())
+    redis.set(WORKER_KEY_PREFIX + name, record.model_dump_json(exclude={"reserved_by"}), ex=WORKER_TTL_SECONDS)
 
 
 def retire_worker(redis: Redis, name: str) -> None:
     redis.delete(WORKER_KEY_PREFIX + name)
 
 
-def live_workers(redis: Redis) -> list[dict]:
+def live_workers(redis: Redis) -> list[WorkerRecord]:
     """Every live worker's record, each with `reserved_by`: the worker whose job holds its device
     (itself while it runs a job, another worker while it lends the device to a multi-GPU job)."""
     keys = sorted(redis.scan_iter(match=WORKER_KEY_PREFIX + "*", count=100))
-    records = [json.loads(raw) for raw in redis.mget(keys) if raw] if keys else []
-    holders = device_holders(redis, [record["device"].get("id") for record in records])
+    records = [WorkerRecord.model_validate_json(raw) for raw in redis.mget(keys) if raw] if keys else []
+    holders = device_holders(redis, [record.device.id for record in records])
     for record in records:
-        record["reserved_by"] = holders.get(record["device"].get("id"))
-    return sorted(records, key=lambda record: record["name"])
+        record.reserved_by = holders.get(record.device.id)
+    return sorted(records, key=lambda record: record.name)
 
 
-def machine_of(device: dict) -> str | None:
-    """The machine a device is on: a GPU's `machine` (the box, which containers of one box each name
-    under their own host name), else its host."""
-    return device.get("machine") or device.get("host")
-
-
-def largest_machine(records: list[dict]) -> int:
+def largest_machine(records: list[WorkerRecord]) -> int:
     """How many live workers' devices the best-equipped machine has, counting devices of one kind on
     one machine (what a job on several devices may use). 0 when no worker is live."""
-    machines = Counter((record["device"].get("kind"), machine_of(record["device"])) for record in records)
+    machines = Counter((record.device.kind, record.device.machine_name) for record in records)
     return max(machines.values(), default=0)
 
 

@@ -14,6 +14,7 @@ import time
 from celery import Celery
 from celery.signals import worker_ready, worker_shutdown
 
+from lanner.core.messages.device import Device
 from lanner.core.queue.claim import DISPATCH_TASK
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import get_settings
@@ -56,26 +57,26 @@ _stop_heartbeat = threading.Event()
 _heartbeat_thread: list[threading.Thread] = []
 
 
-def _heartbeat(name: str, device: dict) -> None:
+def _heartbeat(name: str, device: Device) -> None:
     """Every HEARTBEAT_SECONDS: this worker's record (with its device's free memory, which other
     workers read to place multi-GPU jobs) and a sample of its device on the hardware stream."""
     redis = get_redis(settings.redis_url)
     sample = device_sampler(device)
     while not _stop_heartbeat.is_set():
         try:
-            announce_worker(redis, name, {**device, "memory_free_bytes": free_memory(device)})
+            announce_worker(redis, name, device.with_free_memory(free_memory(device)))
             if os.environ.get("LANNER_GPU_CLAIM"):
                 keep_gpu_claim(redis, os.environ["LANNER_GPU_CLAIM"], name)
-            holder = device_holders(redis, [device["id"]]).get(device["id"])
+            holder = device_holders(redis, [device.id]).get(device.id)
             publish(redis, HARDWARE_STREAM, "device",
-                    {"worker": name, "device_id": device["id"], "name": device["name"], "index": device.get("index"),
+                    {"worker": name, "device_id": device.id, "name": device.name, "index": device.index,
                      "reserved_by": holder, **sample()}, maxlen=SHARED_STREAM_MAXLEN)
         except Exception:  # Redis restarting: keep trying, the key expires meanwhile
             pass
         _stop_heartbeat.wait(HEARTBEAT_SECONDS)
 
 
-def _janitor(name: str, device: dict) -> None:
+def _janitor(name: str, device: Device) -> None:
     """Fails jobs left running by dead workers, and wakes this worker when a job it could take waits
     while it idles (a wake-up lost with a Redis flush, or taken by a worker that had no room for the
     job, must not strand the queue)."""

@@ -1,10 +1,5 @@
-"""What device this worker owns: one GPU through NVML, or the CPU through psutil.
-
-A device is a dict: kind ("cuda" or "cpu"), name, memory_total_bytes, index (NVML's), id and host.
-The id names it in the device reservations (lanner.core.worker_registry): a GPU's UUID, unique
-across hosts; for the CPU, the worker's own name, so that several CPU workers of one machine stand
-in for several GPUs (tests, and a CPU box that runs multi-process jobs).
-"""
+"""What device this worker owns: one GPU through NVML, or the CPU through psutil, as a Device
+(lanner.core.messages.device)."""
 from __future__ import annotations
 
 import os
@@ -12,6 +7,8 @@ import platform
 import socket
 
 import psutil
+
+from lanner.core.messages.device import Device
 
 
 def _nvml():
@@ -41,7 +38,7 @@ def gpu_uuids() -> list[str]:
     return [_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(nvml.nvmlDeviceGetCount())]
 
 
-def cpu_device(worker_name: str | None = None) -> dict:
+def cpu_device(worker_name: str | None = None) -> Device:
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as cpuinfo:
@@ -49,12 +46,11 @@ def cpu_device(worker_name: str | None = None) -> dict:
     except (OSError, StopIteration):
         pass
     host = socket.gethostname()
-    return {"kind": "cpu", "name": f"{name} ({psutil.cpu_count()} threads)",
-            "memory_total_bytes": psutil.virtual_memory().total, "index": None,
-            "id": f"cpu:{worker_name or host}", "host": host}
+    return Device(kind="cpu", name=f"{name} ({psutil.cpu_count()} threads)",
+                  memory_total_bytes=psutil.virtual_memory().total, id=f"cpu:{worker_name or host}", host=host)
 
 
-def current_device(worker_name: str | None = None) -> dict:
+def current_device(worker_name: str | None = None) -> Device:
     """The device this process trains on: the first GPU CUDA_VISIBLE_DEVICES shows it, or the CPU."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1"):
@@ -65,26 +61,26 @@ def current_device(worker_name: str | None = None) -> dict:
     first = (visible or "0").split(",")[0].strip()
     handle = (nvml.nvmlDeviceGetHandleByUUID(first) if first.startswith(("GPU-", "MIG-"))
               else nvml.nvmlDeviceGetHandleByIndex(int(first)))
-    return {"kind": "cuda", "name": _text(nvml.nvmlDeviceGetName(handle)),
-            "memory_total_bytes": int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
-            "index": int(nvml.nvmlDeviceGetIndex(handle)), "id": _text(nvml.nvmlDeviceGetUUID(handle)),
-            "host": socket.gethostname(), "machine": min(gpu_uuids())}  # the box, the same in each container
+    return Device(kind="cuda", name=_text(nvml.nvmlDeviceGetName(handle)),
+                  memory_total_bytes=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
+                  index=int(nvml.nvmlDeviceGetIndex(handle)), id=_text(nvml.nvmlDeviceGetUUID(handle)),
+                  host=socket.gethostname(), machine=min(gpu_uuids()))
 
 
-def free_memory(device: dict) -> int:
+def free_memory(device: Device) -> int:
     """Bytes a new job could use on the device now: NVML's free memory for a GPU (what other
     processes hold is not free), the memory available to new processes for the CPU."""
-    if device.get("kind") == "cuda":
+    if device.kind == "cuda":
         nvml = _nvml()
         if nvml:
-            return int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByUUID(device["id"])).free)
-        return int(device["memory_total_bytes"])
+            return int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByUUID(device.id)).free)
+        return device.memory_total_bytes
     return int(psutil.virtual_memory().available)
 
 
-def is_local(device: dict) -> bool:
+def is_local(device: Device) -> bool:
     """Whether this process can run on the device: a GPU of this machine (containers of one box
     each see all its GPUs), or a CPU slot of this host. One job's ranks all run on one machine."""
-    if device.get("kind") == "cuda":
-        return device.get("id") in gpu_uuids()
-    return device.get("kind") == "cpu" and device.get("host") == socket.gethostname()
+    if device.kind == "cuda":
+        return device.id in gpu_uuids()
+    return device.host == socket.gethostname()

@@ -26,13 +26,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from lanner.core.db import session_factory
 from lanner.core.models import Artifact, ArtifactKind, Job, JobKind, JobStatus
 from lanner.core.queue.order import job_summary, publish_queue_event
+from lanner.core.messages.device import Device, Placement, WorkerRecord, devices_of
 from lanner.core.messages.signals import cancel_requested, clear_cancel
-from lanner.core.queue.claim import (claim_next_job, device_capacity, has_runnable_job, multi_device_capacity,
+from lanner.core.queue.claim import (claim_next_job, has_runnable_job, multi_device_capacity,
                                      note_waiting_jobs, sweep_orphaned_jobs, unclaim_job, wake_worker)
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import Settings
 from lanner.core.worker_registry import (HEARTBEAT_SECONDS, device_holders, keep_devices, largest_machine,
-                                            live_workers, release_devices, reserve_devices)
+                                         live_workers, release_devices, reserve_devices)
 from lanner.worker.devices import free_memory, is_local
 from lanner.worker.events import JobEvents, finish_job
 from lanner.worker.job_process import EXIT_CANCELLED
@@ -98,39 +99,38 @@ class DeviceLease:
             log.warning("could not release devices %s", self.device_ids, exc_info=True)
 
 
-def _machine(redis: Redis, device: dict) -> list[dict]:
+def _machine(redis: Redis, device: Device) -> list[WorkerRecord]:
     """The live workers' records of the other devices of this machine (same kind), idle or busy."""
     return [record for record in live_workers(redis)
-            if record["device"].get("id") != device.get("id") and record["device"].get("kind") == device.get("kind")
-            and is_local(record["device"])]
+            if record.device.id != device.id and record.device.kind == device.kind and is_local(record.device)]
 
 
-def idle_devices(redis: Redis, device: dict) -> list[dict]:
+def idle_devices(redis: Redis, device: Device) -> list[Device]:
     """The other devices of this machine (same kind) that a live worker owns and no job holds, with
     their free memory as their worker last measured it: what a multi-GPU job may borrow."""
-    return [record["device"] for record in _machine(redis, device) if not record["reserved_by"]]
+    return [record.device for record in _machine(redis, device) if not record.reserved_by]
 
 
-def machine_memory(redis: Redis, device: dict) -> list[int]:
+def machine_memory(redis: Redis, device: Device) -> list[int]:
     """The total memory of every other device of this machine: what the backfill guard judges by
     (claim_next_job's `machine`)."""
-    return [record["device"]["memory_total_bytes"] for record in _machine(redis, device)]
+    return [record.device.memory_total_bytes for record in _machine(redis, device)]
 
 
-def could_run_a_job(settings: Settings, worker_name: str, device: dict) -> bool:
+def could_run_a_job(settings: Settings, worker_name: str, device: Device) -> bool:
     """Whether this idle worker would find a job to take now (its device is not lent out, and a
     queued job fits it, alone or with idle devices)."""
     redis = get_redis(settings.redis_url)
-    holder = device_holders(redis, [device.get("id")]).get(device.get("id"))
+    holder = device_holders(redis, [device.id]).get(device.id)
     if holder not in (None, worker_name):
         return False
-    own = {**device, "memory_free_bytes": free_memory(device)}
-    others = [device_capacity(other) for other in idle_devices(redis, device)]
+    own = device.with_free_memory(free_memory(device))
+    others = [other.capacity for other in idle_devices(redis, device)]
     with session_factory(settings.database_url)() as session:
         return has_runnable_job(session, own, others=others, machine=machine_memory(redis, device))
 
 
-def run_queue(settings: Settings, worker_name: str, device: dict) -> list[int]:
+def run_queue(settings: Settings, worker_name: str, device: Device) -> list[int]:
     """Runs queued jobs that fit this device until none is left; returns the ids it ran."""
     sessions = session_factory(settings.database_url)
     redis = get_redis(settings.redis_url)
@@ -139,7 +139,7 @@ def run_queue(settings: Settings, worker_name: str, device: dict) -> list[int]:
     passed_over: set[int] = set()  # jobs whose devices another worker took while this one claimed them
     while True:
         with DeviceLease(redis, worker_name) as lease:
-            if not lease.take([device["id"]]):
+            if not lease.take([device.id]):
                 return ran  # the device is lent to another worker's multi-GPU job
             placed = _claim(sessions, redis, worker_name, device, lease, passed_over)
             if placed is None:
@@ -149,21 +149,22 @@ def run_queue(settings: Settings, worker_name: str, device: dict) -> list[int]:
             if job is None:
                 continue
             run_job(settings, sessions, redis, job, worker_name, placement)
-            lent = [device_id for device_id in lease.device_ids if device_id != device["id"]]
+            lent = [device_id for device_id in lease.device_ids if device_id != device.id]
         ran.append(job.id)
         if lent:  # wake the workers whose devices this job borrowed: jobs may wait for them
             _wake_owners(settings, redis, lent)
 
 
-def _claim(sessions: sessionmaker[Session], redis: Redis, worker_name: str, device: dict, lease: DeviceLease,
-           passed_over: set[int]) -> tuple[Job | None, dict] | None:
-    """Claims the next job that fits and reserves the devices it needs. None: nothing fits (or what
-    fits ranks behind a job on several devices that this machine is drained for, claim_next_job);
-    (None, {}): the job's devices were taken meanwhile, it went back to the queue, look again."""
-    own = {**device, "memory_free_bytes": free_memory(device)}
-    others = sorted(idle_devices(redis, device), key=device_capacity, reverse=True)
+def _claim(sessions: sessionmaker[Session], redis: Redis, worker_name: str, device: Device, lease: DeviceLease,
+           passed_over: set[int]) -> tuple[Job | None, Device | None] | None:
+    """Claims the next job that fits and reserves the devices it needs; returns it with where it runs
+    (this device, or a Placement on several). None: nothing fits (or what fits ranks behind a job on
+    several devices that this machine is drained for, claim_next_job); (None, None): the job's devices
+    were taken meanwhile, it went back to the queue, look again."""
+    own = device.with_free_memory(free_memory(device))
+    others = sorted(idle_devices(redis, device), key=lambda other: other.capacity, reverse=True)
     with sessions() as session:
-        job = claim_next_job(session, worker_name, own, others=[device_capacity(other) for other in others],
+        job = claim_next_job(session, worker_name, own, others=[other.capacity for other in others],
                              exclude=tuple(passed_over), machine=machine_memory(redis, device))
         if job is None:
             return None
@@ -171,18 +172,15 @@ def _claim(sessions: sessionmaker[Session], redis: Redis, worker_name: str, devi
         if count == 1:
             return job, own
         borrowed = others[:count - 1]
-        if len(borrowed) < count - 1 or not lease.take([other["id"] for other in borrowed]):
+        if len(borrowed) < count - 1 or not lease.take([other.id for other in borrowed]):
             unclaim_job(session, job.id, worker_name)
             passed_over.add(job.id)
-            return None, {}
-        devices = [own, *borrowed]
-        capacity = multi_device_capacity(own, [device_capacity(other) for other in borrowed], count)
+            return None, None
+        capacity = multi_device_capacity(own, [other.capacity for other in borrowed], count)
         estimate = job.memory_estimate_bytes
-        placement = {"kind": own["kind"], "name": f"{count} × {own['name']}",
-                     "memory_total_bytes": sum(d["memory_total_bytes"] for d in devices),
-                     "index": own.get("index"), "id": own["id"], "host": own.get("host"), "devices": devices,
-                     "strategy": "ddp" if estimate is None or not capacity or estimate <= capacity else "fsdp"}
-        job.device = placement
+        placement = Placement.of([own, *borrowed],
+                                 "ddp" if estimate is None or not capacity or estimate <= capacity else "fsdp")
+        job.device = placement.record()
         session.commit()
         return job, placement
 
@@ -198,39 +196,39 @@ def _note_waiting_jobs(sessions: sessionmaker[Session], redis: Redis) -> None:
 
 def _wake_owners(settings: Settings, redis: Redis, device_ids: list[str]) -> None:
     for record in live_workers(redis):
-        if record["device"].get("id") in device_ids:
-            wake_worker(settings, record["name"])
+        if record.device.id in device_ids:
+            wake_worker(settings, record.name)
 
 
-def _launch_command(job: Job, device: dict) -> tuple[list[str], dict]:
+def _launch_command(job: Job, placement: Device) -> tuple[list[str], dict]:
     """The command line and the environment changes that run the job on its device(s)."""
-    devices = device.get("devices")
-    if not devices:
+    if not isinstance(placement, Placement):
         return [sys.executable, "-m", PROCESS_MODULES[job.kind], str(job.id)], {}
-    visible = ",".join(d["id"] for d in devices) if device["kind"] == "cuda" else ""
-    return ([sys.executable, "-m", "lanner.worker.distributed", "launch", str(job.id), "--nproc", str(len(devices)),
-             "--strategy", device["strategy"]], {"CUDA_VISIBLE_DEVICES": visible})
+    visible = ",".join(device.id for device in placement.devices) if placement.kind == "cuda" else ""
+    return ([sys.executable, "-m", "lanner.worker.distributed", "launch", str(job.id), "--nproc",
+             str(len(placement.devices)), "--strategy", placement.strategy], {"CUDA_VISIBLE_DEVICES": visible})
 
 
 def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, job: Job,
-            worker_name: str, device: dict) -> JobStatus:
-    """Runs one claimed job on `device` (one device, or several under "devices" with a "strategy")
-    and writes its final status."""
+            worker_name: str, placement: Device) -> JobStatus:
+    """Runs one claimed job on `placement` (one device, or a Placement on several) and writes its
+    final status."""
     events = JobEvents(job.id, redis, sessions)
-    devices = device.get("devices") or [device]
-    events.status(JobStatus.running, worker=worker_name, device=device)
+    devices = devices_of(placement)
+    events.status(JobStatus.running, worker=worker_name, device=placement.record())
     publish_queue_event(redis, "started", {**job_summary(job), "status": JobStatus.running.value,
-                                           "worker": worker_name, "devices": [d.get("id") for d in devices]})
+                                           "worker": worker_name, "devices": [device.id for device in devices]})
     settings.ensure_dirs()
     log_path = job_log_path(settings, job.id)
-    command, env_changes = _launch_command(job, device)
+    command, env_changes = _launch_command(job, placement)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
            "LANNER_DATA_DIR": str(settings.data_dir), "LANNER_DATABASE_URL": settings.database_url,
            "LANNER_REDIS_URL": settings.redis_url, **env_changes}
     with open(log_path, "ab") as out:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
                                    preexec_fn=_die_with_parent)
-    where = f"{len(devices)} devices ({device['strategy'].upper()})" if len(devices) > 1 else device.get("name")
+    where = (f"{len(devices)} devices ({placement.strategy.upper()})" if isinstance(placement, Placement)
+             else placement.name)
     events.log(f"{PROCESS_LABELS[job.kind]} process started (pid {process.pid}) on {where}")
     samplers = _samplers(devices, events, process.pid)
     cancel_requested_at = None
@@ -256,11 +254,11 @@ def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, j
     return status
 
 
-def _samplers(devices: list[dict], events: JobEvents, pid: int) -> list[DeviceSampler]:
+def _samplers(devices: list[Device], events: JobEvents, pid: int) -> list[DeviceSampler]:
     """One telemetry sampler per GPU of the job; one for the CPU (its slots share one machine)."""
     samplers = []
-    for rank, device in enumerate(devices if devices[0].get("kind") == "cuda" else devices[:1]):
-        labels = {"device_id": device.get("id")} | ({"rank": rank} if len(devices) > 1 else {})
+    for rank, device in enumerate(devices if devices[0].kind == "cuda" else devices[:1]):
+        labels = {"device_id": device.id} | ({"rank": rank} if len(devices) > 1 else {})
         sampler = DeviceSampler(device, lambda values, labels=labels: events.device({**values, **labels}), pid=pid)
         sampler.start()
         samplers.append(sampler)
@@ -326,9 +324,9 @@ def sweep_orphans(settings: Settings, worker_name: str | None = None) -> list[in
                 reason=f"The worker {worker_name} stopped while running this job (killed or crashed) "
                        f"and has restarted; the job did not finish.")
         else:
-            alive = {record["name"] for record in live_workers(redis)}
+            alive = {record.name for record in live_workers(redis)}
             time.sleep(HEARTBEAT_SECONDS * 1.5)
-            alive |= {record["name"] for record in live_workers(redis)}
+            alive |= {record.name for record in live_workers(redis)}
             swept = sweep_orphaned_jobs(session, alive, resume_point=resume_point)
         jobs = {job_id: session.get(Job, job_id) for job_id in swept}
         summaries = {job_id: job_summary(job) for job_id, job in jobs.items()}

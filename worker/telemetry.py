@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import psutil
 
+from lanner.core.messages.device import Device
+
 SAMPLE_SECONDS = 2.0
 
 
@@ -71,23 +73,23 @@ def _cpu_sampler(pid: int | None) -> Callable[[], dict]:
     return sample
 
 
-def device_sampler(device: dict) -> Callable[[], dict]:
-    """A sample of the whole device, whoever uses it (the hardware view)."""
-    return _gpu_sampler(device["index"]) if device.get("kind") == "cuda" else _cpu_sampler(None)
+def device_sampler(device: Device, pid: int | None = None) -> Callable[[], dict]:
+    """A sample of the device: of all of it, whoever uses it (the hardware view); on the CPU, with
+    `pid`, also of that process and its descendants (a job's view)."""
+    return _gpu_sampler(device.index) if device.kind == "cuda" else _cpu_sampler(pid)
 
 
 class DeviceSampler(threading.Thread):
     """Calls `emit(sample)` every SAMPLE_SECONDS until stopped. For the CPU it also reports the
     training process's own CPU and resident memory."""
 
-    def __init__(self, device: dict, emit: Callable[[dict], None], pid: int | None = None,
+    def __init__(self, device: Device, emit: Callable[[dict], None], pid: int | None = None,
                  interval: float = SAMPLE_SECONDS):
         super().__init__(daemon=True, name="lanner-device-sampler")
         self.emit = emit
         self.interval = interval
         self._stop_event = threading.Event()
-        self.sample = (_gpu_sampler(device["index"]) if device.get("kind") == "cuda"
-                       else _cpu_sampler(pid))
+        self.sample = device_sampler(device, pid)
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):

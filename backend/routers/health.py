@@ -6,6 +6,7 @@ from pydantic import BaseModel
 from sqlalchemy.engine import make_url
 
 from lanner.core import db
+from lanner.core.messages.device import WorkerRecord
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import Settings, get_settings
 from lanner.core.worker_registry import live_workers
@@ -20,29 +21,12 @@ class PartHealth(BaseModel):
     detail: str | None = None
 
 
-class Device(BaseModel):
-    kind: str
-    name: str
-    memory_total_bytes: int
-    index: int | None = None
-    id: str | None = None
-    host: str | None = None
-    memory_free_bytes: int | None = None
-
-
-class WorkerHealth(BaseModel):
-    name: str
-    device: Device
-    last_seen: str
-    reserved_by: str | None = None  # the worker whose job holds this device (itself, or a multi-GPU job's)
-
-
 class Health(BaseModel):
     status: str
     version: str
     database: PartHealth
     redis: PartHealth
-    workers: list[WorkerHealth]
+    workers: list[WorkerRecord]
 
 
 def _database_health(url: str) -> PartHealth:
@@ -57,7 +41,7 @@ def _database_health(url: str) -> PartHealth:
     return PartHealth(ok=True, url=shown)
 
 
-def _redis_health(url: str) -> tuple[PartHealth, list[dict]]:
+def _redis_health(url: str) -> tuple[PartHealth, list[WorkerRecord]]:
     shown = make_url(url).render_as_string(hide_password=True) if "@" in url else url
     try:
         redis = get_redis(url)

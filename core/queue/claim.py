@@ -15,6 +15,7 @@ from redis import Redis
 from sqlalchemy import and_, or_, select, true, update
 from sqlalchemy.orm import Session
 
+from lanner.core.messages.device import Device
 from lanner.core.queue import order as queue_order
 from lanner.core.queue.order import QUEUE_ORDER
 from lanner.core.models import Job, JobKind, JobStatus
@@ -78,20 +79,13 @@ def wake_worker(settings: Settings, worker_name: str) -> bool:
         return False
 
 
-def device_capacity(device: dict) -> int | None:
-    """Bytes a job may use on the device: its free memory when measured, else its total."""
-    return device.get("memory_free_bytes", device.get("memory_total_bytes"))
-
-
-def multi_device_capacity(device: dict, others: list[int], count: int) -> int | None:
+def multi_device_capacity(device: Device, others: list[int], count: int) -> int | None:
     """The free memory of the emptiest of `count` devices: this worker's own and the roomiest
     count - 1 of `others` (the free memory of the other devices it could reserve). None when there
     are not that many."""
     if count - 1 > len(others):
         return None
-    best = sorted(others, reverse=True)[:count - 1]
-    own = device_capacity(device)
-    return min([own, *best]) if own is not None else min(best, default=None)
+    return min([device.capacity, *sorted(others, reverse=True)[:count - 1]])
 
 
 def _fits(capacity: int | None, per_device_share: int = 1):
@@ -102,10 +96,10 @@ def _fits(capacity: int | None, per_device_share: int = 1):
     return or_(Job.memory_estimate_bytes.is_(None), Job.memory_estimate_bytes <= capacity * per_device_share)
 
 
-def _runnable(device: dict, kinds: tuple[JobKind, ...], others: list[int] = (), exclude: tuple[int, ...] = ()):
+def _runnable(device: Device, kinds: tuple[JobKind, ...], others: list[int] = (), exclude: tuple[int, ...] = ()):
     """A queued job this worker could run: one device that fits (gpus 0 or 1), or N devices (this
     one and N - 1 of `others`) that fit it, replicated (DDP) or, failing that, sharded (FSDP)."""
-    single = and_(Job.gpus <= 1, _fits(device_capacity(device)))
+    single = and_(Job.gpus <= 1, _fits(device.capacity))
     fitting = [single]
     for count in range(2, len(others) + 2):
         capacity = multi_device_capacity(device, list(others), count)
@@ -123,20 +117,20 @@ def _rank(row) -> tuple:  # QUEUE_ORDER as a tuple: smaller runs first
     return -row.priority, row.queue_order, row.id
 
 
-def _first_waiting_multi_device_job(session: Session, device: dict, kinds: tuple[JobKind, ...],
+def _first_waiting_multi_device_job(session: Session, device: Device, kinds: tuple[JobKind, ...],
                                     machine: list[int]) -> tuple | None:
     """The rank of the first queued job on several devices that this machine could hold with all its
     devices free: this device and N - 1 of `machine` (the total memory of every other device of the
     machine, idle or busy). The backfill guard: this worker takes no job ranked behind it."""
     if not machine:
         return None
-    whole = {key: value for key, value in device.items() if key != "memory_free_bytes"}
+    whole = device.with_free_memory(None)
     row = session.execute(select(*_RANK_COLUMNS).where(*_runnable(whole, kinds, machine), Job.gpus >= 2)
                           .order_by(*QUEUE_ORDER).limit(1)).first()
     return _rank(row) if row else None
 
 
-def has_runnable_job(session: Session, device: dict, kinds: tuple[JobKind, ...] = tuple(JobKind),
+def has_runnable_job(session: Session, device: Device, kinds: tuple[JobKind, ...] = tuple(JobKind),
                      others: list[int] = (), machine: list[int] = ()) -> bool:
     """Whether a queued job that this device (with `others` and `machine`, see claim_next_job) could
     take is waiting."""
@@ -146,7 +140,7 @@ def has_runnable_job(session: Session, device: dict, kinds: tuple[JobKind, ...] 
     return row is not None and (held_for is None or _rank(row) <= held_for)
 
 
-def claim_next_job(session: Session, worker_name: str, device: dict,
+def claim_next_job(session: Session, worker_name: str, device: Device,
                    kinds: tuple[JobKind, ...] = tuple(JobKind), others: list[int] = (),
                    exclude: tuple[int, ...] = (), machine: list[int] = ()) -> Job | None:
     """Take the highest-priority queued job (priority desc, queue_order asc, id asc) that fits, mark
@@ -179,7 +173,7 @@ def claim_next_job(session: Session, worker_name: str, device: dict,
         job_id = row.id
         taken = session.execute(
             update(Job).where(Job.id == job_id, Job.status == JobStatus.queued)
-            .values(status=JobStatus.running, worker=worker_name, device=device, error=None,
+            .values(status=JobStatus.running, worker=worker_name, device=device.record(), error=None,
                     started_at=datetime.now(timezone.utc), finished_at=None)
             .execution_options(synchronize_session=False)
         ).rowcount

@@ -2,6 +2,7 @@
 say what the machines have; queued with the reason it waits when no worker is live."""
 from __future__ import annotations
 
+from lanner.core.messages.device import Device
 from lanner.core.worker_registry import announce_worker
 
 from backend_helpers import CHAT_ROWS, upload
@@ -9,10 +10,10 @@ from backend_helpers import CHAT_ROWS, upload
 MODEL = "builtin/SmolLM2-135M-Instruct"
 
 
-def gpu(uuid: str, host: str) -> dict:
+def gpu(uuid: str, host: str) -> Device:
     # Two containers of one box (docker-compose replicas): their own host names, the box's machine.
-    return {"kind": "cuda", "name": "H200", "memory_total_bytes": 140 * 2**30, "index": 0, "id": uuid,
-            "host": host, "machine": "GPU-a", "memory_free_bytes": 139 * 2**30}
+    return Device(kind="cuda", name="H200", memory_total_bytes=140 * 2**30, index=0, id=uuid,
+                  host=host, machine="GPU-a", memory_free_bytes=139 * 2**30)
 
 
 def test_a_job_on_more_gpus_than_the_largest_machine_is_refused_or_waits_saying_why(team, wakes):
@@ -31,8 +32,8 @@ def test_a_job_on_more_gpus_than_the_largest_machine_is_refused_or_waits_saying_
     redis = team.api.redis
     announce_worker(redis, "gpu@c1", gpu("GPU-a", "c1"))
     announce_worker(redis, "gpu@c2", gpu("GPU-b", "c2"))
-    announce_worker(redis, "cpu0@laptop", {"kind": "cpu", "name": "cpu", "memory_total_bytes": 2**34,
-                                           "id": "cpu:cpu0@laptop", "host": "laptop"})
+    announce_worker(redis, "cpu0@laptop", Device(kind="cpu", name="cpu", memory_total_bytes=2**34,
+                                                 id="cpu:cpu0@laptop", host="laptop"))
     refused = submit(4)
     assert refused.status_code == 422, refused.text
     assert refused.json()["detail"][0]["loc"] == ["body", "gpus"]

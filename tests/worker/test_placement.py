@@ -10,6 +10,7 @@ import socket
 import pytest
 from fastapi.testclient import TestClient
 
+from lanner.core.messages.device import Device
 from lanner.core.queue.order import QUEUE_ORDER
 from lanner.core.models import Job, JobStatus
 from lanner.core.queue.claim import claim_next_job, has_runnable_job, unclaim_job, waiting_reason
@@ -24,8 +25,8 @@ from lanner.worker.runner import DeviceLease, _claim, idle_devices
 from test_queue import GIB, add_job, make_db
 from worker_helpers import WORKER_REDIS_URL, qa_rows
 
-FAST = {"max_steps": 2, "before_after_eval": False}
-GPU = {"kind": "cuda", "name": "test gpu", "memory_total_bytes": 80 * GIB, "index": 0, "id": "GPU-a", "host": "box"}
+FAST = {"hyperparameters": {"max_steps": 2, "before_after_eval": False}}
+GPU = Device(kind="cuda", name="test gpu", memory_total_bytes=80 * GIB, index=0, id="GPU-a", host="box")
 
 
 def test_a_job_must_fit_the_free_memory_not_the_total(database_url):
@@ -33,11 +34,11 @@ def test_a_job_must_fit_the_free_memory_not_the_total(database_url):
     with factory() as session:
         big = add_job(session, owner, "big", priority=5, memory_estimate_bytes=10 * GIB)
         small = add_job(session, owner, "small", memory_estimate_bytes=4 * GIB)
-    busy_gpu = {**GPU, "memory_free_bytes": 6 * GIB}  # another process holds 74 GiB of it
+    busy_gpu = GPU.with_free_memory(6 * GIB)  # another process holds 74 GiB of it
     with factory() as session:
         assert claim_next_job(session, "gpu0@box", busy_gpu).id == small
         assert claim_next_job(session, "gpu0@box", busy_gpu) is None
-        assert claim_next_job(session, "gpu0@box", {**GPU, "memory_free_bytes": 79 * GIB}).id == big
+        assert claim_next_job(session, "gpu0@box", GPU.with_free_memory(79 * GIB)).id == big
 
 
 def test_a_job_on_several_devices_needs_that_many_that_fit(database_url):
@@ -47,7 +48,7 @@ def test_a_job_on_several_devices_needs_that_many_that_fit(database_url):
         sharded = add_job(session, owner, "fits two halves", gpus=2, priority=2, memory_estimate_bytes=14 * GIB)
         add_job(session, owner, "too big even halved", gpus=2, priority=9, memory_estimate_bytes=20 * GIB)
         add_job(session, owner, "three devices", gpus=3, priority=9, memory_estimate_bytes=12 * GIB)
-    own = {**GPU, "memory_free_bytes": 8 * GIB}
+    own = GPU.with_free_memory(8 * GIB)
     with factory() as session:
         assert not has_runnable_job(session, own)  # alone, this device runs none of them
         assert claim_next_job(session, "gpu0@box", own) is None
@@ -75,14 +76,14 @@ def test_a_machine_drains_for_the_first_job_on_several_devices_it_could_hold(dat
         ahead = add_job(session, owner, "one device, ahead", priority=5)
         pair = add_job(session, owner, "two devices", gpus=2, priority=3, memory_estimate_bytes=6 * GIB)
         behind = [add_job(session, owner, f"one device, behind {i}", priority=1) for i in range(2)]
-    own, box = {**GPU, "memory_free_bytes": 80 * GIB}, [80 * GIB]  # the box's other GPU runs a job
+    own, box = GPU.with_free_memory(80 * GIB), [80 * GIB]  # the box's other GPU runs a job
     with factory() as session:
         assert claim_next_job(session, "gpu0@box", own, machine=box).id == ahead
         assert not has_runnable_job(session, own, machine=box)
         assert claim_next_job(session, "gpu0@box", own, machine=box) is None
         assert has_runnable_job(session, own)  # what it holds back
         # A machine of one GPU could never hold the pair: it goes on with the jobs behind.
-        assert claim_next_job(session, "gpu0@small", {**own, "id": "GPU-s"}).id == behind[0]
+        assert claim_next_job(session, "gpu0@small", own.model_copy(update={"id": "GPU-s"})).id == behind[0]
         # The box's other GPU is idle now: the pair takes both, then the queue goes on.
         assert claim_next_job(session, "gpu0@box", own, others=box, machine=box).id == pair
         assert claim_next_job(session, "gpu0@box", own, machine=box).id == behind[1]
@@ -91,22 +92,22 @@ def test_a_machine_drains_for_the_first_job_on_several_devices_it_could_hold(dat
 def test_a_worker_leaves_its_device_idle_for_a_job_on_two_devices_until_its_machine_has_two(studio):
     redis = studio.redis
     own, other = cpu_device("cpu0@test"), cpu_device("cpu1@test")
-    announce_worker(redis, "cpu1@test", {**other, "memory_free_bytes": 8 * GIB})
+    announce_worker(redis, "cpu1@test", other.with_free_memory(8 * GIB))
     dataset = studio.dataset("qa.jsonl", qa_rows(4))
     pair = studio.job(dataset, gpus=2, priority=1)
     single = studio.job(dataset)
     sessions = _sessions(studio)
-    assert reserve_devices(redis, [other["id"]], "cpu1@test")  # cpu1 runs a job
+    assert reserve_devices(redis, [other.id], "cpu1@test")  # cpu1 runs a job
     with DeviceLease(redis, "cpu0@test") as lease:
-        assert lease.take([own["id"]])
+        assert lease.take([own.id])
         assert _claim(sessions, redis, "cpu0@test", own, lease, set()) is None
     assert studio.get_job(single).status == JobStatus.queued
 
-    release_devices(redis, [other["id"]], "cpu1@test")  # cpu1's job ended
+    release_devices(redis, [other.id], "cpu1@test")  # cpu1's job ended
     with DeviceLease(redis, "cpu0@test") as lease:
-        assert lease.take([own["id"]])
+        assert lease.take([own.id])
         job, placement = _claim(sessions, redis, "cpu0@test", own, lease, set())
-        assert job.id == pair and [d["id"] for d in placement["devices"]] == [own["id"], other["id"]]
+        assert job.id == pair and [d.id for d in placement.devices] == [own.id, other.id]
 
 
 def test_workers_say_why_a_job_on_more_devices_than_any_machine_waits(studio):
@@ -124,7 +125,7 @@ def test_workers_say_why_a_job_on_more_devices_than_any_machine_waits(studio):
     assert events == [("waiting", job_id, job.error)]
 
     announce_worker(redis, "cpu2@test", devices[2])  # a third device, busy: the job fits the machine now
-    assert reserve_devices(redis, [devices[2]["id"]], "cpu2@test")
+    assert reserve_devices(redis, [devices[2].id], "cpu2@test")
     assert runner.run_queue(settings, "cpu0@test", devices[0]) == []
     assert studio.get_job(job_id).error is None
 
@@ -157,38 +158,38 @@ def test_device_reservations_are_all_or_nothing_and_only_their_holder_frees_them
 def test_a_worker_borrows_an_idle_device_unless_another_worker_took_it_first(studio, monkeypatch):
     redis = studio.redis
     own, other = cpu_device("cpu0@test"), cpu_device("cpu1@test")
-    announce_worker(redis, "cpu1@test", {**other, "memory_free_bytes": 8 * GIB})
-    announce_worker(redis, "cpu9@elsewhere", {**cpu_device("cpu9@elsewhere"), "host": "elsewhere"})
+    announce_worker(redis, "cpu1@test", other.with_free_memory(8 * GIB))
+    announce_worker(redis, "cpu9@elsewhere", cpu_device("cpu9@elsewhere").model_copy(update={"host": "elsewhere"}))
     job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(4)), gpus=2)
     sessions = _sessions(studio)
 
     def then_cpu1_takes_its_device(redis_, device):
         """cpu1's worker reserves its own device (to run a job) just after cpu0 saw it idle."""
         found = idle_devices(redis_, device)
-        assert reserve_devices(redis, [other["id"]], "cpu1@test")
+        assert reserve_devices(redis, [other.id], "cpu1@test")
         return found
 
     monkeypatch.setattr(runner, "idle_devices", then_cpu1_takes_its_device)
     passed_over: set[int] = set()
     with DeviceLease(redis, "cpu0@test") as lease:
-        assert lease.take([own["id"]])
-        assert _claim(sessions, redis, "cpu0@test", own, lease, passed_over) == (None, {})
-        assert lease.device_ids == [own["id"]]
+        assert lease.take([own.id])
+        assert _claim(sessions, redis, "cpu0@test", own, lease, passed_over) == (None, None)
+        assert lease.device_ids == [own.id]
     assert passed_over == {job_id}
     monkeypatch.undo()
     job = studio.get_job(job_id)
     assert (job.status, job.worker, job.started_at) == (JobStatus.queued, None, None)
-    release_devices(redis, [other["id"]], "cpu1@test")
+    release_devices(redis, [other.id], "cpu1@test")
 
     with DeviceLease(redis, "cpu0@test") as lease:
-        assert lease.take([own["id"]])
+        assert lease.take([own.id])
         job, placement = _claim(sessions, redis, "cpu0@test", own, lease, set())
-        assert job.id == job_id and lease.device_ids == [own["id"], other["id"]]  # not the other host's
-        assert [d["id"] for d in placement["devices"]] == [own["id"], other["id"]] and placement["strategy"] == "ddp"
-        assert device_holders(redis, [other["id"]]) == {other["id"]: "cpu0@test"}
-        assert {r["name"]: r["reserved_by"] for r in live_workers(redis)}["cpu1@test"] == "cpu0@test"
-        assert studio.get_job(job_id).device == placement
-    assert device_holders(redis, [own["id"], other["id"]]) == {}
+        assert job.id == job_id and lease.device_ids == [own.id, other.id]  # not the other host's
+        assert [d.id for d in placement.devices] == [own.id, other.id] and placement.strategy == "ddp"
+        assert device_holders(redis, [other.id]) == {other.id: "cpu0@test"}
+        assert {r.name: r.reserved_by for r in live_workers(redis)}["cpu1@test"] == "cpu0@test"
+        assert studio.get_job(job_id).device == placement.record()
+    assert device_holders(redis, [own.id, other.id]) == {}
 
 
 def _sessions(studio):

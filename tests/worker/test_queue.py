@@ -9,6 +9,7 @@ from redis import Redis
 from sqlalchemy import select
 
 from lanner.core import db
+from lanner.core.messages.device import Device
 from lanner.core.models import Job, JobKind, JobStatus, Role, User
 from lanner.core.queue.claim import DISPATCH_TASK, claim_next_job, has_runnable_job, sweep_orphaned_jobs, wake_workers
 from lanner.core.settings import Settings
@@ -16,7 +17,7 @@ from lanner.core.settings import Settings
 from worker_helpers import WORKER_REDIS_URL
 
 GIB = 1024 ** 3
-CPU = {"kind": "cpu", "name": "test cpu", "memory_total_bytes": 8 * GIB, "index": None}
+CPU = Device(kind="cpu", name="test cpu", memory_total_bytes=8 * GIB)
 
 
 def make_db(url: str):
@@ -52,14 +53,14 @@ def test_claims_in_priority_then_queue_order_and_skips_what_does_not_fit(databas
         assert has_runnable_job(session, CPU)
         claimed = []
         while (job := claim_next_job(session, "cpu0@test", CPU)) is not None:
-            assert job.status == JobStatus.running and job.worker == "cpu0@test" and job.device == CPU
+            assert job.status == JobStatus.running and job.worker == "cpu0@test" and job.device == CPU.record()
             assert job.started_at is not None
             claimed.append(job.id)
     assert claimed == [export, high_early, high_late, fits, low, tie]
     with factory() as session:
         assert session.get(Job, too_big).status == JobStatus.queued
         assert not has_runnable_job(session, CPU)
-        big = {**CPU, "memory_total_bytes": 80 * GIB}
+        big = CPU.model_copy(update={"memory_total_bytes": 80 * GIB})
         assert has_runnable_job(session, big)
         assert claim_next_job(session, "gpu0@test", big).id == too_big
         assert claim_next_job(session, "gpu0@test", big) is None

@@ -76,6 +76,7 @@ def test_a_sweep_fails_running_jobs_whose_worker_has_no_heartbeat(studio):
     from lanner.core.models import JobStatus
     from lanner.core.settings import Settings
     from lanner.core.worker_registry import announce_worker
+    from lanner.worker.devices import cpu_device
     from lanner.worker.runner import sweep_orphans
 
     from worker_helpers import WORKER_REDIS_URL
@@ -83,7 +84,7 @@ def test_a_sweep_fails_running_jobs_whose_worker_has_no_heartbeat(studio):
     dataset = studio.dataset("qa.jsonl", qa_rows(2))
     alive = studio.job(dataset, status=JobStatus.running, worker="cpu0@alive")
     dead = studio.job(dataset, status=JobStatus.running, worker="gpu3@gone")
-    announce_worker(studio.redis, "cpu0@alive", {"kind": "cpu"})
+    announce_worker(studio.redis, "cpu0@alive", cpu_device("cpu0@alive"))
     settings = Settings(data_dir=studio.data_dir, database_url=studio.database_url, redis_url=WORKER_REDIS_URL)
     assert sweep_orphans(settings) == [dead]
     assert studio.get_job(alive).status == JobStatus.running

@@ -124,7 +124,7 @@ class CeleryWorker:
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if any(record["name"] == self.hostname for record in live_workers(self.studio.redis)):
+            if any(record.name == self.hostname for record in live_workers(self.studio.redis)):
                 return self
             assert self.process.poll() is None, self.log.read_text()[-3000:]
             time.sleep(0.3)
