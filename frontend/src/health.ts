@@ -22,6 +22,6 @@ export function useHealth(): HealthState {
 /** The word shown in the header: the server's status, or why there is none. */
 export function healthLabel(state: HealthState): 'ok' | 'degraded' | 'unreachable' | 'checking' {
   if (state.error) return 'unreachable'
-  if (state.health) return state.health.status
+  if (state.health) return state.health.status === 'ok' ? 'ok' : 'degraded'
   return 'checking'
 }

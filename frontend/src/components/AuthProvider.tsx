@@ -2,7 +2,7 @@ import { useCallback, useEffect, useMemo, useRef, useState, type ReactNode } fro
 import { useLocation, useNavigate } from 'react-router'
 import { ApiError, getJson, postJson, UNAUTHORIZED_EVENT } from '../api'
 import { AuthContext, type AuthState, type AuthStatus } from '../auth'
-import type { User } from '../types'
+import type { SetupState, User } from '../types'
 
 const PUBLIC_PATHS = ['/setup', '/signin']
 
@@ -32,7 +32,7 @@ export function AuthProvider({ children }: { children: ReactNode }) {
     const controller = new AbortController()
     async function check() {
       try {
-        const setup = await getJson<{ needed: boolean }>('/api/setup', controller.signal)
+        const setup = await getJson<SetupState>('/api/setup', controller.signal)
         if (setup.needed) {
           setStatus('setup')
           setUser(null)

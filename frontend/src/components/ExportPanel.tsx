@@ -3,13 +3,15 @@ import { getJson, postJson } from '../api'
 import { formatTime } from '../format'
 import { stageName } from '../live/exportEvents'
 import { useExportStream } from '../live/useExportStream'
-import type { Artifact, ExportOptions, Job } from '../types'
+import type { Artifact, ExportOptions, Job, JobPage } from '../types'
 import { ArtifactList } from './ArtifactList'
 import { errorText } from './Field'
 import { JobStatusBadge } from './JobStatusBadge'
 
-/** The GGUF types offered up front; the API knows more (backend/routers/jobs.py GGUF_TYPES). */
-const GGUF_CHOICES: { type: string; help: string }[] = [
+type GgufType = ExportOptions['gguf_types'][number]
+
+/** The GGUF types offered up front; the API knows more (ExportCreate.gguf_types). */
+const GGUF_CHOICES: { type: GgufType; help: string }[] = [
   { type: 'f16', help: '16-bit, the reference; largest' },
   { type: 'q8_0', help: '8-bit, near lossless' },
   { type: 'q6_k', help: '6-bit' },
@@ -20,7 +22,7 @@ const ACTIVE = ['queued', 'running']
 
 /** GET the export jobs of some training jobs, newest first. */
 export async function fetchExports(): Promise<Job[]> {
-  const page = await getJson<{ items: Job[] }>('/api/jobs?method=export&limit=200')
+  const page = await getJson<JobPage>('/api/jobs?method=export&limit=200')
   return page.items
 }
 
@@ -121,7 +123,7 @@ export function ExportPanel({ job, exports, saved, onExported }: ExportPanelProp
   const [adapter, setAdapter] = useState(true)
   const [merged, setMerged] = useState(true)
   const [dtype, setDtype] = useState<'bfloat16' | 'float16'>('bfloat16')
-  const [gguf, setGguf] = useState<string[]>(['q8_0'])
+  const [gguf, setGguf] = useState<GgufType[]>(['q8_0'])
   const [verify, setVerify] = useState(true)
   const [busy, setBusy] = useState(false)
   const [error, setError] = useState<string | null>(null)
@@ -142,7 +144,7 @@ export function ExportPanel({ job, exports, saved, onExported }: ExportPanelProp
     }
   }
 
-  const toggle = (type: string, on: boolean) => setGguf((list) => (on ? [...list, type] : list.filter((t) => t !== type)))
+  const toggle = (type: GgufType, on: boolean) => setGguf((list) => (on ? [...list, type] : list.filter((t) => t !== type)))
   return (
     <div className="export-panel" data-testid={`export-panel-${job.id}`}>
       {exportable ? (

@@ -7,7 +7,7 @@ import { ExportPanel, fetchExports, savedWeights } from '../components/ExportPan
 import { ErrorNotice, errorText } from '../components/Field'
 import { PageHeader } from '../components/PageHeader'
 import { formatBytes, formatTime } from '../format'
-import type { Artifact, Job, Page } from '../types'
+import type { Artifact, Job, JobPage } from '../types'
 
 const JOBS_SHOWN = 20
 
@@ -31,7 +31,7 @@ export function ArtifactsPage() {
     async function load() {
       try {
         const [jobs, exportJobs] = await Promise.all([
-          getJson<Page<Job>>(`/api/jobs?status=succeeded&status=cancelled&status=failed&limit=${JOBS_SHOWN * 2}`),
+          getJson<JobPage>(`/api/jobs?status=succeeded&status=cancelled&status=failed&limit=${JOBS_SHOWN * 2}`),
           fetchExports(),
         ])
         const training = jobs.items.filter((job) => job.kind === 'train').slice(0, JOBS_SHOWN)

@@ -10,7 +10,7 @@ import { PageHeader } from '../components/PageHeader'
 import { fetchEvaluation, formatChange, relativeChange } from '../evaluation'
 import { formatFloat, formatTime } from '../format'
 import { fetchMetricHistory } from '../live/useJobHistory'
-import type { Evaluation, Job, MetricRow, Page } from '../types'
+import type { Evaluation, Job, JobPage, MetricRow } from '../types'
 import { modelLabel } from './QueuePage'
 
 const MAX_RUNS = RUN_COLORS.length
@@ -43,7 +43,7 @@ export function ComparePage() {
   const [onlyDifferences, setOnlyDifferences] = useState(false)
 
   useEffect(() => {
-    getJson<Page<Job>>(`/api/jobs?limit=${PICKABLE}`)
+    getJson<JobPage>(`/api/jobs?limit=${PICKABLE}`)
       .then((page) => setCandidates(page.items.filter((job) => job.kind === 'train')))
       .catch((err) => setError(`Could not load the jobs: ${errorText(err)}`))
   }, [])

@@ -7,12 +7,12 @@ import { EmptyState } from '../components/EmptyState'
 import { ErrorNotice, errorText } from '../components/Field'
 import { PageHeader } from '../components/PageHeader'
 import { formatBytes, formatTime } from '../format'
-import type { Dataset, Page } from '../types'
+import type { Dataset, DatasetPage } from '../types'
 import { useResource } from '../useResource'
 
 export function DatasetsPage() {
   const { user } = useAuth()
-  const datasets = useResource<Page<Dataset>>('/api/datasets?limit=200')
+  const datasets = useResource<DatasetPage>('/api/datasets?limit=200')
   const [open, setOpen] = useState<number | null>(null)
   const [actionError, setActionError] = useState<string | null>(null)
 

@@ -17,7 +17,7 @@ import { remainingSeconds } from '../live/jobEvents'
 import { useJobHistory } from '../live/useJobHistory'
 import { useJobStream } from '../live/useJobStream'
 import type { Artifact, Job } from '../types'
-import { deviceLabel, modelLabel } from './QueuePage'
+import { deviceLabel, jobDevice, modelLabel } from './QueuePage'
 
 const FINAL = ['succeeded', 'failed', 'cancelled']
 
@@ -146,8 +146,8 @@ export function JobPage() {
     ? (stepTime && total ? stepTime * Math.max(total - step, 0) : remainingSeconds(step, total, elapsed ?? 0))
     : null
   const canManage = job ? mayManage(user, job.owner_id) : false
-  const memTotal = memoryTotalBytes(live, history.samples) ?? job?.device?.memory_total_bytes ?? null
-  const deviceKind = live.deviceKind ?? job?.device?.kind ?? null
+  const memTotal = memoryTotalBytes(live, history.samples) ?? (job && jobDevice(job)?.memory_total_bytes) ?? null
+  const deviceKind = live.deviceKind ?? (job && jobDevice(job)?.kind) ?? null
   const peakUsed = d.memoryUsedGiB.reduce<number | null>((a, b) => (b == null ? a : Math.max(a ?? 0, b)), null)
   const checkpoints = artifacts?.filter((a) => a.kind === 'checkpoint') ?? []
   const outputs = artifacts?.filter((a) => a.kind !== 'checkpoint') ?? null

@@ -14,7 +14,7 @@ import {
   applyPreset, buildJobSpec, DEFAULT_LEARNING_RATE, estimatedSteps, fieldApplies, FIELDS, formFromConfig,
   METHODS, newJobForm, PRESETS, validateJobForm, type FieldDef, type JobForm, type PresetName,
 } from '../jobForm'
-import type { Catalog, CatalogModel, Dataset, Job, Method, Page } from '../types'
+import type { Catalog, CatalogModel, Dataset, Job, DatasetPage, Method } from '../types'
 
 const BUILTIN = 'builtin/SmolLM2-135M-Instruct'
 type ModelSource = 'builtin' | 'curated' | 'search' | 'local' | 'path'
@@ -83,7 +83,7 @@ export function NewJobPage() {
 
   async function loadDatasets(select?: Dataset) {
     try {
-      const page = await getJson<Page<Dataset>>('/api/datasets?limit=200')
+      const page = await getJson<DatasetPage>('/api/datasets?limit=200')
       setDatasets(page.items)
       setDatasetsError(null)
       if (select) setForm((f) => ({ ...f, datasetId: String(select.id) }))

@@ -10,6 +10,7 @@ import { sessionOpen, sessionText, useGpuSession } from '../playground/gpuSessio
 import { SamplingForm } from '../playground/SamplingForm'
 import type { ModelFile, PlaygroundJob, Sampling, ServerMessage, Side, Where } from '../playground/types'
 import { usePlaygroundSocket } from '../playground/usePlaygroundSocket'
+import type { Job } from '../types'
 import { useResource } from '../useResource'
 import '../playground/playground.css'
 
@@ -86,7 +87,7 @@ function ExportButton({ job, onQueued }: { job: PlaygroundJob; onQueued: () => v
     setSending(true)
     setError(null)
     try {
-      const created = await postJson<{ id: number }>(job.export_url, { gguf_types: ['q8_0'] })
+      const created = await postJson<Job>(job.export_url, { gguf_types: ['q8_0'] })
       setQueued(created.id)
       onQueued()
     } catch (err) {

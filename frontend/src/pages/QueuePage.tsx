@@ -11,7 +11,7 @@ import { formatDuration, formatRate, formatTime, parseApiTime } from '../format'
 import { useHealth } from '../health'
 import { remainingSeconds } from '../live/jobEvents'
 import { useQueueStream, useRunningMetrics, type RunningMetrics } from '../live/useQueueLive'
-import type { Job, Page, QueueSnapshot, User } from '../types'
+import type { Job, JobPage, QueueSnapshot, User, WorkerDevice } from '../types'
 
 const FINISHED_SHOWN = 25
 const POLL_MS = 15_000
@@ -21,8 +21,13 @@ export function modelLabel(model: string): string {
   return model.split('/').filter(Boolean).at(-1) ?? model
 }
 
+/** Where the job runs. JobOut.device is an untyped dict in the API's document: read as the worker's Device. */
+export function jobDevice(job: Job): WorkerDevice | null {
+  return job.device as WorkerDevice | null
+}
+
 export function deviceLabel(job: Job): string {
-  const device = job.device
+  const device = jobDevice(job)
   if (device?.kind === 'cuda') return `cuda:${device.index ?? '?'}${device.name ? ` · ${device.name}` : ''}`
   if (device?.kind) return device.kind
   if (job.worker) return job.worker.split('@')[0] ?? job.worker
@@ -51,7 +56,7 @@ export function QueuePage() {
     try {
       const [snapshot, done] = await Promise.all([
         getJson<QueueSnapshot>('/api/queue'),
-        getJson<Page<Job>>(`/api/jobs?status=succeeded&status=failed&status=cancelled&limit=${FINISHED_SHOWN}`),
+        getJson<JobPage>(`/api/jobs?status=succeeded&status=failed&status=cancelled&limit=${FINISHED_SHOWN}`),
       ])
       setQueue(snapshot)
       setFinished(done.items)

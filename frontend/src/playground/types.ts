@@ -1,4 +1,7 @@
-// Shapes of the playground's API (lanner.backend.routers.playground).
+// Shapes of the playground's API (lanner.backend.routers.playground). Those the OpenAPI document does not
+// describe yet (the playground's job list answers untyped dicts, the socket's messages are no models) are
+// written by hand here.
+import type { Job } from '../types'
 
 export type Side = 'tuned' | 'base'
 
@@ -57,10 +60,4 @@ export type ServerMessage =
 export type Where = 'cpu' | 'gpu'
 
 /** The parts of a GPU session's job (POST /api/playground/jobs/{id}/gpu-session, GET /api/jobs/{id}) shown here. */
-export interface GpuSession {
-  id: number
-  status: string
-  queue_position: number | null
-  device: { name?: string } | null
-  error: string | null
-}
+export type GpuSession = Pick<Job, 'id' | 'status' | 'queue_position' | 'device' | 'error'>
