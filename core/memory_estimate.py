@@ -1,4 +1,4 @@
-"""How much device memory a training job needs, estimated from its config and the model's shape.
+"""How much device memory a training job needs, estimated from its spec and the model's shape.
 
 Deliberately simple (refine it against measured peaks on the GPU box):
 - weights: parameters × bytes of the dtype (float32 4, bfloat16/float16 2); QLoRA stores the
@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+from lanner.core.spec import ADAPTER_METHODS, JobSpec, trains_adapter
+
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64
 ADAM_BYTES = 8
 CUDA_OVERHEAD_BYTES = 512 * 2**20
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _shape(model: dict[str, Any]) -> dict[str, int]:
@@ -58,46 +59,43 @@ def count_parameters(model: dict[str, Any]) -> dict[str, int]:
     return {"total": linear + embeddings + norms, "linear": linear, "other": embeddings + norms}
 
 
-def lora_parameters(model: dict[str, Any], r: int, target_modules=DEFAULT_TARGETS) -> int:
+def lora_parameters(model: dict[str, Any], r: int, target_modules: list[str] | str = "all-linear") -> int:
     s = _shape(model)
     projections = _projections(s)
-    return s["layers"] * sum(r * (i + o) for name, (i, o) in projections.items() if name in target_modules)
+    return s["layers"] * sum(r * (i + o) for name, (i, o) in projections.items()
+                             if target_modules == "all-linear" or name in target_modules)
 
 
-def _memory_engine_on(config: dict[str, Any], method: str, device_kind: str) -> bool:
+def _memory_engine_on(spec: JobSpec, device_kind: str) -> bool:
     """lanner.kernels' memory engine plans the checkpointing of lora/qlora jobs on the kernels on a GPU."""
-    return (device_kind == "cuda" and method in ("lora", "qlora") and config.get("use_kernels", True)
-            and config.get("gradient_checkpointing", True))
+    hp = spec.hyperparameters
+    return device_kind == "cuda" and spec.method in ADAPTER_METHODS and hp.use_kernels and hp.gradient_checkpointing
 
 
-def estimate_memory(config: dict[str, Any], model: dict[str, Any], device_kind: str = "cuda") -> dict[str, int]:
-    """Bytes a job needs. config: the job's config (method, dtype, lora_r, target_modules,
-    per_device_train_batch_size, max_seq_length, gradient_checkpointing, use_kernels,
-    memory_budget_gib, offload_checkpoints); model: the
-    model's config.json as a dict (hidden_size, intermediate_size, num_hidden_layers, vocab_size,
-    num_attention_heads, num_key_value_heads, head_dim, tie_word_embeddings) or {"parameters": N}
-    when only the count is known (then activations are not estimated). Returns the parts and
-    "total_bytes"."""
-    method = config.get("method", "lora")
-    dtype = config.get("dtype", "auto")
-    weight_bytes = DTYPE_BYTES.get(dtype, 2 if device_kind == "cuda" else 4)
+def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cuda") -> dict[str, int]:
+    """Bytes a job of this spec needs. model: the model's config.json as a dict (hidden_size,
+    intermediate_size, num_hidden_layers, vocab_size, num_attention_heads, num_key_value_heads,
+    head_dim, tie_word_embeddings) or {"parameters": N} when only the count is known (then
+    activations are not estimated). A method that trains every weight (full, pretrain, a preference
+    method without LoRA settings) is estimated as a full fine-tune. Returns the parts and "total_bytes"."""
+    hp = spec.hyperparameters
+    weight_bytes = PRECISION_BYTES.get(hp.precision, 2 if device_kind == "cuda" else 4)
     act_bytes = weight_bytes
     if "hidden_size" not in model:
         total = int(model["parameters"])
         parts = {"total": total, "linear": total, "other": 0}
     else:
         parts = count_parameters(model)
-    if method == "qlora":
+    if spec.method == "qlora":
         weights = int(parts["linear"] * NF4_BYTES_PER_WEIGHT + parts["other"] * 2)
     else:
         weights = parts["total"] * weight_bytes
 
-    if method == "full":
+    if not trains_adapter(spec):
         trainable, trainable_bytes = parts["total"], weight_bytes
         lora = 0
     else:
-        targets = config.get("target_modules") or DEFAULT_TARGETS
-        lora = lora_parameters(model, int(config.get("lora_r", 16)), targets) if "hidden_size" in model else 0
+        lora = lora_parameters(model, spec.lora.rank, spec.lora.target_modules) if "hidden_size" in model else 0
         trainable, trainable_bytes = lora, 4
     adapter = lora * 4
     gradients = trainable * trainable_bytes
@@ -106,17 +104,17 @@ def estimate_memory(config: dict[str, Any], model: dict[str, Any], device_kind: 
     activations = logits = 0
     if "hidden_size" in model:
         s = _shape(model)
-        tokens = int(config.get("per_device_train_batch_size", 4)) * int(config.get("max_seq_length", 1024))
+        tokens = hp.batch_size * hp.max_seq_len
         per_layer = 34 * s["hidden"] * act_bytes // 2 * tokens
         layer_input = s["hidden"] * act_bytes * tokens
-        if config.get("gradient_checkpointing", True):
+        if hp.gradient_checkpointing:
             activations = s["layers"] * layer_input + per_layer
         else:
             activations = s["layers"] * per_layer
-        if not (config.get("use_kernels", True) and device_kind == "cuda"):
+        if not (hp.use_kernels and device_kind == "cuda"):
             logits = tokens * s["vocab"] * (2 + 4 + 4 + 2)
-        budget = config.get("memory_budget_gib")
-        if _memory_engine_on(config, method, device_kind) and (budget is not None or config.get("offload_checkpoints")):
+        budget = hp.memory_budget_gib
+        if _memory_engine_on(spec, device_kind) and (budget is not None or hp.offload_checkpoints):
             # Offloaded, the layer inputs wait in host memory (two on the GPU while they come back); the
             # engine offloads when asked to, or when a budget needs it.
             activations = 2 * layer_input + per_layer

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 from lanner.core.default_model import DEFAULT_MODEL_ID  # a plain constant; that module imports no torch
+from lanner.core.memory_estimate import estimate_memory
+from lanner.core.spec import JobSpec
 
 # (hub id, family, parameters in billions, needs an access request on the hub)
 CURATED: list[tuple[str, str, float, bool]] = [
@@ -83,16 +85,10 @@ def model_shape(model: str, models_dir: Path) -> dict | None:
     return fallback
 
 
-def estimate_job_memory(config: dict, model: str, gpus: int, models_dir: Path) -> dict | None:
-    """lanner.core.memory_estimate's estimate for a job config (the flat training options);
-    None when the model's size is unknown. Whole-model methods, and preference methods without
-    LoRA, train every weight: estimated as "full"."""
-    from lanner.core.memory_estimate import estimate_memory
-
-    shape = model_shape(model, models_dir)
+def estimate_job_memory(spec: JobSpec, models_dir: Path) -> dict | None:
+    """lanner.core.memory_estimate's estimate for a job spec on the device its gpus ask for; None
+    when the model's size is unknown."""
+    shape = model_shape(spec.model, models_dir)
     if shape is None:
         return None
-    method = config.get("method")
-    if method == "pretrain" or (method in ("dpo", "orpo", "kto") and config.get("lora") is None):
-        config = {**config, "method": "full"}
-    return estimate_memory(config, shape, "cuda" if gpus else "cpu")
+    return estimate_memory(spec, shape, "cuda" if spec.gpus else "cpu")

@@ -1,11 +1,23 @@
-"""The job spec: what a training run is, validated field by field before anything is queued."""
+"""The job spec: everything a training run can be told, validated field by field before anything is
+queued, stored in the job's config as {"version": SPEC_VERSION, "spec": {...}} (stored_config) and
+read back by the worker, clone and retry (load_spec). docs/job-spec.md lists the fields."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
+
+from lanner.core.errors import UserError
+
+# Bumped when a stored spec would mean something else to this code: a field renamed or removed, a
+# default changed; each bump comes with an Alembic data migration of the stored jobs.
+SPEC_VERSION = 1
+# The validation context of a spec read back from the database: checks of this machine (a local
+# model folder) were made when it was queued and belong to the machine that runs it.
+STORED = "stored"
 
 Method = Literal["lora", "qlora", "full", "pretrain", "dpo", "orpo", "kto"]
 ADAPTER_METHODS = {"lora", "qlora"}
@@ -28,7 +40,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 class Hyperparameters(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    learning_rate: float | None = Field(default=None, gt=0, le=1, description="Defaults per method")
+    learning_rate: float | None = Field(default=None, gt=0, le=1, description="Defaults per method",
+                                        json_schema_extra={"x-default-by-method": DEFAULT_LEARNING_RATE})
     epochs: float = Field(default=3, gt=0, le=100)
     max_steps: int | None = Field(default=None, ge=1, le=10_000_000, description="Overrides epochs when set")
     batch_size: int = Field(default=4, ge=1, le=1024)
@@ -41,8 +54,14 @@ class Hyperparameters(BaseModel):
     gradient_checkpointing: bool = True
     packing: bool = False
     seed: int = Field(default=42, ge=0, le=2**32 - 1)
-    save_steps: int | None = Field(default=None, ge=1, le=10_000_000)
-    eval_fraction: float = Field(default=0.0, ge=0, le=0.5)
+    save_steps: int = Field(default=50, ge=1, le=10_000_000, description="Steps between checkpoints")
+    eval_fraction: float = Field(default=0.0, ge=0, le=0.5,
+                                 description="Share of the rows held out for an eval loss, when the dataset has "
+                                             "20 rows or more")
+    eval_steps: int | None = Field(default=None, ge=1, le=10_000_000,
+                                   description="Steps between evaluations on the held-out rows; default: save_steps")
+    max_grad_norm: float = Field(default=1.0, ge=0, le=1000, description="Gradient clipping; 0 turns it off")
+    completion_only_loss: bool = Field(default=True, description="SFT: loss on the answers only, not the prompts")
     before_after_eval: bool = Field(default=True, description="SFT: base vs tuned answers on validation prompts")
     use_kernels: bool = Field(default=True, description="lanner.kernels on; off for a plain PyTorch + PEFT comparison run")
     oom_retry: bool = Field(default=True, description="On out of memory, retry once at half the micro-batch, same effective batch")
@@ -53,6 +72,10 @@ class Hyperparameters(BaseModel):
     offload_checkpoints: bool = Field(
         default=False, description="lora/qlora on lanner.kernels: keep the checkpointed layer inputs in host memory "
                                    "(smallest footprint). Off: only when the memory budget needs it. GPU only")
+    memory_limit_mb: int | None = Field(
+        default=None, ge=1, le=2**31 - 1,
+        description="A cap (MiB) on what the training steps may allocate above what is in use when they start; "
+                    "an allocation over it fails as a full device does (out-of-memory retry included)")
 
 
 class LoraSettings(BaseModel):
@@ -81,7 +104,7 @@ class JobSpec(BaseModel):
     dataset_id: int = Field(ge=1, le=2**31 - 1)
     name: str | None = Field(default=None, max_length=200)
     preset: Literal["quick", "balanced", "thorough"] | None = Field(
-        default=None, description="Fills hyperparameters the spec leaves out")
+        default=None, description="Fills hyperparameters the spec leaves out", json_schema_extra={"x-presets": PRESETS})
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters, validate_default=True)
     lora: LoraSettings | None = Field(default=None, validate_default=True, description="lora, qlora and preference methods; defaults for lora/qlora")
     preference: PreferenceSettings | None = Field(default=None, validate_default=True, description="dpo, orpo, kto only")
@@ -89,16 +112,24 @@ class JobSpec(BaseModel):
     gpus: int = Field(default=1, ge=0, le=8, description="0 runs on the CPU")
     resume_from: str | None = Field(default=None, max_length=255, pattern=r"^[\w.\-]+$",
                                     description="A checkpoint name of the job this one retries")
+    chat_template: str | None = Field(default=None, min_length=1, max_length=65_536,
+                                      description="A Jinja chat template replacing the model's own, for training "
+                                                  "and the playground")
+    requeue_on_worker_loss: bool = Field(
+        default=False, description="When the worker running it is lost, queue the job again to resume from its "
+                                   "newest checkpoint instead of failing it")
 
     @field_validator("model")
     @classmethod
-    def _model_reference(cls, value: str) -> str:
+    def _model_reference(cls, value: str, info: ValidationInfo) -> str:
         if value.startswith("builtin/") or HUB_ID.match(value):
             return value
         if value.startswith("/"):
             path = Path(value)
             if ".." in path.parts:
                 raise ValueError("a local model path may not contain '..'")
+            if (info.context or {}).get(STORED):
+                return value
             try:
                 found = path.is_dir()
             except OSError:  # a name too long for the file system
@@ -171,40 +202,33 @@ class JobSpec(BaseModel):
         return value
 
 
-_DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+def trains_adapter(spec: JobSpec) -> bool:
+    """lora and qlora train a LoRA adapter, full and pretrain every weight; a preference method an
+    adapter when its spec gives LoRA settings, every weight otherwise."""
+    return spec.lora is not None
 
 
-def worker_options(spec: JobSpec) -> dict[str, Any]:
-    """The spec in the flat names the training process reads (lanner.worker.training.options.
-    TrainingOptions.from_config). A job's config holds the nested spec and these names side by side;
-    spec_of() takes the spec back out."""
-    hp = spec.hyperparameters
-    options: dict[str, Any] = {
-        "num_train_epochs": hp.epochs, "per_device_train_batch_size": hp.batch_size,
-        "gradient_accumulation_steps": hp.gradient_accumulation, "learning_rate": hp.learning_rate,
-        "lr_scheduler_type": hp.lr_scheduler, "weight_decay": hp.weight_decay, "max_seq_length": hp.max_seq_len,
-        "packing": hp.packing, "gradient_checkpointing": hp.gradient_checkpointing, "seed": hp.seed,
-        "dtype": _DTYPES[hp.precision], "validation_split": hp.eval_fraction, "warmup_ratio": hp.warmup_ratio,
-        "use_kernels": hp.use_kernels, "oom_retry": hp.oom_retry,
-        "memory_budget_gib": hp.memory_budget_gib, "offload_checkpoints": hp.offload_checkpoints,
-    }
-    if hp.max_steps is not None:
-        options["max_steps"] = hp.max_steps
-    if hp.save_steps is not None:
-        options["save_steps"] = hp.save_steps
-    if spec.lora is not None:
-        options.update(lora_r=spec.lora.rank, lora_alpha=spec.lora.alpha, lora_dropout=spec.lora.dropout,
-                       target_modules=None if spec.lora.target_modules == "all-linear" else spec.lora.target_modules)
-    if spec.preference is not None:
-        options["dpo_beta"] = spec.preference.beta
-        options["max_prompt_len"] = spec.preference.max_prompt_len
-    return options
+def stored_config(spec: JobSpec) -> dict[str, Any]:
+    """What a training job's config holds: the validated spec (presets applied, defaults filled in)."""
+    return {"version": SPEC_VERSION, "spec": spec.model_dump(mode="json")}
 
 
-def job_config(spec: JobSpec) -> dict[str, Any]:
-    return {**spec.model_dump(mode="json"), **worker_options(spec)}
+def load_spec(config: dict[str, Any] | None) -> JobSpec:
+    """The spec of a training job's stored config; a UserError in words for a config this version of
+    Lanner cannot read."""
+    version = (config or {}).get("version")
+    if version != SPEC_VERSION or not isinstance(config.get("spec"), dict):
+        raise UserError(409, f"The job's stored spec is version {version!r}; this Lanner reads version "
+                             f"{SPEC_VERSION} (`./lanner migrate` rewrites older stored jobs).")
+    try:
+        return JobSpec.model_validate(config["spec"], context={STORED: True})
+    except ValidationError as error:
+        raise UserError(409, f"The job's stored spec is not valid: {error}") from None
 
 
-def spec_of(config: dict[str, Any]) -> dict[str, Any]:
-    """The spec part of a stored job config (what clone and retry start from)."""
-    return {key: value for key, value in config.items() if key in JobSpec.model_fields}
+def shown_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A job's config as the API shows it: a training job's spec without its envelope; an export or
+    chat job's options as stored."""
+    if isinstance(config, dict) and set(config) == {"version", "spec"}:
+        return config["spec"]
+    return config

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from lanner.core.models import ArtifactKind, Job
+from lanner.core.spec import load_spec
 from lanner.core.messages.chat import CONTEXT_TOKENS, KEY_SECONDS, answer_key, ready_key, requests_key, stop_key
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, main
 
@@ -45,8 +46,9 @@ class ChatProcess(JobProcess):
         cuda = torch.cuda.is_available()
         dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if cuda else torch.float32
         tokenizer = AutoTokenizer.from_pretrained(path)
-        if (parent.config or {}).get("chat_template"):
-            tokenizer.chat_template = parent.config["chat_template"]
+        chat_template = load_spec(parent.config).chat_template
+        if chat_template:
+            tokenizer.chat_template = chat_template
         if kind == ArtifactKind.adapter:
             from peft import PeftModel
 

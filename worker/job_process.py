@@ -8,6 +8,7 @@ import traceback
 from pathlib import Path
 
 from lanner.core.db import session_factory
+from lanner.core.errors import UserError
 from lanner.core.models import Artifact, Job, trained_weights
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import get_settings
@@ -68,7 +69,7 @@ def main(process_class: type[JobProcess], argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, process.on_sigterm)
     try:
         return process.run()
-    except JobFailed as error:
+    except (JobFailed, UserError) as error:
         return process.fail(str(error))
     except Exception as error:
         traceback.print_exc()

@@ -32,6 +32,7 @@ from lanner.core.queue.claim import (claim_next_job, has_runnable_job, multi_dev
                                      note_waiting_jobs, sweep_orphaned_jobs, unclaim_job, wake_worker)
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import Settings
+from lanner.core.spec import load_spec
 from lanner.core.worker_registry import (HEARTBEAT_SECONDS, device_holders, keep_devices, largest_machine,
                                          live_workers, release_devices, reserve_devices)
 from lanner.worker.devices import free_memory, is_local
@@ -307,14 +308,14 @@ def sweep_orphans(settings: Settings, worker_name: str | None = None) -> list[in
     worker of the same name (killed, then restarted). Without: jobs whose worker has no heartbeat,
     read twice a heartbeat apart so that a Redis restart does not look like every worker dying; and
     the queued jobs on several GPUs are told again why they wait (a machine may have gone).
-    A job whose config asks for it ("requeue_on_worker_loss") and has a checkpoint is queued again
+    A training job whose spec asks for it (requeue_on_worker_loss) and has a checkpoint is queued again
     to resume from its latest checkpoint instead of failing. Returns the ids of the jobs swept.
     """
     sessions = session_factory(settings.database_url)
     redis = get_redis(settings.redis_url)
     with sessions() as session:
         def resume_point(job: Job) -> str | None:  # only for jobs that asked to be requeued
-            if (job.config or {}).get("requeue_on_worker_loss"):
+            if job.kind == JobKind.train and load_spec(job.config).requeue_on_worker_loss:
                 return checkpoint_on_record(session, settings, job.id)
             return None
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from lanner.core.models import Artifact, ArtifactKind, Dataset, Job
+from lanner.core.spec import load_spec
 from lanner.worker.distributed import is_main_process, world_size
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 
@@ -98,13 +99,13 @@ class TrainProcess(JobProcess):
         return rows
 
     def run(self) -> int:
-        from lanner.worker.training.options import TrainingOptions
+        from lanner.worker.training.options import training_options
 
         job, dataset_path = self.load()
         if job.method not in METHODS:
             raise JobFailed(f"The method {job.method!r} is not supported by this worker yet "
                             f"({', '.join(METHODS)}).")
-        options = TrainingOptions.from_config(job.config, job.method)
+        options = training_options(load_spec(job.config))
         if problem := options.problem():
             raise JobFailed(problem)
         trainer_module, tasks = METHODS[job.method]

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from lanner.core.models import Artifact, ArtifactKind, Job, JobKind, JobStatus
 from lanner.backend.paths import inside
 from lanner.core.settings import Settings
+from lanner.core.spec import load_spec
 from lanner.core.default_model import DEFAULT_MODEL_ID, DefaultModelMissing, gguf_path
 
 Side = Literal["base", "tuned"]
@@ -121,7 +122,7 @@ def describe(session: Session, settings: Settings, job: Job) -> dict[str, Any]:
     export = pending_export(session, job)
     return {"job_id": job.id, "name": job.name, "model": job.model, "status": job.status.value,
             "finished_at": job.finished_at.isoformat() if job.finished_at else None,
-            "custom_chat_template": bool(job.config.get("chat_template")),
+            "custom_chat_template": load_spec(job.config).chat_template is not None,
             "tuned": tuned_model(session, settings, job).public(), "base": base_model(settings, job.model).public(),
             "export_url": f"/api/jobs/{job.id}/export",
             "pending_export": {"job_id": export.id, "status": export.status.value} if export else None}

@@ -2,7 +2,6 @@
 and reorder their own, admins anyone's. Creating a job commits it as queued, then wakes the workers."""
 from __future__ import annotations
 
-import copy
 import logging
 import shutil
 from pathlib import Path
@@ -24,7 +23,7 @@ from lanner.core.messages.signals import cancel_key, cancel_requested, request_c
 from lanner.core.queue.claim import cancel_queued, enqueue, waiting_reason
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, Offset, PathId, QueryId, errors
 from lanner.backend.schemas.jobs import JobChanges, JobCreate, JobOut, JobPage, QueueMove
-from lanner.core.spec import JobSpec, job_config, spec_of
+from lanner.core.spec import JobSpec, load_spec, stored_config
 from lanner.core.settings import Settings, get_settings
 from lanner.core.streams import job_stream
 from lanner.core.worker_registry import largest_machine, live_workers
@@ -67,9 +66,9 @@ def _check_against_database(session: Session, spec: JobSpec, user: User) -> Data
     return dataset
 
 
-def _memory_estimate(spec: JobSpec, config: dict[str, Any], settings: Settings) -> dict[str, int] | None:
+def _memory_estimate(spec: JobSpec, settings: Settings) -> dict[str, int] | None:
     try:
-        return estimate_job_memory(config, spec.model, spec.gpus, settings.models_dir)
+        return estimate_job_memory(spec, settings.models_dir)
     except Exception:  # an estimate is advice (e.g. a local config.json of an odd shape): never a failure
         log.warning("no memory estimate for %s", spec.model, exc_info=True)
         return None
@@ -95,12 +94,11 @@ def _enqueue(session: Session, redis: Redis, settings: Settings, spec: JobSpec, 
              parent: Job | None = None) -> Job:
     dataset = _check_against_database(session, spec, user)
     waiting = _check_against_machines(redis, spec)
-    config = job_config(spec)
-    estimate = _memory_estimate(spec, config, settings)
+    estimate = _memory_estimate(spec, settings)
     name = spec.name or f"{spec.method} {spec.model.rsplit('/', 1)[-1]} on {dataset.name}"
     job = Job(owner_id=user.id, kind=JobKind.train, name=name[:200], method=spec.method, model=spec.model,
               dataset_id=spec.dataset_id, parent_job_id=parent.id if parent else None,
-              config=config, memory_estimate_bytes=(estimate or {}).get("total_bytes"),
+              config=stored_config(spec), memory_estimate_bytes=(estimate or {}).get("total_bytes"),
               status=JobStatus.queued, priority=spec.priority,
               queue_order=queue_order.next_queue_order(session), gpus=spec.gpus, resume_from=spec.resume_from,
               error=waiting)
@@ -144,7 +142,7 @@ class MemoryEstimate(BaseModel):
 def estimate_job(body: JobCreate, _: User = Depends(current_user),
                  settings: Settings = Depends(get_settings)) -> MemoryEstimate:
     """The device memory a spec would need, without queueing it (the dataset is not checked)."""
-    estimate = _memory_estimate(body, job_config(body), settings)
+    estimate = _memory_estimate(body, settings)
     return MemoryEstimate(model=body.model, device="cuda" if body.gpus else "cpu", estimate=estimate)
 
 
@@ -233,7 +231,7 @@ def retry_job(job_id: PathId, body: RetryBody | None = Body(default=None), user:
     if job.status not in (JobStatus.failed, JobStatus.cancelled):
         raise HTTPException(409, f"Only failed or cancelled jobs are retried; job {job_id} is {job.status.value} "
                                  "(clone it to run it again)")
-    data = spec_of(job.config)
+    data = load_spec(job.config).model_dump(mode="json")
     if body and body.resume_from:
         checkpoint = session.scalar(select(Artifact).where(Artifact.job_id == job.id, Artifact.kind == ArtifactKind.checkpoint,
                                                            Artifact.name == body.resume_from))
@@ -313,7 +311,7 @@ def clone_job(job_id: PathId, changes: JobChanges = Body(default_factory=JobChan
     """Queues a copy of any job, owned by the caller, with the given changes merged in."""
     job = _job(session, job_id)
     _require_training_job(job, "cloned")
-    base = {key: value for key, value in copy.deepcopy(spec_of(job.config)).items()
+    base = {key: value for key, value in load_spec(job.config).model_dump(mode="json").items()
             if key not in ("name", "resume_from")}
     extra = changes.model_extra or {}
     if extra.get("method") not in (None, base.get("method")):

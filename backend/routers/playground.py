@@ -50,6 +50,7 @@ from lanner.backend.routers.jobs import job_out
 from lanner.backend.schemas.common import MAX_ID, PathId, errors
 from lanner.backend.schemas.jobs import JobOut
 from lanner.core.settings import Settings, get_settings
+from lanner.core.spec import load_spec
 
 router = APIRouter(tags=["playground"])
 log = logging.getLogger(__name__)
@@ -232,7 +233,7 @@ def _resolve(settings: Settings, request: GenerateRequest, user: User) -> tuple[
                 raise NotAvailable("not_your_gpu_session", f"GPU session {chat.id} is someone else's: start your own.")
             return {}, None
         files = {side: model_file(session, settings, job, side) for side in request.chats}
-        return files, job.config.get("chat_template")
+        return files, load_spec(job.config).chat_template
 
 
 def _gpu_session_state(settings: Settings, redis: Redis, job_id: int) -> tuple[JobStatus, int | None, str | None]:

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lanner.backend.schemas.common import UtcDateTime
 from lanner.core.models import JobKind, JobStatus
-from lanner.core.spec import JobSpec
+from lanner.core.spec import JobSpec, shown_config
 
 
 class JobCreate(JobSpec):
@@ -46,7 +46,7 @@ class JobOut(BaseModel):
     model: str
     dataset_id: int | None
     parent_job_id: int | None
-    config: dict[str, Any]
+    config: dict[str, Any] = Field(description="A training job's spec; an export or chat job's options")
     status: JobStatus
     priority: int
     memory_estimate_bytes: int | None
@@ -63,6 +63,11 @@ class JobOut(BaseModel):
     queue_position: int | None = Field(default=None, description="1 runs next; None unless queued")
     estimated_start: UtcDateTime | None = Field(default=None, description="Rough; None when nothing to go on")
     cancel_requested: bool = False
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _shown_config(cls, config: Any) -> Any:
+        return shown_config(config)
 
 
 class JobPage(BaseModel):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from lanner.core.memory_estimate import estimate_memory
-from lanner.worker.training.options import TrainingOptions
+from lanner.core.spec import JobSpec
+from lanner.worker.training.options import training_options
 
 from backend_helpers import CHAT_ROWS, upload
+from job_specs import unchecked_spec
 
 MODEL = "builtin/SmolLM2-135M-Instruct"
 GIB = 2**30
@@ -51,10 +53,10 @@ def test_the_options_reach_the_training_process_and_a_refusal_is_a_422(team):
         "method": "qlora", "model": MODEL, "dataset_id": chat,
         "hyperparameters": {"memory_budget_gib": 19.5, "offload_checkpoints": True, "packing": True}})
     assert job.status_code == 201, job.text
-    options = TrainingOptions.from_config(job.json()["config"])
+    options = training_options(JobSpec.model_validate(job.json()["config"]))
     assert (options.memory_budget_gib, options.offload_checkpoints, options.packing) == (19.5, True, True)
-    default = TrainingOptions.from_config(team.alice.post("/api/jobs", json={
-        "method": "lora", "model": MODEL, "dataset_id": chat}).json()["config"])
+    default = training_options(JobSpec.model_validate(team.alice.post("/api/jobs", json={
+        "method": "lora", "model": MODEL, "dataset_id": chat}).json()["config"]))
     assert (default.memory_budget_gib, default.offload_checkpoints, default.packing) == (None, False, False)
 
     refused = team.alice.post("/api/jobs", json={"method": "lora", "model": MODEL, "dataset_id": chat,
@@ -64,14 +66,17 @@ def test_the_options_reach_the_training_process_and_a_refusal_is_a_422(team):
 
 
 def test_the_estimate_spends_the_budget_and_no_more():
-    base = {"method": "lora", "dtype": "bfloat16", "lora_r": 16, "per_device_train_batch_size": 4,
-            "max_seq_length": 8192, "gradient_checkpointing": True, "use_kernels": True}
+    base = {"precision": "bf16", "batch_size": 4, "max_seq_len": 8192, "gradient_checkpointing": True,
+            "use_kernels": True}
+
+    def spec(method: str = "lora", **hyperparameters):  # some the API refuses: the estimate ignores them alike
+        return unchecked_spec(method, lora={"rank": 16}, **{**base, **hyperparameters})
 
     def total(**config) -> float:
-        return estimate_memory({**base, **config}, LLAMA_8B, "cuda")["total_bytes"] / GIB
+        return estimate_memory(spec(**config), LLAMA_8B, "cuda")["total_bytes"] / GIB
 
     def activations(**config) -> float:
-        return estimate_memory({**base, **config}, LLAMA_8B, "cuda")["activations_bytes"] / GIB
+        return estimate_memory(spec(**config), LLAMA_8B, "cuda")["activations_bytes"] / GIB
 
     checkpointed, every_layer = total(), total(gradient_checkpointing=False)
     offloaded = total(offload_checkpoints=True)
@@ -86,5 +91,5 @@ def test_the_estimate_spends_the_budget_and_no_more():
     assert total(memory_budget_gib=1) == offloaded
     # The engine runs for adapters on the kernels on a GPU only.
     assert total(memory_budget_gib=40, use_kernels=False) == total(use_kernels=False)
-    assert estimate_memory({**base, "memory_budget_gib": 40}, LLAMA_8B, "cpu") == estimate_memory(base, LLAMA_8B, "cpu")
+    assert estimate_memory(spec(memory_budget_gib=40), LLAMA_8B, "cpu") == estimate_memory(spec(), LLAMA_8B, "cpu")
     assert total(method="full", memory_budget_gib=40) == total(method="full")

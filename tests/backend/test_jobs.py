@@ -288,7 +288,8 @@ def test_metrics_and_device_samples_page_through_the_saved_history(team_on_each_
 
 
 def test_the_config_carries_the_options_the_training_process_reads(team, wakes):
-    from lanner.worker.training.options import TrainingOptions
+    from lanner.core.spec import JobSpec
+    from lanner.worker.training.options import training_options
 
     pairs = upload(team.alice, "pairs.jsonl", PREFERENCE_ROWS).json()["id"]
     job = submit(team.alice, pairs, method="dpo", lora={"rank": 8, "alpha": 16},
@@ -296,13 +297,13 @@ def test_the_config_carries_the_options_the_training_process_reads(team, wakes):
                                   "precision": "bf16", "learning_rate": 1e-5, "use_kernels": False,
                                   "oom_retry": False},
                  preference={"beta": 0.2}).json()
-    options = TrainingOptions.from_config(job["config"])
+    options = training_options(JobSpec.model_validate(job["config"]))
     assert (options.use_kernels, options.oom_retry) == (False, False)
     assert (options.per_device_train_batch_size, options.gradient_accumulation_steps, options.max_seq_length) == (2, 8, 512)
     assert (options.max_steps, options.learning_rate, options.dtype) == (30, 1e-5, "bfloat16")
-    assert (options.lora_r, options.lora_alpha, options.dpo_beta) == (8, 16, 0.2)
+    assert (options.lora_r, options.lora_alpha, options.beta) == (8, 16, 0.2)
     clone = team.alice.post(f"/api/jobs/{job['id']}/clone", json={"lora": {"rank": 4}}).json()
-    assert TrainingOptions.from_config(clone["config"]).lora_r == 4
+    assert training_options(JobSpec.model_validate(clone["config"])).lora_r == 4
 
 
 def test_jobs_carry_a_memory_estimate_and_specs_can_be_estimated_alone(team, chat, wakes):

@@ -9,6 +9,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from browser_helpers import expect_heading, launch, shot, sign_in_context
+from job_specs import stored_spec
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -23,7 +24,7 @@ def finished_job(stack) -> int:
     with session_factory(f"sqlite:///{stack.data_dir / 'lanner.db'}")() as session:
         admin = session.query(User).filter_by(role="admin").first()
         job = Job(owner_id=admin.id, name="playground flow", method="lora", model="builtin/SmolLM2-135M-Instruct",
-                  config={}, gpus=0, status=JobStatus.succeeded, finished_at=datetime.now(timezone.utc))
+                  config=stored_spec(), gpus=0, status=JobStatus.succeeded, finished_at=datetime.now(timezone.utc))
         session.add(job)
         session.commit()
         return job.id

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from export_helpers import BASE_MODEL_NAME, new_user, run_export_job, signed_in_client
+from job_specs import stored_spec
 
 from lanner.core import db
 from lanner.core.models import Artifact, Dataset, Job, JobStatus
@@ -18,11 +19,12 @@ from lanner.worker.train_process import TRAINING_RECORD
 from support import REPO
 
 # A few steps at a short length: enough to move every weight, cheap on two shared cores.
-STEPS = {"max_steps": 2, "per_device_train_batch_size": 2, "max_seq_length": 48, "gradient_checkpointing": False,
-         "dtype": "float32", "before_after_eval": False, "lr_scheduler_type": "constant"}
+STEPS = {"hyperparameters": {"max_steps": 2, "batch_size": 2, "gradient_accumulation": 1, "max_seq_len": 48,
+                             "gradient_checkpointing": False, "precision": "fp32", "before_after_eval": False,
+                             "lr_scheduler": "constant", "warmup_ratio": 0.0}}
 
 
-def train(settings, owner: int, method: str, config: dict) -> int:
+def train(settings, owner: int, method: str, spec: dict) -> int:
     """A training job of `method` on a few question/answer rows, run by the training process as the
     worker starts it; returns the finished job's id."""
     rows = [{"instruction": f"What is {i} plus {i}?", "output": f"{i} plus {i} is {2 * i}."} for i in range(6)]
@@ -35,7 +37,7 @@ def train(settings, owner: int, method: str, config: dict) -> int:
         session.add(dataset)
         session.flush()
         job = Job(owner_id=owner, name=method, method=method, model=BASE_MODEL_NAME, dataset_id=dataset.id,
-                  config={**STEPS, **config}, gpus=0)
+                  config=stored_spec(method, STEPS, spec, model=BASE_MODEL_NAME, dataset_id=dataset.id), gpus=0)
         session.add(job)
         session.commit()
         job_id = job.id
@@ -71,7 +73,7 @@ def test_a_full_fine_tune_exports_its_own_model_and_a_gguf_that_llama_cpp_runs_l
     from lanner.worker.export.verify import F16_KL_BOUND, compare_logits, prompt_ids
 
     owner = new_user(settings)
-    parent = train(settings, owner, "full", {"learning_rate": 1e-4})
+    parent = train(settings, owner, "full", {"hyperparameters": {"learning_rate": 1e-4}})
     model_dir = settings.data_dir / artifacts(settings, parent)["model"].path
     record = json.loads((model_dir / TRAINING_RECORD).read_text())
     assert record == {"method": "full", "base_model": BASE_MODEL_NAME, "saved": "model", "dtype": "float32"}
@@ -138,8 +140,8 @@ def test_a_qlora_job_records_its_4bit_base_and_its_adapter_merges_into_it_exactl
     from lanner.kernels.quant import dequantize_model, load_4bit
 
     owner = new_user(settings)
-    parent = train(settings, owner, "qlora", {"learning_rate": 1e-3, "lora_r": 4, "lora_alpha": 8,
-                                              "target_modules": ["q_proj", "v_proj"]})
+    parent = train(settings, owner, "qlora", {"hyperparameters": {"learning_rate": 1e-3},
+                                              "lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}})
     adapter_dir = settings.data_dir / artifacts(settings, parent)["adapter"].path
     record = json.loads((adapter_dir / TRAINING_RECORD).read_text())
     # What the layers held: NF4 in blocks of 64, double-quantised, from the training dtype (float32 on

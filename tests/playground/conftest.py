@@ -12,13 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from job_specs import BUILTIN, stored_spec
 from playground_helpers import PLAYGROUND_REDIS_URL, qa_rows
 from support import free_port
 
-# Small enough for two shared CPU cores: a few steps of SmolLM2-135M at sequence length 64.
-TINY = {"max_steps": 4, "per_device_train_batch_size": 2, "max_seq_length": 64, "learning_rate": 2e-3,
-        "lora_r": 4, "lora_alpha": 8, "save_steps": 100, "gradient_checkpointing": False, "dtype": "float32",
-        "target_modules": ["q_proj", "v_proj"], "validation_split": 0.15}
+# Small enough for two shared CPU cores: a few steps of SmolLM2-135M at sequence length 64, a linear
+# schedule without warmup, 15% of the rows held out for validation.
+TINY = {"hyperparameters": {"max_steps": 4, "batch_size": 2, "gradient_accumulation": 1, "max_seq_len": 64,
+                            "learning_rate": 2e-3, "save_steps": 100, "gradient_checkpointing": False,
+                            "precision": "fp32", "lr_scheduler": "linear", "warmup_ratio": 0.0,
+                            "eval_fraction": 0.15},
+        "lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}}
 
 
 @dataclass
@@ -47,7 +51,8 @@ class Studio:
 
         with self.sessions() as session:
             job = Job(owner_id=self.owner_id, name=fields.pop("name", "playground test"),
-                      method=fields.pop("method", "lora"), model="builtin/SmolLM2-135M-Instruct", config=fields.pop("config", {}), gpus=0, **fields)
+                      method=fields.pop("method", "lora"), model=BUILTIN,
+                      config=fields.pop("config", None) or stored_spec("lora", TINY), gpus=0, **fields)
             session.add(job)
             session.commit()
             return job.id
@@ -99,7 +104,8 @@ def studio(smollm2_dir, tmp_path_factory) -> Studio:
     studio = Studio(data_dir, url, token, owner, 0, 0, 0, 0, rows)
 
     def train_job(config: dict) -> int:
-        return studio.add_job(dataset_id=dataset_id, config={**TINY, **config}, status=JobStatus.running)
+        return studio.add_job(dataset_id=dataset_id, config=stored_spec("lora", TINY, config, dataset_id=dataset_id),
+                              status=JobStatus.running)
 
     Redis.from_url(PLAYGROUND_REDIS_URL).flushdb()
     threads = torch.get_num_threads()
@@ -117,10 +123,10 @@ def studio(smollm2_dir, tmp_path_factory) -> Studio:
             studio.trained_job = train_job({})
             _run_in_process(TrainProcess, studio.trained_job)
             # Without a validation split (no eval passes to wait for) the evaluation would use training prompts.
-            studio.no_eval_job = train_job({"max_steps": 1, "validation_split": 0,
-                                            "hyperparameters": {"before_after_eval": False}})
+            studio.no_eval_job = train_job({"hyperparameters": {"max_steps": 1, "eval_fraction": 0,
+                                                                "before_after_eval": False}})
             _run_in_process(TrainProcess, studio.no_eval_job)
-            studio.held_out_job = train_job({"max_steps": 1, "validation_split": 0})
+            studio.held_out_job = train_job({"hyperparameters": {"max_steps": 1, "eval_fraction": 0}})
             _run_in_process(TrainProcess, studio.held_out_job)
             for job_id in (studio.trained_job, studio.no_eval_job, studio.held_out_job):
                 studio.set_status(job_id, JobStatus.succeeded)  # what the worker writes after exit code 0

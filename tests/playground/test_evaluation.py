@@ -95,7 +95,8 @@ def test_the_held_out_rows_are_taken_out_of_the_trainers_training_set(served, tm
     from lanner.worker.training.callbacks import MetricsCallback
     from lanner.worker.training.evaluation import BeforeAfterEvaluation
     from lanner.worker.training.model import load_model, load_tokenizer, resolve_model
-    from lanner.worker.training.options import TrainingOptions
+    from lanner.core.spec import load_spec
+    from lanner.worker.training.options import training_options
     from lanner.worker.training.sft import build_trainer
     from playground_helpers import PLAYGROUND_REDIS_URL
 
@@ -103,7 +104,7 @@ def test_the_held_out_rows_are_taken_out_of_the_trainers_training_set(served, tm
     with studio.sessions() as session:
         from lanner.core.models import Job
 
-        options = TrainingOptions.from_config(session.get(Job, studio.held_out_job).config, "lora")
+        options = training_options(load_spec(session.get(Job, studio.held_out_job).config))
     _, rows = examine(studio.data_dir / "datasets" / "qa.jsonl")
     path = resolve_model("builtin/SmolLM2-135M-Instruct", get_settings())
     events = JobEvents(studio.held_out_job, Redis.from_url(PLAYGROUND_REDIS_URL, decode_responses=True),

@@ -19,7 +19,7 @@ from lanner.core.worker_registry import device_holders
 from worker_helpers import pid_gone, qa_rows, training_pid
 
 FINAL = (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
-FAST = {"before_after_eval": False}
+FAST = {"before_after_eval": False}  # hyperparameters
 
 
 @pytest.fixture
@@ -61,8 +61,8 @@ def losses(studio, job_id: int) -> list[tuple[int, float]]:
 
 def test_two_ranks_train_like_one_process_at_the_same_global_batch_and_only_rank_0_reports(studio, two_workers):
     dataset = studio.dataset("qa.jsonl", qa_rows(16))
-    one = studio.job(dataset, {**FAST, "max_steps": 3, "per_device_train_batch_size": 4}, name="one process", priority=1)
-    two = studio.job(dataset, {**FAST, "max_steps": 3, "per_device_train_batch_size": 2}, name="two ranks", gpus=2)
+    one = studio.job(dataset, {"hyperparameters": {**FAST, "max_steps": 3, "batch_size": 4}}, name="one process", priority=1)
+    two = studio.job(dataset, {"hyperparameters": {**FAST, "max_steps": 3, "batch_size": 2}}, name="two ranks", gpus=2)
 
     for job_id in (one, two):
         job = studio.wait_for(job_id, lambda j: j.status in FINAL, 300, "a final status")
@@ -94,7 +94,7 @@ def test_two_ranks_train_like_one_process_at_the_same_global_batch_and_only_rank
 
 
 def test_a_rank_that_dies_fails_the_job_and_frees_every_device(studio, two_workers):
-    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)), {**FAST, "max_steps": 500}, gpus=2)
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)), {"hyperparameters": {**FAST, "max_steps": 500}}, gpus=2)
     studio.wait_for(job_id, lambda j: j.step >= 1, 240, "its first step")
     launcher = training_pid(studio, job_id)
     processes = ranks(launcher)
@@ -109,7 +109,7 @@ def test_a_rank_that_dies_fails_the_job_and_frees_every_device(studio, two_worke
 
 
 def test_cancel_stops_every_rank_within_10_seconds_and_keeps_its_checkpoints(studio, two_workers):
-    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)), {**FAST, "max_steps": 500, "save_steps": 1}, gpus=2)
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)), {"hyperparameters": {**FAST, "max_steps": 500, "save_steps": 1}}, gpus=2)
     studio.wait_for(job_id, lambda j: j.step >= 1, 240, "its first step")
     launcher = training_pid(studio, job_id)
     processes = ranks(launcher)

@@ -12,8 +12,8 @@ from worker_helpers import REPO
 
 
 def test_a_rank_out_of_memory_fails_the_job_naming_the_rank_and_a_smaller_micro_batch(studio):
-    job_id = studio.job(studio.dataset("long.jsonl", LONG_ROWS), {**LONG, "memory_limit_mb": 150}, gpus=2)
-    done = subprocess.run([sys.executable, "-m", "lanner.worker.distributed", "launch", str(job_id), "--nproc", "2",
+    job_id = studio.job(studio.dataset("long.jsonl", LONG_ROWS), {"hyperparameters": {**LONG, "memory_limit_mb": 150}}, gpus=2)
+    done = subprocess.run([sys.executable, "-m", "lanner.worker.distributed.launcher", str(job_id), "--nproc", "2",
                            "--strategy", "ddp"], cwd=REPO, env=studio.env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr[-3000:]
     error = studio.get_job(job_id).error

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 import re
 import subprocess
 import sys
@@ -20,15 +21,15 @@ from lanner.core.streams import job_stream, read_after
 from lanner.kernels import get_lora_model, memory_engine_of
 from lanner.worker.events import JobEvents
 from lanner.worker.training.model import default_budget_gib, load_model, load_tokenizer
-from lanner.worker.training.options import TrainingOptions
 
+from job_specs import merged
 from training_run import logs, step_metrics, trained
-from worker_helpers import REPO, qa_rows
+from worker_helpers import REPO, qa_rows, training_options_of
 
 HERE = Path(__file__).resolve().parent
 
 GIB = 2**30
-SMALL = {"lora_r": 4, "target_modules": ["q_proj", "v_proj"], "dtype": "float32"}
+SMALL = {"lora": {"rank": 4, "target_modules": ["q_proj", "v_proj"]}, "hyperparameters": {"precision": "fp32"}}
 
 
 def _log_lines(studio, job_id: int) -> list[tuple[str, str]]:
@@ -46,16 +47,18 @@ def test_a_gpu_job_without_a_budget_plans_for_most_of_the_free_memory():
 def test_the_job_builds_the_engine_with_its_budget_and_says_what_it_ignores(studio, smollm2_dir, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the CPU as a studio runs it: no kernels
     events = JobEvents(1, studio.redis, session_factory(studio.database_url))
-    config = {**SMALL, "memory_budget_gib": 1.5, "offload_checkpoints": True}
-    model = load_model(str(smollm2_dir), TrainingOptions.from_config(config, "lora"), events)
+    options = training_options_of("lora", merged(SMALL, {"hyperparameters": {"memory_budget_gib": 1.5,
+                                                                             "offload_checkpoints": True}}))
+    model = load_model(str(smollm2_dir), options, events)
     engine = memory_engine_of(model)
     assert engine is not None and (engine.budget_bytes, engine.offload) == (int(1.5 * GIB), None)
     del model, engine
 
-    off = load_model(str(smollm2_dir), TrainingOptions.from_config({**config, "use_kernels": False}, "lora"), events)
+    # A budget with the kernels off: the API refuses that spec; the model still loads, and says so.
+    off = load_model(str(smollm2_dir), replace(options, use_kernels=False), events)
     assert memory_engine_of(off) is None
     del off
-    no_budget = load_model(str(smollm2_dir), TrainingOptions.from_config(SMALL, "lora"), events)
+    no_budget = load_model(str(smollm2_dir), training_options_of("lora", SMALL), events)
     assert memory_engine_of(no_budget) is None  # without the kernels nor a budget, transformers' checkpointing
 
     lines = [(level, line) for level, line in _log_lines(studio, 1) if line.startswith("Memory engine")]
@@ -72,10 +75,10 @@ def test_the_job_builds_the_engine_with_its_budget_and_says_what_it_ignores(stud
 def test_with_the_kernels_every_lora_job_runs_on_the_engine(studio, smollm2_dir, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # lets patch_model patch a CPU model; nothing runs here
     events = JobEvents(1, studio.redis, session_factory(studio.database_url))
-    lora = load_model(str(smollm2_dir), TrainingOptions.from_config(SMALL, "lora"), events)
+    lora = load_model(str(smollm2_dir), training_options_of("lora", SMALL), events)
     assert memory_engine_of(lora) is not None and memory_engine_of(lora).budget_bytes is None
     del lora
-    full = load_model(str(smollm2_dir), TrainingOptions.from_config({"dtype": "float32"}, "full"), events)
+    full = load_model(str(smollm2_dir), training_options_of("full", {"hyperparameters": {"precision": "fp32"}}), events)
     assert memory_engine_of(full) is None
     assert [line for _, line in _log_lines(studio, 1) if line.startswith("Memory engine")] == [
         "Memory engine (lanner.kernels): on (no budget: every layer recomputed); the plan follows at the first "
@@ -84,10 +87,10 @@ def test_with_the_kernels_every_lora_job_runs_on_the_engine(studio, smollm2_dir,
 
 def test_a_packed_job_on_a_budget_trains_packed_rows_and_logs_the_engine_plan(studio):
     # 12 chats of about 50 tokens: unpacked, 6 steps of 2; packed into rows of 256 tokens, 4 or 5 a row.
-    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(12)), {
-        "max_steps": -1, "num_train_epochs": 1, "max_seq_length": 256, "per_device_train_batch_size": 2,
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(12)), {"hyperparameters": {
+        "max_steps": None, "epochs": 1, "max_seq_len": 256, "batch_size": 2,
         "packing": True, "gradient_checkpointing": True, "memory_budget_gib": 0.6, "offload_checkpoints": True,
-        "before_after_eval": False, "save_steps": 100})
+        "before_after_eval": False, "save_steps": 100}})
     trained(studio, job_id)
     lines = logs(studio, job_id)
 
@@ -130,8 +133,8 @@ def check_packed_batch(smollm2_dir: str, out: str) -> None:
     from lanner.kernels.patching.binding import is_patched
     from lanner.worker.training.sft import build_trainer
 
-    options = TrainingOptions.from_config({**SMALL, "packing": True, "max_seq_length": 24,
-                                           "per_device_train_batch_size": 2}, "lora")
+    options = training_options_of("lora", merged(SMALL, {"hyperparameters": {"packing": True, "max_seq_len": 24,
+                                                                             "batch_size": 2}}))
     tokenizer = load_tokenizer(smollm2_dir, options)
     model = get_lora_model(_tiny_llama(len(tokenizer)), r=4, target_modules=["q_proj", "v_proj"])
     assert any(is_patched(module) for module in model.modules())

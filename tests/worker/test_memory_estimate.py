@@ -8,6 +8,8 @@ import pytest
 
 from lanner.core.memory_estimate import estimate_memory
 
+from job_specs import unchecked_spec
+
 
 def test_counts_match_the_real_model(smollm2_dir):
     # Shapes from the checkpoint's header: no need to load 135M parameters to count them.
@@ -16,7 +18,7 @@ def test_counts_match_the_real_model(smollm2_dir):
     shape = json.loads((smollm2_dir / "config.json").read_text())
     with safe_open(smollm2_dir / "model.safetensors", framework="np") as weights:
         shapes = {name: weights.get_slice(name).get_shape() for name in weights.keys()}
-    estimate = estimate_memory({"method": "lora", "lora_r": 4, "target_modules": ["q_proj", "v_proj"]}, shape, "cpu")
+    estimate = estimate_memory(unchecked_spec(lora={"rank": 4, "target_modules": ["q_proj", "v_proj"]}), shape, "cpu")
     assert estimate["parameters"] == sum(math.prod(s) for s in shapes.values())
     lora = sum(4 * sum(s) for name, s in shapes.items() if name.endswith(("q_proj.weight", "v_proj.weight")))
     assert estimate["lora_parameters"] == lora == 230_400  # what PEFT reported for this config
@@ -25,20 +27,20 @@ def test_counts_match_the_real_model(smollm2_dir):
 
 def test_parts_follow_the_config(smollm2_dir):
     shape = json.loads((smollm2_dir / "config.json").read_text())
-    base = {"method": "lora", "dtype": "bfloat16", "per_device_train_batch_size": 4, "max_seq_length": 1024}
-    lora = estimate_memory(base, shape)
-    full = estimate_memory({**base, "method": "full"}, shape)
-    qlora = estimate_memory({**base, "method": "qlora"}, shape)
-    no_checkpointing = estimate_memory({**base, "gradient_checkpointing": False}, shape)
-    double_batch = estimate_memory({**base, "per_device_train_batch_size": 8}, shape)
+    base = {"precision": "bf16", "batch_size": 4, "max_seq_len": 1024}
+    lora = estimate_memory(unchecked_spec(**base), shape)
+    full = estimate_memory(unchecked_spec("full", **base), shape)
+    qlora = estimate_memory(unchecked_spec("qlora", **base), shape)
+    no_checkpointing = estimate_memory(unchecked_spec(**base, gradient_checkpointing=False), shape)
+    double_batch = estimate_memory(unchecked_spec(**{**base, "batch_size": 8}), shape)
     assert qlora["weights_bytes"] < lora["weights_bytes"] and full["weights_bytes"] == 2 * full["parameters"]
     assert full["optimizer_bytes"] == 8 * full["parameters"] and full["trainable_parameters"] == full["parameters"]
     assert no_checkpointing["activations_bytes"] > 5 * lora["activations_bytes"]
     assert double_batch["activations_bytes"] == 2 * lora["activations_bytes"]
-    assert lora["logits_bytes"] == 0 and estimate_memory({**base, "use_kernels": False}, shape)["logits_bytes"] > 0
+    assert lora["logits_bytes"] == 0 and estimate_memory(unchecked_spec(**base, use_kernels=False), shape)["logits_bytes"] > 0
     assert all(value >= 0 for value in lora.values())
     assert lora["total_bytes"] == sum(v for k, v in lora.items() if k.endswith("_bytes") and k != "total_bytes")
-    assert estimate_memory(base, {"parameters": 1_000_000})["weights_bytes"] == 2_000_000
+    assert estimate_memory(unchecked_spec(**base), {"parameters": 1_000_000})["weights_bytes"] == 2_000_000
 
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, vocab_size=128256,
@@ -52,7 +54,7 @@ MEASURED_PEAKS_GIB = [(LLAMA_8B, True, 18.77), (LLAMA_1B, True, 3.70), (LLAMA_8B
 
 @pytest.mark.parametrize("shape,use_kernels,measured_gib", MEASURED_PEAKS_GIB)
 def test_estimate_is_within_15_percent_of_measured_gpu_peaks(shape, use_kernels, measured_gib):
-    config = {"method": "lora", "dtype": "bfloat16", "lora_r": 16, "per_device_train_batch_size": 4,
-              "max_seq_length": 2048, "gradient_checkpointing": True, "use_kernels": use_kernels}
-    estimate = estimate_memory(config, shape, "cuda")["total_bytes"] / 2**30
+    spec = unchecked_spec(lora={"rank": 16}, precision="bf16", batch_size=4, max_seq_len=2048,
+                          gradient_checkpointing=True, use_kernels=use_kernels)
+    estimate = estimate_memory(spec, shape, "cuda")["total_bytes"] / 2**30
     assert abs(estimate - measured_gib) / measured_gib < 0.15, (estimate, measured_gib)

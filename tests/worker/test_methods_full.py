@@ -21,9 +21,9 @@ TEXT_ROWS = [{"text": f"Day {i}: the river rose {i} inches and the ferry waited 
 @pytest.mark.parametrize("method, rows", [("full", qa_rows(6)), ("pretrain", TEXT_ROWS)])
 def test_whole_model_methods_train_every_weight_and_save_a_model(studio, smollm2_dir, method, rows):
     # No learning rate given: the method's default from the job spec. Checkpointing on, as by default.
-    job_id = studio.job(studio.dataset("rows.jsonl", rows), {"max_steps": 2, "max_seq_length": 64,
-                                                             "learning_rate": None, "lr_scheduler_type": "constant",
-                                                             "gradient_checkpointing": True},
+    job_id = studio.job(studio.dataset("rows.jsonl", rows), {"hyperparameters": {
+        "max_steps": 2, "max_seq_len": 64, "learning_rate": None, "lr_scheduler": "constant",
+        "gradient_checkpointing": True}},
                         method=method)
     trained(studio, job_id)
 

@@ -10,17 +10,18 @@ from lanner.core.streams import job_stream, read_after
 from lanner.kernels.patching.binding import is_patched
 from lanner.worker.events import JobEvents
 from lanner.worker.training.model import load_model
-from lanner.worker.training.options import TrainingOptions
+
+from worker_helpers import training_options_of
 
 
 @pytest.mark.parametrize("method", ["lora", "full"])
 def test_the_model_goes_on_the_kernels_unless_the_job_switches_them_off(studio, smollm2_dir, monkeypatch, method):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     events = JobEvents(1, studio.redis, session_factory(studio.database_url))
-    on = load_model(str(smollm2_dir), TrainingOptions.from_config({"use_kernels": True}, method), events)
+    on = load_model(str(smollm2_dir), training_options_of(method, {"hyperparameters": {"use_kernels": True}}), events)
     assert any(is_patched(module) for module in on.modules())
     del on
-    off = load_model(str(smollm2_dir), TrainingOptions.from_config({"use_kernels": False}, method), events)
+    off = load_model(str(smollm2_dir), training_options_of(method, {"hyperparameters": {"use_kernels": False}}), events)
     assert not any(is_patched(module) for module in off.modules())
 
     lines = [data["message"] for _, kind, data in read_after(studio.redis, job_stream(1))

@@ -12,20 +12,20 @@ WORDS = "the quick brown fox jumps over the lazy dog while the river keeps runni
 # 16 rows that all fill the 128 tokens: every micro-batch has the same size, and so the same peak.
 LONG_ROWS = [{"instruction": f"Row {i}: " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(70)),
               "output": " ".join(WORDS[(2 * i + k) % len(WORDS)] for k in range(40))} for i in range(16)]
-LONG = {"max_seq_length": 128, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1,
-        "max_steps": 2, "save_steps": 1, "before_after_eval": False}
+LONG = {"max_seq_len": 128, "batch_size": 4, "gradient_accumulation": 1, "max_steps": 2, "save_steps": 1,
+        "before_after_eval": False}  # hyperparameters
 FITS_MICRO_BATCH_2_ONLY = 950
 
 
 def test_out_of_memory_retries_from_the_last_checkpoint_at_half_the_micro_batch(studio):
     dataset = studio.dataset("long.jsonl", LONG_ROWS)
-    parent = studio.job(dataset, LONG)
+    parent = studio.job(dataset, {"hyperparameters": LONG})
     trained(studio, parent)
     uncapped = step_metrics(studio, parent)
 
     # The same run continued from its checkpoint-1 under the cap: step 2 runs out of memory at
     # micro-batch 4, and the retry starts again from checkpoint-1 at 2 x 2.
-    job_id = studio.job(dataset, {**LONG, "memory_limit_mb": FITS_MICRO_BATCH_2_ONLY}, parent_job_id=parent,
+    job_id = studio.job(dataset, {"hyperparameters": {**LONG, "memory_limit_mb": FITS_MICRO_BATCH_2_ONLY}}, parent_job_id=parent,
                         resume_from="checkpoint-1")
     trained(studio, job_id)
     assert ("Out of memory at step 2 with micro-batch 4 x 1 accumulation steps and sequence length 128; retrying "
@@ -44,7 +44,7 @@ def test_out_of_memory_retries_from_the_last_checkpoint_at_half_the_micro_batch(
     ({"memory_limit_mb": FITS_MICRO_BATCH_2_ONLY, "oom_retry": False}, "automatic retry is off (oom_retry)"),
 ])
 def test_out_of_memory_that_the_retry_cannot_fix_fails_with_the_reason(studio, config, reason):
-    job_id = studio.job(studio.dataset("long.jsonl", LONG_ROWS), {**LONG, **config})
+    job_id = studio.job(studio.dataset("long.jsonl", LONG_ROWS), {"hyperparameters": {**LONG, **config}})
     done = run_train_process(studio, job_id)
     assert done.returncode == 1, done.stderr[-3000:]
     error = studio.get_job(job_id).error

@@ -1,12 +1,18 @@
-"""How a job's config becomes the training options: which weights a method trains, its default
+"""How a job's stored spec becomes the training options: which weights a method trains, its default
 learning rate, and the smaller micro-batch an out-of-memory retry takes (no training here)."""
 from __future__ import annotations
 
 import pytest
 
-from lanner.core.spec import DEFAULT_LEARNING_RATE, JobSpec, job_config
+from lanner.core.spec import DEFAULT_LEARNING_RATE, JobSpec, load_spec, stored_config
 from lanner.worker.training.memory import smaller_micro_batch
-from lanner.worker.training.options import TrainingOptions
+from lanner.worker.training.options import training_options
+
+from job_specs import stored_spec
+
+
+def options(method: str, spec: dict | None = None):
+    return training_options(load_spec(stored_spec(method, overrides=spec, gpus=1)))
 
 
 @pytest.mark.parametrize("method, lora, adapter", [
@@ -16,16 +22,16 @@ from lanner.worker.training.options import TrainingOptions
 def test_the_api_config_says_which_weights_train_and_the_learning_rate(method, lora, adapter):
     spec = JobSpec(method=method, model="builtin/SmolLM2-135M-Instruct", dataset_id=1, gpus=1,
                    **({"lora": lora} if lora else {}))
-    options = TrainingOptions.from_config(job_config(spec))
-    assert (options.method, options.lora) == (method, adapter)
-    assert options.learning_rate == DEFAULT_LEARNING_RATE[method]
+    trainer_options = training_options(load_spec(stored_config(spec)))
+    assert (trainer_options.method, trainer_options.lora) == (method, adapter)
+    assert trainer_options.learning_rate == DEFAULT_LEARNING_RATE[method]
 
 
-def test_a_config_without_a_learning_rate_gets_the_methods_default():
-    assert TrainingOptions.from_config({}, "full").learning_rate == DEFAULT_LEARNING_RATE["full"]
-    assert TrainingOptions.from_config({"learning_rate": 3e-4}, "full").learning_rate == 3e-4
-    assert TrainingOptions.from_config({"lora_r": 8}, "kto").lora
-    assert not TrainingOptions.from_config({"lora_r": None}, "kto").lora
+def test_a_spec_without_a_learning_rate_gets_the_methods_default():
+    assert options("full").learning_rate == DEFAULT_LEARNING_RATE["full"]
+    assert options("full", {"hyperparameters": {"learning_rate": 3e-4}}).learning_rate == 3e-4
+    assert options("kto", {"lora": {"rank": 8}}).lora
+    assert not options("kto", {"lora": None}).lora
 
 
 @pytest.mark.parametrize("method, micro_batch, accumulation, expected", [
@@ -33,9 +39,8 @@ def test_a_config_without_a_learning_rate_gets_the_methods_default():
     ("lora", 1, 4, None), ("kto", 4, 1, (2, 2)), ("kto", 2, 1, None), ("kto", 3, 1, None),
 ])
 def test_the_retry_halves_the_micro_batch_and_keeps_the_effective_batch(method, micro_batch, accumulation, expected):
-    options = TrainingOptions.from_config({"per_device_train_batch_size": micro_batch,
-                                           "gradient_accumulation_steps": accumulation}, method)
-    smaller = smaller_micro_batch(options)
+    smaller = smaller_micro_batch(options(method, {"hyperparameters": {"batch_size": micro_batch,
+                                                                        "gradient_accumulation": accumulation}}))
     if expected is None:
         assert smaller is None
         return
@@ -44,15 +49,15 @@ def test_the_retry_halves_the_micro_batch_and_keeps_the_effective_batch(method, 
 
 
 def test_kto_with_a_micro_batch_of_one_is_refused_before_training():
-    assert TrainingOptions.from_config({"per_device_train_batch_size": 1}, "kto").problem().startswith(
+    assert options("kto", {"hyperparameters": {"batch_size": 1}}).problem().startswith(
         "KTO needs a micro-batch (per_device_train_batch_size) of 2 or more")
-    assert TrainingOptions.from_config({"per_device_train_batch_size": 1}, "dpo").problem() is None
+    assert options("dpo", {"hyperparameters": {"batch_size": 1}}).problem() is None
 
 
 def test_the_prompt_limit_reaches_the_preference_methods():
     spec = JobSpec(method="dpo", model="builtin/SmolLM2-135M-Instruct", dataset_id=1, gpus=1,
                    preference={"max_prompt_len": 64})
-    assert TrainingOptions.from_config(job_config(spec)).max_prompt_len == 64
+    assert training_options(load_spec(stored_config(spec))).max_prompt_len == 64
 
 
 def test_long_prompts_keep_their_end(smollm2_dir):

@@ -5,12 +5,13 @@ from sqlalchemy import select
 
 from lanner.core.models import Artifact
 
+from job_specs import merged
 from training_run import events, logs, run_train_process, step_metrics, trained
 
 PAIRS = [{"prompt": f"What is {i} plus {i}?", "chosen": f"{2 * i}.", "rejected": f"{2 * i + 1}."} for i in range(6)]
 UNPAIRED = [{"prompt": f"What is {i} plus {i}?", "completion": f"{2 * i + i % 2}.", "label": i % 2 == 0}
             for i in range(8)]
-SHORT = {"max_steps": 2, "max_seq_length": 48}
+SHORT = {"hyperparameters": {"max_steps": 2, "max_seq_len": 48}}
 
 
 def artifact_kinds(studio, job_id: int) -> set[str]:
@@ -45,7 +46,7 @@ def test_kto_trains_on_unpaired_labelled_completions(studio):
 def test_kto_splits_preference_pairs_into_desirable_and_undesirable(studio):
     # 4 pairs -> 8 unpaired rows: two steps of micro-batch 2 x 2 accumulation go through all of them.
     job_id = studio.job(studio.dataset("pairs.jsonl", PAIRS[:4]),
-                        {**SHORT, "gradient_accumulation_steps": 2}, method="kto")
+                        merged(SHORT, {"hyperparameters": {"gradient_accumulation": 2}}), method="kto")
     trained(studio, job_id)
     metrics = step_metrics(studio, job_id)
     assert [m["step"] for m in metrics] == [1, 2]
@@ -55,7 +56,7 @@ def test_kto_splits_preference_pairs_into_desirable_and_undesirable(studio):
 
 
 def test_kto_refuses_a_micro_batch_of_one_clearly(studio):
-    job_id = studio.job(studio.dataset("kto.jsonl", UNPAIRED), {**SHORT, "per_device_train_batch_size": 1},
+    job_id = studio.job(studio.dataset("kto.jsonl", UNPAIRED), merged(SHORT, {"hyperparameters": {"batch_size": 1}}),
                         method="kto")
     assert run_train_process(studio, job_id).returncode == 1
     assert studio.get_job(job_id).error == ("KTO needs a micro-batch (per_device_train_batch_size) of 2 or more: "
@@ -64,8 +65,7 @@ def test_kto_refuses_a_micro_batch_of_one_clearly(studio):
 
 def test_preference_without_lora_settings_trains_every_weight(studio):
     # As the API's spec and memory estimate have it: dpo/orpo/kto with no `lora` settings tune the whole model.
-    job_id = studio.job(studio.dataset("pairs.jsonl", PAIRS), {**SHORT, "lora_r": None, "lora_alpha": None,
-                                                               "target_modules": None}, method="dpo")
+    job_id = studio.job(studio.dataset("pairs.jsonl", PAIRS), {**SHORT, "lora": None}, method="dpo")
     trained(studio, job_id)
     assert [m["step"] for m in step_metrics(studio, job_id)] == [1, 2]
     assert "(every weight)" in next(line for line in logs(studio, job_id) if line.startswith("Model "))

@@ -12,7 +12,7 @@ from worker_helpers import qa_rows
 
 def test_qlora_trains_an_adapter_over_a_4bit_base(studio):
     job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(6)),
-                        {"max_steps": 2, "max_seq_length": 48, "before_after_eval": False}, method="qlora")
+                        {"hyperparameters": {"max_steps": 2, "max_seq_len": 48, "before_after_eval": False}}, method="qlora")
     trained(studio, job_id)
 
     metrics = step_metrics(studio, job_id)

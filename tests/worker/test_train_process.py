@@ -12,7 +12,7 @@ from worker_helpers import qa_rows
 
 def test_lora_sft_trains_streams_and_saves(studio):
     rows = qa_rows(24) + ['{"instruction": "broken', {"instruction": "no answer"}]
-    job_id = studio.job(studio.dataset("qa.jsonl", rows), {"eval_steps": 4})
+    job_id = studio.job(studio.dataset("qa.jsonl", rows), {"hyperparameters": {"eval_steps": 4}})
     done = run_train_process(studio, job_id)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -45,7 +45,7 @@ def test_lora_sft_trains_streams_and_saves(studio):
 
     # Resume: a job continuing this one from checkpoint-2 reproduces steps 3 and 4 exactly (weights,
     # optimizer, scheduler, RNG and data position all restored).
-    resumed = studio.job(studio.job_dataset_id(job_id), {"eval_steps": 4}, parent_job_id=job_id,
+    resumed = studio.job(studio.job_dataset_id(job_id), {"hyperparameters": {"eval_steps": 4}}, parent_job_id=job_id,
                          resume_from="checkpoint-2")
     done = run_train_process(studio, resumed)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -65,7 +65,8 @@ def test_empty_dataset_fails_clearly(studio):
 
 
 def test_an_exception_in_training_fails_the_job_with_its_reason(studio):
-    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(4)), {"lora_r": 0})
+    # A chat template that raises on every row (a number format for text), once the trainer applies it.
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(4)), {"chat_template": "{{ '{:d}'.format(messages[0]['content']) }}"})
     done = run_train_process(studio, job_id)
     assert done.returncode == 1
     error = studio.get_job(job_id).error
@@ -96,7 +97,7 @@ def test_a_sweep_fails_running_jobs_whose_worker_has_no_heartbeat(studio):
 
 def test_dpo_trains_on_preference_pairs(studio):
     pairs = [{"prompt": f"What is {i} plus {i}?", "chosen": f"{2 * i}.", "rejected": f"{2 * i + 1}."} for i in range(6)]
-    job_id = studio.job(studio.dataset("pairs.jsonl", pairs), {"max_steps": 2, "max_seq_length": 48},
+    job_id = studio.job(studio.dataset("pairs.jsonl", pairs), {"hyperparameters": {"max_steps": 2, "max_seq_len": 48}},
                         method="dpo")
     done = run_train_process(studio, job_id)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

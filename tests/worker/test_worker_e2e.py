@@ -24,7 +24,7 @@ def wake(studio) -> None:
 
 
 def test_jobs_run_in_priority_order_with_ordered_events_and_clear_failures(studio, celery_worker):
-    good = studio.job(studio.dataset("qa.jsonl", qa_rows(8) + ["not json"]), {"max_steps": 2, "before_after_eval": False},
+    good = studio.job(studio.dataset("qa.jsonl", qa_rows(8) + ["not json"]), {"hyperparameters": {"max_steps": 2, "before_after_eval": False}},
                       name="good")
     empty = studio.job(studio.dataset("empty.jsonl", []), name="empty", priority=5)
     all_bad = studio.job(studio.dataset("bad.jsonl", [{"instruction": "x", "output": ""}, "{oops"]), name="all bad", priority=5)
@@ -74,7 +74,7 @@ def test_jobs_run_in_priority_order_with_ordered_events_and_clear_failures(studi
 
 def test_cancel_stops_the_job_within_10_seconds_and_keeps_its_checkpoint(studio, celery_worker):
     celery_worker()
-    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)), {"max_steps": 500, "save_steps": 1})
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)), {"hyperparameters": {"max_steps": 500, "save_steps": 1}})
     wake(studio)
     studio.wait_for(job_id, lambda j: j.step >= 1, 180, "its first step")
     pid = training_pid(studio, job_id)
@@ -94,7 +94,7 @@ def test_cancel_stops_the_job_within_10_seconds_and_keeps_its_checkpoint(studio,
 
 def test_a_worker_killed_with_sigkill_fails_its_job_within_60_seconds(studio, celery_worker):
     worker = celery_worker()
-    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)), {"max_steps": 500})
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)), {"hyperparameters": {"max_steps": 500}})
     wake(studio)
     studio.wait_for(job_id, lambda j: j.step >= 1, 180, "its first step")
     pid = training_pid(studio, job_id)
@@ -126,7 +126,8 @@ def _has_checkpoint(studio, job_id: int) -> bool:
 def test_a_job_that_asked_for_it_resumes_from_its_checkpoint_after_a_sigkill(studio, celery_worker):
     worker = celery_worker()
     job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(16)),
-                        {"max_steps": 8, "save_steps": 1, "requeue_on_worker_loss": True, "before_after_eval": False})
+                        {"requeue_on_worker_loss": True,
+                         "hyperparameters": {"max_steps": 8, "save_steps": 1, "before_after_eval": False}})
     wake(studio)
     studio.wait_for(job_id, lambda j: j.step >= 2 and _has_checkpoint(studio, j.id), 180, "its second step and a checkpoint")
     os.kill(worker.process.pid, signal.SIGKILL)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from redis import Redis
 
+from job_specs import BUILTIN, stored_spec
+
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_REDIS_URL = os.environ.get("LANNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -19,10 +21,22 @@ SYSTEM_REDIS_URL = os.environ.get("LANNER_TEST_REDIS_URL", "redis://127.0.0.1:63
 # 12 turned out to be written by other tests on this machine).
 WORKER_REDIS_URL = SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/" + os.environ.get("LANNER_TEST_WORKER_REDIS_DB", "15")
 
-# Small enough for two shared CPU cores: a few steps of SmolLM2-135M at sequence length 64.
-TINY = {"max_steps": 4, "per_device_train_batch_size": 2, "max_seq_length": 64, "learning_rate": 1e-3,
-        "lora_r": 4, "lora_alpha": 8, "save_steps": 2, "gradient_checkpointing": False, "dtype": "float32",
-        "target_modules": ["q_proj", "v_proj"]}
+# Small enough for two shared CPU cores: a few steps of SmolLM2-135M at sequence length 64, a linear
+# schedule without warmup and a tenth of the rows for validation (from 20 rows on).
+TINY = {"hyperparameters": {"max_steps": 4, "batch_size": 2, "gradient_accumulation": 1, "max_seq_len": 64,
+                            "learning_rate": 1e-3, "save_steps": 2, "gradient_checkpointing": False,
+                            "precision": "fp32", "lr_scheduler": "linear", "warmup_ratio": 0.0,
+                            "eval_fraction": 0.1},
+        "lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}}
+
+
+def training_options_of(method: str, spec: dict | None = None):
+    """The training options of a stored spec of `method` with `spec`'s nested fields, as the training
+    process builds them (the spec's defaults, not TINY's)."""
+    from lanner.core.spec import load_spec
+    from lanner.worker.training.options import training_options
+
+    return training_options(load_spec(stored_spec(method, overrides=spec)))
 
 
 def qa_rows(count: int) -> list[dict]:
@@ -65,13 +79,15 @@ class Studio:
             session.commit()
             return dataset.id
 
-    def job(self, dataset_id: int, config: dict | None = None, **fields) -> int:
+    def job(self, dataset_id: int, spec: dict | None = None, **fields) -> int:
+        """A queued training job of TINY with `spec`'s nested fields merged in."""
         from lanner.core.models import Job
 
+        method, gpus = fields.pop("method", "lora"), fields.pop("gpus", 0)
         with self.sessions() as session:
-            job = Job(owner_id=self.owner_id, name=fields.pop("name", "test job"), method=fields.pop("method", "lora"),
-                      model="builtin/SmolLM2-135M-Instruct", dataset_id=dataset_id,
-                      config={**TINY, **(config or {})}, gpus=fields.pop("gpus", 0), **fields)
+            job = Job(owner_id=self.owner_id, name=fields.pop("name", "test job"), method=method,
+                      model=BUILTIN, dataset_id=dataset_id, gpus=gpus,
+                      config=stored_spec(method, TINY, spec, dataset_id=dataset_id, gpus=gpus), **fields)
             session.add(job)
             session.commit()
             return job.id

@@ -9,11 +9,14 @@ from datasets import Dataset
 from lanner.worker.distributed import trainer_args
 from lanner.worker.training.options import TrainingOptions
 
+# A validation split of fewer rows would say nothing: below it the job's eval_fraction is not taken.
+MIN_ROWS_FOR_VALIDATION = 20
+
 
 def split(rows: list[dict], options: TrainingOptions) -> tuple[Dataset, Dataset | None]:
     """A seeded validation split, when the dataset is big enough for one to mean something."""
     dataset = Dataset.from_list(rows)
-    if len(rows) < options.min_rows_for_validation or options.validation_split <= 0:
+    if len(rows) < MIN_ROWS_FOR_VALIDATION or options.validation_split <= 0:
         return dataset, None
     parts = dataset.train_test_split(test_size=options.validation_split, seed=options.seed)
     return parts["train"], parts["test"]
@@ -56,7 +59,7 @@ def common_args(options: TrainingOptions, output_dir: str, has_eval: bool) -> di
         learning_rate=options.learning_rate,
         lr_scheduler_type=options.lr_scheduler_type,
         # transformers 5 reads a float below 1 as a fraction of the total steps (warmup_ratio is gone).
-        warmup_steps=options.warmup_steps or min(float(options.warmup_ratio), 0.99),
+        warmup_steps=min(float(options.warmup_ratio), 0.99),
         weight_decay=options.weight_decay,
         max_grad_norm=options.max_grad_norm,
         max_length=options.max_seq_length,
@@ -64,7 +67,7 @@ def common_args(options: TrainingOptions, output_dir: str, has_eval: bool) -> di
         save_strategy="steps",
         save_steps=options.save_steps,
         eval_strategy="steps" if has_eval else "no",
-        eval_steps=options.eval_steps or options.save_steps,
+        eval_steps=options.eval_steps,
         seed=options.seed,
         data_seed=options.seed,
         # The model arrives with checkpointing already set as the job asked (lanner.worker.training.model).

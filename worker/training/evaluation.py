@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from lanner.core.models import Artifact, ArtifactKind, Job
+from lanner.core.models import Artifact, ArtifactKind
 from lanner.core.settings import get_settings
 from lanner.worker.distributed import is_main_process
 from lanner.worker.job_process import artifacts_dir
@@ -85,21 +85,6 @@ def _final_eval_loss(state) -> float | None:
     return last["eval_loss"] if last is not None and last.get("step") == state.global_step else None
 
 
-def _job_wants_it(config: dict) -> bool:
-    nested = (config.get("hyperparameters") or {}).get("before_after_eval", True)
-    return bool(config.get("before_after_eval", nested))
-
-
-def _prompt_count(config: dict) -> int:
-    return int(config.get("evaluation_prompts", PROMPTS))
-
-
-def _job_config(events) -> dict:
-    with events.sessions() as session:
-        job = session.get(Job, events.job_id)
-        return dict(job.config or {}) if job else {}
-
-
 class BeforeAfterEvaluation(TrainerCallback):
     """Runs when training ends (not when it was cancelled), before the adapter is saved."""
 
@@ -125,14 +110,11 @@ class BeforeAfterEvaluation(TrainerCallback):
         self.distributed = args.world_size > 1
         if self.distributed and (not self.trainer.is_world_process_zero() or self.trainer.is_fsdp_enabled):
             return
-        config = _job_config(self.events)
-        if not _job_wants_it(config):
-            return
-        rows = [self.rows[i] for i in range(min(_prompt_count(config), len(self.rows)))]
+        rows = [self.rows[i] for i in range(min(PROMPTS, len(self.rows)))]
         self.result = {"status": "running", "error": None, "base_eval_loss": None, "tuned_eval_loss": None,
                        "samples": [], "scores": {"base_overlap": 0.0, "tuned_overlap": 0.0},
                        "prompts_from": self.prompts_from,
-                       "max_new_tokens": int(config.get("evaluation_max_new_tokens", MAX_NEW_TOKENS))}
+                       "max_new_tokens": MAX_NEW_TOKENS}
         self._write(register=True)
         self.events.log(f"Before/after evaluation: the base and the fine-tuned model answer {len(rows)} "
                         f"{self.result['prompts_from']} prompts")
@@ -215,23 +197,21 @@ class BeforeAfterEvaluation(TrainerCallback):
                 session.commit()
 
 
-def with_before_after_evaluation(trainer, evaluation_rows, train_rows, callbacks: list):
+def with_before_after_evaluation(trainer, evaluation_rows, train_rows, callbacks: list, wanted: bool):
     """Adds the before/after evaluation to an SFT trainer run by the training process (the one whose
-    callbacks carry the job's events); returns the trainer. Without a validation split, the last N
-    training rows are taken out of the trainer's (already prepared) training set and evaluated on."""
+    callbacks carry the job's events) when the job wants it; returns the trainer. Without a validation
+    split, the last N training rows are taken out of the trainer's (already prepared) training set and
+    evaluated on."""
     events = next((cb.events for cb in callbacks if isinstance(cb, MetricsCallback)), None)
-    if events is None or not hasattr(trainer.model, "disable_adapter"):
+    if not wanted or events is None or not hasattr(trainer.model, "disable_adapter"):
         return trainer
     if evaluation_rows is not None:
         trainer.add_callback(BeforeAfterEvaluation(trainer, evaluation_rows, "validation", events,
                                                    trainer.eval_dataset))
         return trainer
-    config = _job_config(events)
-    if not _job_wants_it(config):
-        return trainer
-    count, prepared = _prompt_count(config), trainer.train_dataset
+    count, prepared = PROMPTS, trainer.train_dataset
     # Row i of the prepared set is training row i unless packing joined rows into sequences.
-    if (count > 0 and len(train_rows) - count >= MIN_TRAINING_ROWS and len(prepared) == len(train_rows)
+    if (len(train_rows) - count >= MIN_TRAINING_ROWS and len(prepared) == len(train_rows)
             and not trainer.args.packing):
         keep = len(train_rows) - count
         trainer.train_dataset = prepared.select(range(keep))

@@ -23,6 +23,6 @@ def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, 
                   callbacks: list) -> KTOTrainer:
     rows = truncate_prompts(rows, tokenizer, options.max_prompt_len)
     train, evaluation = (unpaired(part, options.seed) for part in split(rows, options))
-    args = KTOConfig(**common_args(options, output_dir, evaluation is not None), beta=options.dpo_beta)
+    args = KTOConfig(**common_args(options, output_dir, evaluation is not None), beta=options.beta)
     return KTOTrainer(model=model, ref_model=None, args=args, train_dataset=train, eval_dataset=evaluation,
                       processing_class=tokenizer, callbacks=callbacks)

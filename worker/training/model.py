@@ -10,10 +10,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lanner.core.settings import Settings
 from lanner.core.default_model import DEFAULT_MODEL_ID, imported_model_dir
+from lanner.core.spec import ADAPTER_METHODS
 from lanner.worker.events import JobEvents
-from lanner.worker.training.options import ADAPTER_METHODS, TrainingOptions
+from lanner.worker.training.options import TrainingOptions
 
-DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # A job on a GPU that sets no memory budget plans for what it holds plus this share of what is free
 # (its lease gives it the device alone; the rest is the allocator's and CUDA's headroom), so layers
 # are kept rather than recomputed wherever the memory allows (docs/memory-engine.md).
@@ -76,7 +76,7 @@ def _load(path: str, options: TrainingOptions):
 
 
 def _lora_model(model_or_path, options: TrainingOptions, **kwargs):
-    from lanner.kernels import get_lora_model
+    from lanner.kernels import DEFAULT_TARGET_MODULES, get_lora_model
 
     return get_lora_model(model_or_path, r=options.lora_r, lora_alpha=options.lora_alpha,
                           target_modules=options.target_modules or DEFAULT_TARGET_MODULES,

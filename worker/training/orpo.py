@@ -12,6 +12,6 @@ from lanner.worker.training.options import TrainingOptions
 def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, output_dir: str,
                   callbacks: list) -> ORPOTrainer:
     train, evaluation = split(truncate_prompts(rows, tokenizer, options.max_prompt_len), options)
-    args = ORPOConfig(**common_args(options, output_dir, evaluation is not None), beta=options.dpo_beta)
+    args = ORPOConfig(**common_args(options, output_dir, evaluation is not None), beta=options.beta)
     return ORPOTrainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
                        processing_class=tokenizer, callbacks=callbacks)

@@ -35,7 +35,7 @@ def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, 
         seq_lengths = trainer.train_dataset["seq_lengths"]
         metrics.events.log(packing_report(seq_lengths, options))
         metrics.samples_per_step *= sum(map(len, seq_lengths)) / len(seq_lengths)  # a step reads rows of samples
-    return with_before_after_evaluation(trainer, evaluation, train, callbacks)
+    return with_before_after_evaluation(trainer, evaluation, train, callbacks, options.before_after_eval)
 
 
 def packing_report(seq_lengths: list[list[int]], options: TrainingOptions) -> str:
