@@ -1,5 +1,9 @@
 import { describe, expect, it } from 'vitest'
-import { applyPreset, buildJobSpec, estimatedSteps, formFromConfig, newJobForm, validateJobForm, type JobForm } from './jobForm'
+import { components } from '../openapi.json'
+import {
+  applyPreset, buildJobSpec, DEFAULT_LEARNING_RATE, DEFAULT_VALUES, estimatedSteps, FIELDS, formFromConfig, METHODS,
+  newJobForm, PRESETS, validateJobForm, type JobForm,
+} from './jobForm'
 
 function form(values: Record<string, string> = {}, change: Partial<JobForm> = {}): JobForm {
   const base = newJobForm('builtin/SmolLM2-135M-Instruct', 0)
@@ -70,7 +74,8 @@ describe('validateJobForm', () => {
 
 describe('buildJobSpec', () => {
   it('sends numbers as numbers, leaves out empty optionals, and only the sections of the method', () => {
-    const spec = buildJobSpec(form({ 'hyperparameters.max_steps': '5', 'hyperparameters.max_seq_len': '128' }))
+    // An emptied field is left out too: the server fills in its default.
+    const spec = buildJobSpec(form({ 'hyperparameters.max_steps': '5', 'hyperparameters.max_seq_len': '128', 'hyperparameters.save_steps': '' }))
     expect(spec).toMatchObject({
       method: 'lora',
       model: 'builtin/SmolLM2-135M-Instruct',
@@ -128,5 +133,34 @@ describe('presets and clones', () => {
     expect(estimatedSteps(f, 20)).toBe(6)
     expect(estimatedSteps({ ...f, values: { ...f.values, 'hyperparameters.max_steps': '5' } }, 20)).toBe(5)
     expect(estimatedSteps(f, null)).toBeNull()
+  })
+})
+
+describe('bounds and defaults from the API', () => {
+  const hyperparameters = components.schemas.Hyperparameters.properties
+  const field = (path: string) => FIELDS.find((f) => f.path === path)!
+
+  it('a field has the bounds, default and choices of the API’s schema', () => {
+    expect(field('hyperparameters.max_seq_len')).toMatchObject({
+      type: 'int', min: hyperparameters.max_seq_len.minimum, max: hyperparameters.max_seq_len.maximum, optional: false,
+    })
+    expect(field('hyperparameters.warmup_ratio')).toMatchObject({ max: hyperparameters.warmup_ratio.exclusiveMaximum, maxExclusive: true })
+    expect(field('lora.alpha')).toMatchObject({ min: components.schemas.LoraSettings.properties.alpha.exclusiveMinimum, minExclusive: true })
+    expect(field('hyperparameters.learning_rate')).toMatchObject({ type: 'float', optional: true, initial: '' })
+    expect(field('hyperparameters.lr_scheduler').options).toEqual(hyperparameters.lr_scheduler.enum)
+    expect(DEFAULT_VALUES['hyperparameters.seed']).toBe(String(hyperparameters.seed.default))
+    expect(DEFAULT_VALUES.gpus).toBe(String(components.schemas.JobCreate.properties.gpus.default))
+  })
+
+  it('takes the learning rate of each method and the presets from the API', () => {
+    expect(DEFAULT_LEARNING_RATE).toEqual(hyperparameters.learning_rate['x-default-by-method'])
+    expect(DEFAULT_LEARNING_RATE.full).toBeLessThan(DEFAULT_LEARNING_RATE.lora)
+    const thorough = components.schemas.JobCreate.properties.preset['x-presets'].thorough
+    expect(PRESETS.thorough.values['hyperparameters.max_seq_len']).toBe(String(thorough.max_seq_len))
+    expect(Object.keys(PRESETS.thorough.values)).toHaveLength(Object.keys(thorough).length)
+  })
+
+  it('offers every method the API takes', () => {
+    expect(METHODS.map((m) => m.value).sort()).toEqual([...components.schemas.JobCreate.properties.method.enum].sort())
   })
 })

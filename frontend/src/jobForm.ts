@@ -1,32 +1,42 @@
 /**
- * The New fine-tune form as plain data: its fields (with help text and the same bounds the API's
- * JobSpec checks), validation, presets, and the JobSpec it sends. Values are kept as the strings
- * the inputs hold, keyed by the API's field path ("hyperparameters.learning_rate"), so a 422 from
- * the server lands on the same field as a client-side check.
+ * The New fine-tune form as plain data: its fields, validation, presets, and the JobSpec it sends.
+ * Labels, help text, sections and order are written here; each field's type, bounds, default and
+ * choices, the presets' values and the learning rate of each method come from the API's OpenAPI
+ * document (specSchema.ts). Values are kept as the strings the inputs hold, keyed by the API's field
+ * path ("hyperparameters.learning_rate"), so a 422 from the server lands on the same field as a
+ * client-side check.
  */
+import { specExtension, specField } from './specSchema'
 import type { Method } from './types'
 
 export type FieldType = 'int' | 'float' | 'select' | 'bool'
 export type Section = 'training' | 'lora' | 'preference' | 'run'
 
-export interface FieldDef {
+/** What the form says about a field, written by hand. */
+interface FieldText {
   path: string
   label: string
   help: string
-  type: FieldType
   section: Section
   advanced?: boolean
+  /** Shown as the placeholder of an optional field. */
+  placeholder?: string
+  /** Only these methods have the field (default: as its section says). */
+  methods?: Method[]
+}
+
+/** A field of the form: its text, and what the API's schema says of it. */
+export interface FieldDef extends FieldText {
+  type: FieldType
   min?: number
   minExclusive?: boolean
   max?: number
   maxExclusive?: boolean
   /** Empty is allowed (the server picks). */
-  optional?: boolean
+  optional: boolean
   options?: string[]
-  /** Shown as the placeholder of an optional field. */
-  placeholder?: string
-  /** Only these methods have the field (default: as its section says). */
-  methods?: Method[]
+  /** The input's value when the form opens. */
+  initial: string
 }
 
 export const ADAPTER_METHODS: Method[] = ['lora', 'qlora']
@@ -43,79 +53,106 @@ export const METHODS: { value: Method; label: string; help: string }[] = [
   { value: 'kto', label: 'KTO', help: 'Preference tuning on single answers labelled good or bad.' },
 ]
 
-/** The API's learning rate when none is given (backend/schemas/jobs.py DEFAULT_LEARNING_RATE). */
-export const DEFAULT_LEARNING_RATE: Record<Method, number> = {
-  lora: 2e-4, qlora: 2e-4, full: 2e-5, pretrain: 1e-4, dpo: 5e-6, orpo: 8e-6, kto: 5e-6,
-}
+/** The API's learning rate when none is given. */
+export const DEFAULT_LEARNING_RATE = specExtension('hyperparameters.learning_rate', 'x-default-by-method') as Record<Method, number>
 
-export const FIELDS: FieldDef[] = [
-  { path: 'hyperparameters.learning_rate', label: 'Learning rate', type: 'float', section: 'training', min: 0, minExclusive: true, max: 1, optional: true,
+const FIELD_TEXTS: FieldText[] = [
+  { path: 'hyperparameters.learning_rate', label: 'Learning rate', section: 'training',
     help: 'How big each update is. Empty uses the method’s default; too high diverges, too low learns nothing.' },
-  { path: 'hyperparameters.epochs', label: 'Epochs', type: 'float', section: 'training', min: 0, minExclusive: true, max: 100,
+  { path: 'hyperparameters.epochs', label: 'Epochs', section: 'training',
     help: 'Passes over the dataset. 1–3 is typical; more risks memorising it.' },
-  { path: 'hyperparameters.max_steps', label: 'Max steps', type: 'int', section: 'training', min: 1, max: 10_000_000, optional: true, placeholder: 'from epochs',
+  { path: 'hyperparameters.max_steps', label: 'Max steps', section: 'training', placeholder: 'from epochs',
     help: 'Stop after this many optimizer steps; overrides epochs when set. Handy for a quick trial.' },
-  { path: 'hyperparameters.batch_size', label: 'Batch size', type: 'int', section: 'training', min: 1, max: 1024,
+  { path: 'hyperparameters.batch_size', label: 'Batch size', section: 'training',
     help: 'Rows per device per step. Larger is faster until memory runs out.' },
-  { path: 'hyperparameters.gradient_accumulation', label: 'Gradient accumulation', type: 'int', section: 'training', min: 1, max: 1024,
+  { path: 'hyperparameters.gradient_accumulation', label: 'Gradient accumulation', section: 'training',
     help: 'Steps whose gradients add up before one update: effective batch = batch size × this.' },
-  { path: 'hyperparameters.max_seq_len', label: 'Max sequence length', type: 'int', section: 'training', min: 16, max: 131_072,
+  { path: 'hyperparameters.max_seq_len', label: 'Max sequence length', section: 'training',
     help: 'Tokens per row; longer rows are cut. Memory grows with it.' },
-  { path: 'lora.rank', label: 'LoRA rank', type: 'int', section: 'lora', min: 1, max: 1024,
+  { path: 'lora.rank', label: 'LoRA rank', section: 'lora',
     help: 'Size of the adapter matrices. 8–64 is typical; higher learns more and uses more memory.' },
-  { path: 'lora.alpha', label: 'LoRA alpha', type: 'float', section: 'lora', min: 0, minExclusive: true, max: 4096,
+  { path: 'lora.alpha', label: 'LoRA alpha', section: 'lora',
     help: 'Scales the adapter’s effect (alpha / rank). Twice the rank is a common start.' },
-  { path: 'preference.beta', label: 'Beta', type: 'float', section: 'preference', min: 0, minExclusive: true, max: 10,
+  { path: 'preference.beta', label: 'Beta', section: 'preference',
     help: 'How far the model may drift from the reference. Lower allows more; 0.1 is the usual start.' },
   // Advanced
-  { path: 'hyperparameters.warmup_ratio', label: 'Warmup ratio', type: 'float', section: 'training', advanced: true, min: 0, max: 1, maxExclusive: true,
+  { path: 'hyperparameters.warmup_ratio', label: 'Warmup ratio', section: 'training', advanced: true,
     help: 'Share of the run during which the learning rate ramps up from 0.' },
-  { path: 'hyperparameters.lr_scheduler', label: 'Learning-rate schedule', type: 'select', section: 'training', advanced: true,
-    options: ['cosine', 'linear', 'constant', 'constant_with_warmup'], help: 'How the learning rate decays after warmup.' },
-  { path: 'hyperparameters.weight_decay', label: 'Weight decay', type: 'float', section: 'training', advanced: true, min: 0, max: 1,
+  { path: 'hyperparameters.lr_scheduler', label: 'Learning-rate schedule', section: 'training', advanced: true,
+    help: 'How the learning rate decays after warmup.' },
+  { path: 'hyperparameters.weight_decay', label: 'Weight decay', section: 'training', advanced: true,
     help: 'Pulls weights toward zero each step; 0 is fine for LoRA.' },
-  { path: 'hyperparameters.precision', label: 'Precision', type: 'select', section: 'training', advanced: true,
-    options: ['auto', 'bf16', 'fp16', 'fp32'], help: 'Number format of training. Auto picks bf16 on GPUs that have it, fp32 on the CPU.' },
-  { path: 'hyperparameters.gradient_checkpointing', label: 'Gradient checkpointing', type: 'bool', section: 'training', advanced: true,
+  { path: 'hyperparameters.precision', label: 'Precision', section: 'training', advanced: true,
+    help: 'Number format of training. Auto picks bf16 on GPUs that have it, fp32 on the CPU.' },
+  { path: 'hyperparameters.gradient_checkpointing', label: 'Gradient checkpointing', section: 'training', advanced: true,
     help: 'Recomputes activations instead of storing them: less memory, about 20% slower.' },
-  { path: 'hyperparameters.packing', label: 'Pack short rows together', type: 'bool', section: 'training', advanced: true,
+  { path: 'hyperparameters.packing', label: 'Pack short rows together', section: 'training', advanced: true,
     help: 'Puts several rows in one sequence, each attending only to itself, so no compute goes to padding: faster on short rows. Not for preference methods.' },
-  { path: 'hyperparameters.eval_fraction', label: 'Evaluation share', type: 'float', section: 'training', advanced: true, min: 0, max: 0.5,
+  { path: 'hyperparameters.eval_fraction', label: 'Evaluation share', section: 'training', advanced: true,
     help: 'Share of rows held out to measure eval loss; 0 skips evaluation.' },
-  { path: 'hyperparameters.before_after_eval', label: 'Before/after evaluation', type: 'bool', section: 'training', advanced: true,
+  { path: 'hyperparameters.before_after_eval', label: 'Before/after evaluation', section: 'training', advanced: true,
     help: 'After training, the base and the trained model answer held-out prompts side by side (takes a few minutes more).' },
-  { path: 'hyperparameters.use_kernels', label: 'Lanner kernels', type: 'bool', section: 'training', advanced: true,
+  { path: 'hyperparameters.use_kernels', label: 'Lanner kernels', section: 'training', advanced: true,
     help: 'Our Triton kernels: faster and lighter, same results. Off runs plain PyTorch + PEFT, for comparison.' },
-  { path: 'hyperparameters.oom_retry', label: 'Retry when out of memory', type: 'bool', section: 'training', advanced: true,
+  { path: 'hyperparameters.oom_retry', label: 'Retry when out of memory', section: 'training', advanced: true,
     help: 'On out of memory, resume once from the last checkpoint at half the batch and twice the accumulation.' },
-  { path: 'hyperparameters.memory_budget_gib', label: 'Memory budget (GiB)', type: 'float', section: 'training', advanced: true, min: 0, minExclusive: true, max: 4096, optional: true,
+  { path: 'hyperparameters.memory_budget_gib', label: 'Memory budget (GiB)', section: 'training', advanced: true,
     placeholder: 'recompute every layer', methods: ADAPTER_METHODS,
     help: 'GPU memory a training step may use. The kernels’ memory engine keeps the activations dearest to recompute while they fit: more memory, faster steps. Needs Lanner kernels and gradient checkpointing.' },
-  { path: 'hyperparameters.offload_checkpoints', label: 'Offload checkpoints to host memory', type: 'bool', section: 'training', advanced: true, methods: ADAPTER_METHODS,
+  { path: 'hyperparameters.offload_checkpoints', label: 'Offload checkpoints to host memory', section: 'training', advanced: true, methods: ADAPTER_METHODS,
     help: 'Each layer’s checkpointed input waits in host memory, copied while the GPU computes: the smallest footprint, about as fast. Off: only when the memory budget needs it. GPU only.' },
-  { path: 'hyperparameters.save_steps', label: 'Checkpoint every', type: 'int', section: 'training', advanced: true, min: 1, optional: true, placeholder: 'end of each epoch',
+  { path: 'hyperparameters.save_steps', label: 'Checkpoint every', section: 'training', advanced: true,
     help: 'Steps between checkpoints, which a retry can resume from.' },
-  { path: 'hyperparameters.seed', label: 'Seed', type: 'int', section: 'training', advanced: true, min: 0, max: 2 ** 32 - 1,
+  { path: 'hyperparameters.seed', label: 'Seed', section: 'training', advanced: true,
     help: 'Makes the shuffle and initialisation repeatable.' },
-  { path: 'lora.dropout', label: 'LoRA dropout', type: 'float', section: 'lora', advanced: true, min: 0, max: 1, maxExclusive: true,
+  { path: 'lora.dropout', label: 'LoRA dropout', section: 'lora', advanced: true,
     help: 'Randomly drops adapter inputs while training; 0.05 can help small datasets.' },
-  { path: 'gpus', label: 'GPUs', type: 'int', section: 'run', advanced: true, min: 0, max: 8,
+  { path: 'gpus', label: 'GPUs', section: 'run', advanced: true,
     help: '0 runs on a CPU worker (slow, fine for the built-in model). More than 1 is not scheduled yet.' },
-  { path: 'priority', label: 'Priority', type: 'int', section: 'run', advanced: true, min: -10, max: 10,
+  { path: 'priority', label: 'Priority', section: 'run', advanced: true,
     help: 'Higher runs first; above 0 is for admins.' },
 ]
 
+function fieldType(path: string, type: string | undefined, choices: unknown[] | undefined): FieldType {
+  if (choices) return 'select'
+  if (type === 'integer') return 'int'
+  if (type === 'number') return 'float'
+  if (type === 'boolean') return 'bool'
+  throw new Error(`the form has no input for ${path} (${type})`)
+}
+
+function withSchema(text: FieldText): FieldDef {
+  const { schema, nullable } = specField(text.path)
+  const def: FieldDef = {
+    ...text,
+    type: fieldType(text.path, schema.type, schema.enum),
+    optional: nullable,
+    initial: schema.default == null ? '' : String(schema.default),
+  }
+  if (schema.enum) def.options = schema.enum.map(String)
+  if (schema.minimum != null) def.min = schema.minimum
+  if (schema.exclusiveMinimum != null) Object.assign(def, { min: schema.exclusiveMinimum, minExclusive: true })
+  if (schema.maximum != null) def.max = schema.maximum
+  if (schema.exclusiveMaximum != null) Object.assign(def, { max: schema.exclusiveMaximum, maxExclusive: true })
+  return def
+}
+
+export const FIELDS: FieldDef[] = FIELD_TEXTS.map(withSchema)
+
 export type PresetName = 'quick' | 'balanced' | 'thorough' | 'custom'
 
-/** The API's presets (backend/schemas/jobs.py PRESETS), over the defaults of the other fields. */
-export const PRESETS: Record<Exclude<PresetName, 'custom'>, { label: string; help: string; values: Record<string, string> }> = {
-  quick: { label: 'Quick', help: '1 epoch, short sequences: a first look in minutes.',
-    values: { 'hyperparameters.epochs': '1', 'hyperparameters.batch_size': '4', 'hyperparameters.gradient_accumulation': '1', 'hyperparameters.max_seq_len': '1024' } },
-  balanced: { label: 'Balanced', help: '3 epochs, effective batch 16: a solid default.',
-    values: { 'hyperparameters.epochs': '3', 'hyperparameters.batch_size': '4', 'hyperparameters.gradient_accumulation': '4', 'hyperparameters.max_seq_len': '2048' } },
-  thorough: { label: 'Thorough', help: '5 epochs, effective batch 64, long sequences, more warmup.',
-    values: { 'hyperparameters.epochs': '5', 'hyperparameters.batch_size': '8', 'hyperparameters.gradient_accumulation': '8', 'hyperparameters.max_seq_len': '4096', 'hyperparameters.warmup_ratio': '0.05' } },
+const PRESET_TEXTS: Record<Exclude<PresetName, 'custom'>, { label: string; help: string }> = {
+  quick: { label: 'Quick', help: '1 epoch, short sequences: a first look in minutes.' },
+  balanced: { label: 'Balanced', help: '3 epochs, effective batch 16: a solid default.' },
+  thorough: { label: 'Thorough', help: '5 epochs, effective batch 64, long sequences, more warmup.' },
 }
+const PRESET_VALUES = specExtension('preset', 'x-presets')
+
+/** The API's presets, over the defaults of the other fields. */
+export const PRESETS = Object.fromEntries(Object.entries(PRESET_TEXTS).map(([name, text]) => {
+  const values = Object.entries(PRESET_VALUES[name] ?? {}).map(([key, value]) => [`hyperparameters.${key}`, String(value)])
+  return [name, { ...text, values: Object.fromEntries(values) as Record<string, string> }]
+})) as Record<Exclude<PresetName, 'custom'>, { label: string; help: string; values: Record<string, string> }>
 
 export interface JobForm {
   method: Method
@@ -127,34 +164,7 @@ export interface JobForm {
   values: Record<string, string>
 }
 
-export const DEFAULT_VALUES: Record<string, string> = {
-  'hyperparameters.learning_rate': '',
-  'hyperparameters.epochs': '3',
-  'hyperparameters.max_steps': '',
-  'hyperparameters.batch_size': '4',
-  'hyperparameters.gradient_accumulation': '4',
-  'hyperparameters.max_seq_len': '2048',
-  'hyperparameters.warmup_ratio': '0.03',
-  'hyperparameters.lr_scheduler': 'cosine',
-  'hyperparameters.weight_decay': '0',
-  'hyperparameters.precision': 'auto',
-  'hyperparameters.gradient_checkpointing': 'true',
-  'hyperparameters.packing': 'false',
-  'hyperparameters.eval_fraction': '0',
-  'hyperparameters.save_steps': '',
-  'hyperparameters.before_after_eval': 'true',
-  'hyperparameters.use_kernels': 'true',
-  'hyperparameters.oom_retry': 'true',
-  'hyperparameters.memory_budget_gib': '',
-  'hyperparameters.offload_checkpoints': 'false',
-  'hyperparameters.seed': '42',
-  'lora.rank': '16',
-  'lora.alpha': '32',
-  'lora.dropout': '0',
-  'preference.beta': '0.1',
-  gpus: '1',
-  priority: '0',
-}
+export const DEFAULT_VALUES: Record<string, string> = Object.fromEntries(FIELDS.map((f) => [f.path, f.initial]))
 
 export function newJobForm(model: string, gpus = 1): JobForm {
   return {

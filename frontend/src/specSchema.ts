@@ -1,0 +1,62 @@
+/**
+ * The job spec's fields as the API's OpenAPI document describes them (JobCreate and the schemas it
+ * refers to): type, bounds, default and choices, read by field path ("hyperparameters.epochs").
+ * The New fine-tune form takes them from here, so they are written once, in lanner.core.spec.
+ */
+import { components } from '../openapi.json'
+
+/** The parts of a JSON Schema (as pydantic writes it) that the form reads. */
+export interface JsonSchema {
+  $ref?: string
+  anyOf?: JsonSchema[]
+  type?: string
+  enum?: (string | number | boolean)[]
+  default?: unknown
+  minimum?: number
+  maximum?: number
+  exclusiveMinimum?: number
+  exclusiveMaximum?: number
+  properties?: Record<string, JsonSchema>
+  /** The learning rate of each method when none is given. */
+  'x-default-by-method'?: Record<string, number>
+  /** Each preset's hyperparameters. */
+  'x-presets'?: Record<string, Record<string, string | number | boolean>>
+}
+
+export const SCHEMAS = components.schemas as unknown as Record<string, JsonSchema>
+
+function resolved(schema: JsonSchema): JsonSchema {
+  if (!schema.$ref) return schema
+  const target = SCHEMAS[schema.$ref.replace('#/components/schemas/', '')]
+  if (!target) throw new Error(`the API's OpenAPI document has no ${schema.$ref}`)
+  return resolved(target)
+}
+
+/** A field of the spec: its own keywords (default, extensions) over its value's schema, and whether it may be null. */
+export interface SpecField {
+  schema: JsonSchema
+  nullable: boolean
+}
+
+export function specField(path: string): SpecField {
+  let parent = resolved(SCHEMAS.JobCreate ?? {})
+  let field: SpecField | null = null
+  for (const key of path.split('.')) {
+    const property = parent.properties?.[key]
+    if (!property) throw new Error(`the API's job spec has no field ${path}`)
+    const values = property.anyOf ?? [property]
+    const value = values.find((v) => v.type !== 'null')
+    if (!value) throw new Error(`the API's job spec field ${path} is always null`)
+    const { anyOf: _anyOf, $ref: _ref, ...own } = property
+    field = { schema: { ...resolved(value), ...own }, nullable: values.some((v) => v.type === 'null') }
+    parent = field.schema
+  }
+  return field!
+}
+
+/** What lanner.core.spec adds to a field's schema (json_schema_extra): each method's learning rate, the presets. */
+export function specExtension<K extends 'x-default-by-method' | 'x-presets'>(path: string, key: K): NonNullable<JsonSchema[K]> {
+  const value = specField(path).schema[key]
+  if (value == null) throw new Error(`the API's job spec field ${path} has no ${key}`)
+  return value
+}
