@@ -29,6 +29,8 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[A-Za-z0-9][\w.\-]{0,95}$")
 # whole-model and preference tuning small ones.
 DEFAULT_LEARNING_RATE = {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5, "pretrain": 1e-4,
                          "dpo": 5e-6, "orpo": 8e-6, "kto": 5e-6}
+# A validation split of fewer rows would say nothing: below it eval_fraction is not taken.
+MIN_ROWS_FOR_VALIDATION = 20
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"epochs": 1, "batch_size": 4, "gradient_accumulation": 1, "max_seq_len": 1024},
     "balanced": {"epochs": 3, "batch_size": 4, "gradient_accumulation": 4, "max_seq_len": 2048},
@@ -57,7 +59,7 @@ class Hyperparameters(BaseModel):
     save_steps: int = Field(default=50, ge=1, le=10_000_000, description="Steps between checkpoints")
     eval_fraction: float = Field(default=0.0, ge=0, le=0.5,
                                  description="Share of the rows held out for an eval loss, when the dataset has "
-                                             "20 rows or more")
+                                             f"{MIN_ROWS_FOR_VALIDATION} rows or more")
     eval_steps: int | None = Field(default=None, ge=1, le=10_000_000,
                                    description="Steps between evaluations on the held-out rows; default: save_steps")
     max_grad_norm: float = Field(default=1.0, ge=0, le=1000, description="Gradient clipping; 0 turns it off")

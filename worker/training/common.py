@@ -6,11 +6,9 @@ from typing import Any
 import torch
 from datasets import Dataset
 
+from lanner.core.spec import MIN_ROWS_FOR_VALIDATION
 from lanner.worker.distributed import trainer_args
 from lanner.worker.training.options import TrainingOptions
-
-# A validation split of fewer rows would say nothing: below it the job's eval_fraction is not taken.
-MIN_ROWS_FOR_VALIDATION = 20
 
 
 def split(rows: list[dict], options: TrainingOptions) -> tuple[Dataset, Dataset | None]:
