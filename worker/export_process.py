@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+from lanner.core.export_spec import ExportSpec
 from lanner.core.models import Artifact, ArtifactKind, Job, JobStatus
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 from lanner.worker.train_process import TRAINING_RECORD
@@ -46,7 +47,7 @@ class ExportProcess(JobProcess):
 
     def run(self) -> int:
         job, parent, trained, trained_dir = self.load()
-        options = job.config.get("export", {})
+        spec = ExportSpec.model_validate(job.config.get("export", {}))
         from lanner.worker.export import ExportError, ExportRequest, run_export
         from lanner.worker.training.model import resolve_model
 
@@ -56,9 +57,8 @@ class ExportProcess(JobProcess):
             base_model_dir=Path(resolve_model(parent.model, self.settings)),
             adapter_dir=trained_dir if is_adapter else None, model_dir=None if is_adapter else trained_dir,
             out_dir=artifacts_dir(self.settings.data_dir, self.job_id) / "export", base_model_name=parent.model,
-            name=name, adapter=options.get("adapter", is_adapter), merged=options.get("merged", True),
-            merged_dtype=options.get("merged_dtype", "bfloat16"),
-            gguf_types=tuple(options.get("gguf_types", ("f16", "q8_0"))), verify=options.get("verify", True),
+            name=name, adapter=spec.adapter if "adapter" in spec.model_fields_set else is_adapter,
+            merged=spec.merged, merged_dtype=spec.merged_dtype, gguf_types=tuple(spec.gguf_types), verify=spec.verify,
             device="cuda" if _cuda() else "cpu",
             base_quantization=base_quantization(parent, trained_dir) if is_adapter else None)
         self.events.log(f"Exporting job {parent.id}'s {trained.kind}: adapter={request.adapter}, "

@@ -6,12 +6,22 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lanner.backend.schemas.common import UtcDateTime
+from lanner.core.export_spec import ExportSpec
 from lanner.core.models import JobKind, JobStatus
 from lanner.core.spec import JobSpec, shown_config
 
 
 class JobCreate(JobSpec):
     pass
+
+
+class ExportCreate(ExportSpec):
+    pass
+
+
+class RetryBody(BaseModel):
+    resume_from: str | None = Field(default=None, max_length=255,
+                                    description="A checkpoint artifact of this job to resume from")
 
 
 class JobChanges(BaseModel):
@@ -77,3 +87,12 @@ class JobPage(BaseModel):
     limit: int
 
 
+class QueueOut(BaseModel):
+    running: list[JobOut]
+    queued: list[JobOut] = Field(description="In the order they will run")
+
+
+class MemoryEstimate(BaseModel):
+    model: str
+    device: str
+    estimate: dict[str, int] | None = Field(description="Bytes by part and total_bytes; None for a model of unknown size")

@@ -29,10 +29,10 @@ LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
 def test_memory_options_that_cannot_work_are_refused_in_words(spec, words):
     from fastapi.exceptions import RequestValidationError
 
-    from lanner.backend.routers.jobs import _validate_spec
+    from lanner.backend.services.jobs import validate_spec
 
     with pytest.raises(RequestValidationError) as refused:
-        _validate_spec({"method": "lora", "model": MODEL, "dataset_id": 1, **spec})
+        validate_spec({"method": "lora", "model": MODEL, "dataset_id": 1, **spec})
     errors = {tuple(error["loc"][1:]): error["msg"] for error in refused.value.errors()}
     assert words in errors[("hyperparameters",)], errors
 
@@ -40,10 +40,10 @@ def test_memory_options_that_cannot_work_are_refused_in_words(spec, words):
 def test_a_budget_must_be_positive():
     from fastapi.exceptions import RequestValidationError
 
-    from lanner.backend.routers.jobs import _validate_spec
+    from lanner.backend.services.jobs import validate_spec
 
     with pytest.raises(RequestValidationError) as refused:
-        _validate_spec({"method": "lora", "model": MODEL, "dataset_id": 1, "hyperparameters": {"memory_budget_gib": 0}})
+        validate_spec({"method": "lora", "model": MODEL, "dataset_id": 1, "hyperparameters": {"memory_budget_gib": 0}})
     assert [error["loc"][1:] for error in refused.value.errors()] == [("hyperparameters", "memory_budget_gib")]
 
 

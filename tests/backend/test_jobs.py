@@ -80,10 +80,10 @@ def field_errors(response) -> dict:
 def test_impossible_specs_are_refused_with_a_message_per_field(spec, field, words):
     from fastapi.exceptions import RequestValidationError
 
-    from lanner.backend.routers.jobs import _validate_spec
+    from lanner.backend.services.jobs import validate_spec
 
     with pytest.raises(RequestValidationError) as refused:
-        _validate_spec({"method": "lora", "model": MODEL, "dataset_id": 1, **spec})
+        validate_spec({"method": "lora", "model": MODEL, "dataset_id": 1, **spec})
     errors = {tuple(error["loc"][1:]): error["msg"] for error in refused.value.errors()}
     assert field in errors and words in errors[field], errors
 
@@ -244,7 +244,7 @@ def test_delete_removes_the_job_its_artifacts_and_their_files(team_on_each_datab
     outside.write_text("not Lanner's")
     with db.session_factory(team.api.settings.database_url)() as session:
         session.add(Artifact(job_id=job, kind="adapter", name="adapter", path=f"artifacts/{job}/adapter"))
-        session.add(Artifact(job_id=job, kind="evil", name="evil", path="../keep.txt"))
+        session.add(Artifact(job_id=job, kind="checkpoint", name="evil", path="../keep.txt"))
         session.commit()
     set_status(team.api, job, JobStatus.running)
     assert team.alice.delete(f"/api/jobs/{job}").status_code == 409
@@ -260,7 +260,7 @@ def test_delete_removes_the_job_its_artifacts_and_their_files(team_on_each_datab
 
 def test_the_cancel_key_is_the_one_the_worker_reads():
     from lanner.core.messages import signals
-    from lanner.backend.routers import jobs
+    from lanner.backend.services import jobs
 
     assert jobs.cancel_key is signals.cancel_key and signals.cancel_key(7) == "lanner:job:7:cancel"
 

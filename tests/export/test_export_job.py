@@ -104,3 +104,21 @@ def test_a_qlora_adapter_is_merged_into_the_4bit_base_its_training_recorded(tmp_
     assert base_quantization(Job(method="qlora", config={"quantization": custom}), tmp_path) == recorded
     (tmp_path / TRAINING_RECORD).write_text(json.dumps({"method": "lora"}))
     assert base_quantization(Job(method="lora", config={}), tmp_path) is None
+
+
+def test_the_gguf_types_and_export_defaults_have_one_definition():
+    import llama_cpp
+
+    from lanner.backend.app import create_app
+    from lanner.core.export_spec import GGUF_TYPES, ExportSpec
+    from lanner.worker.export import QUANT_TYPES, ExportRequest
+
+    defaults = ExportSpec()
+    body = create_app().openapi()["components"]["schemas"]["ExportCreate"]["properties"]
+    assert body["gguf_types"]["items"]["enum"] == list(GGUF_TYPES)
+    assert body["gguf_types"]["default"] == defaults.gguf_types and body["merged_dtype"]["default"] == defaults.merged_dtype
+    request = ExportRequest(base_model_dir=None, adapter_dir=None, out_dir=None)
+    assert (request.adapter, request.merged, request.merged_dtype, list(request.gguf_types), request.verify) == \
+        (defaults.adapter, defaults.merged, defaults.merged_dtype, defaults.gguf_types, defaults.verify)
+    assert set(QUANT_TYPES) < set(GGUF_TYPES)
+    assert all(hasattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{qtype.upper()}") for qtype in QUANT_TYPES)

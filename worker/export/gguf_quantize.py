@@ -8,23 +8,13 @@ import logging
 import os
 from pathlib import Path
 
+from lanner.core.export_spec import GGUF_BITS_PER_WEIGHT, GGUF_TYPES
+
 from .files import ExportError, ProgressFn, atomic_file, ensure_free_space, no_progress
 
-# Name -> (llama_ftype name in llama_cpp, approximate bits per weight for the size estimate).
-QUANT_TYPES: dict[str, tuple[str, float]] = {
-    "q4_0": ("LLAMA_FTYPE_MOSTLY_Q4_0", 4.5),
-    "q4_1": ("LLAMA_FTYPE_MOSTLY_Q4_1", 5.0),
-    "q5_0": ("LLAMA_FTYPE_MOSTLY_Q5_0", 5.5),
-    "q5_1": ("LLAMA_FTYPE_MOSTLY_Q5_1", 6.0),
-    "q8_0": ("LLAMA_FTYPE_MOSTLY_Q8_0", 8.5),
-    "q2_k": ("LLAMA_FTYPE_MOSTLY_Q2_K", 3.4),
-    "q3_k_m": ("LLAMA_FTYPE_MOSTLY_Q3_K_M", 4.3),
-    "q4_k_s": ("LLAMA_FTYPE_MOSTLY_Q4_K_S", 5.0),
-    "q4_k_m": ("LLAMA_FTYPE_MOSTLY_Q4_K_M", 5.3),
-    "q5_k_s": ("LLAMA_FTYPE_MOSTLY_Q5_K_S", 5.8),
-    "q5_k_m": ("LLAMA_FTYPE_MOSTLY_Q5_K_M", 6.1),
-    "q6_k": ("LLAMA_FTYPE_MOSTLY_Q6_K", 6.6),
-}
+# llama.cpp's quantizer makes every GGUF type below 16 bits (q8_0 too, though the export writes it
+# with Lanner's converter); f16 and bf16 come from the converter only.
+QUANT_TYPES = tuple(qtype for qtype in GGUF_TYPES if qtype not in ("f16", "bf16"))
 
 
 @contextlib.contextmanager
@@ -42,7 +32,7 @@ def _quiet_llama_cpp():
 
 def expected_quant_bytes(f16_bytes: int, qtype: str) -> int:
     """Upper estimate: small models keep more tensors at 8 bits (rows not divisible by 256 fall back)."""
-    bits = max(QUANT_TYPES[qtype][1], 4.5)
+    bits = max(GGUF_BITS_PER_WEIGHT[qtype], 4.5)
     return int(f16_bytes * min(1.0, bits / 16 * 1.25))
 
 
@@ -57,7 +47,7 @@ def quantize_gguf(f16_path: Path, out_path: Path, qtype: str, *, threads: int | 
     if check_space:
         ensure_free_space(out_path.parent, expected_quant_bytes(f16_path.stat().st_size, qtype))
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, QUANT_TYPES[qtype][0])
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{qtype.upper()}")
     params.nthread = threads or max(1, (os.cpu_count() or 2))
     progress(f"quantize-{qtype}", 0.0)
     with atomic_file(out_path) as temp, _quiet_llama_cpp():

@@ -10,10 +10,11 @@ import json
 import shutil
 from pathlib import Path
 
+from lanner.core.export_spec import MERGED_DTYPES
+
 from .dequantize import Quantization, quantised_linears, round_trip
 from .files import ExportError, ProgressFn, atomic_dir, ensure_free_space, no_progress, tree_size
 
-DTYPES = ("bfloat16", "float16")
 # Copied beside what tokenizer.save_pretrained writes (transformers 5 no longer writes tokenizer.model,
 # which the GGUF converter reads SentencePiece scores from).
 EXTRA_FILES = ("chat_template.jinja", "generation_config.json", "tokenizer.model")
@@ -88,8 +89,8 @@ def _start(source_dir: Path, out_dir: Path, dtype: str, check_space: bool, progr
     the disk); returns the torch dtype to save in."""
     import torch
 
-    if dtype not in DTYPES:
-        raise ExportError(f"merged dtype must be one of {DTYPES}, not {dtype!r}")
+    if dtype not in MERGED_DTYPES:
+        raise ExportError(f"merged dtype must be one of {MERGED_DTYPES}, not {dtype!r}")
     _refuse_quantised_base(source_dir)
     if check_space:
         ensure_free_space(out_dir.parent, expected_merged_bytes(source_dir))

@@ -19,13 +19,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lanner.core.export_spec import GGUF_BITS_PER_WEIGHT, GGUF_TYPES, MERGED_DTYPES, ExportSpec
+
 from .adapter import adapter_weights_size, export_adapter
 from .dequantize import Quantization
 from .files import ExportError, ProgressFn, atomic_dir, ensure_free_space, no_progress, remove_partials, tree_size
-from .gguf_convert import OUT_TYPES, convert_to_gguf, expected_gguf_bytes
-from .gguf_quantize import QUANT_TYPES, expected_quant_bytes, quantize_gguf
+from .gguf_convert import convert_to_gguf, expected_gguf_bytes
+from .gguf_quantize import expected_quant_bytes, quantize_gguf
 from .gguf_tokenizer import read_chat_template
-from .merge import DTYPES, expected_merged_bytes, export_merged, export_whole_model
+from .merge import expected_merged_bytes, export_merged, export_whole_model
 from .modelfile import write_modelfile
 from .verify import (F16_KL_BOUND, Q8_0_KL_BOUND, merged_reference, tokenizer_texts, verify_gguf, verify_merged,
                      verify_whole_model)
@@ -35,6 +37,7 @@ MANIFEST = "export.json"
 # ("gguf-<type>" for f16/bf16/q8_0 from our converter, "quantize-<type>" for llama.cpp's types;
 # "merge" is the 16-bit save of a whole trained model too).
 STAGES = ("check", "adapter", "merge", "verify-merged", "gguf-<type>", "quantize-<type>", "verify-gguf", "done")
+DEFAULT = ExportSpec()
 
 
 @dataclass
@@ -44,11 +47,11 @@ class ExportRequest:
     out_dir: Path                  # e.g. LANNER_DATA_DIR/artifacts/<job>/export
     base_model_name: str | None = None   # recorded in adapter_config.json (default: base_model_dir)
     name: str = "model"            # file stem of the GGUFs
-    adapter: bool = True
-    merged: bool = True
-    merged_dtype: str = "bfloat16"
-    gguf_types: tuple[str, ...] = ("f16", "q8_0", "q4_k_m")
-    verify: bool = True
+    adapter: bool = DEFAULT.adapter
+    merged: bool = DEFAULT.merged
+    merged_dtype: str = DEFAULT.merged_dtype
+    gguf_types: tuple[str, ...] = tuple(DEFAULT.gguf_types)
+    verify: bool = DEFAULT.verify
     device: str = "cpu"
     reserve_bytes: int = 0         # keep this much disk free after the export
     # A QLoRA adapter: how training quantised the base (dequantize.Quantization's fields; {} for the
@@ -59,11 +62,11 @@ class ExportRequest:
 
 
 def validate(request: ExportRequest) -> None:
-    if request.merged_dtype not in DTYPES:
-        raise ExportError(f"merged_dtype must be one of {DTYPES}")
-    unknown = [t for t in request.gguf_types if t not in OUT_TYPES and t not in QUANT_TYPES]
+    if request.merged_dtype not in MERGED_DTYPES:
+        raise ExportError(f"merged_dtype must be one of {MERGED_DTYPES}")
+    unknown = [t for t in request.gguf_types if t not in GGUF_TYPES]
     if unknown:
-        raise ExportError(f"Unknown GGUF types {unknown}; known: {sorted(set(OUT_TYPES) | set(QUANT_TYPES))}")
+        raise ExportError(f"Unknown GGUF types {unknown}; known: {', '.join(GGUF_TYPES)}")
     if not (request.adapter or request.merged or request.gguf_types):
         raise ExportError("Nothing to export: choose the adapter, the merged model or a GGUF type.")
     if (request.adapter_dir is None) == (request.model_dir is None):
@@ -96,7 +99,7 @@ def expected_bytes(request: ExportRequest) -> dict[str, int]:
             if qtype == "bf16":
                 sizes["gguf-bf16"] = f16
             elif qtype == "q8_0":
-                sizes["gguf-q8_0"] = int(f16 * 8.5 / 16) + (4 << 20)
+                sizes["gguf-q8_0"] = int(f16 * GGUF_BITS_PER_WEIGHT["q8_0"] / 16) + (4 << 20)
             elif qtype != "f16":
                 sizes[f"gguf-{qtype}"] = expected_quant_bytes(f16, qtype)
     return sizes

@@ -1,0 +1,286 @@
+"""Jobs: the one place Job rows are made (training jobs created, cloned or retried; exports of them;
+GPU chat sessions with their models) and where a person cancels, reorders or deletes one. Routers
+authorise (deps) and shape the answer. A refusal the person can act on is a UserError; one about a
+field of the spec is a 422 naming that field (RequestValidationError, as pydantic's own refusals)."""
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from redis import Redis
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from lanner.backend.paths import inside
+from lanner.backend.schemas.jobs import QueueMove
+from lanner.core.errors import UserError
+from lanner.core.export_spec import ExportSpec
+from lanner.core.messages.signals import cancel_key, request_cancel
+from lanner.core.model_catalog import estimate_job_memory
+from lanner.core.models import TRAINED_KINDS, Artifact, ArtifactKind, Dataset, Job, JobKind, JobStatus, Role, User
+from lanner.core.queue import order as queue_order
+from lanner.core.queue.claim import cancel_queued, enqueue, waiting_reason
+from lanner.core.settings import Settings
+from lanner.core.spec import JobSpec, load_spec, stored_config
+from lanner.core.streams import job_stream
+from lanner.core.worker_registry import largest_machine, live_workers
+
+log = logging.getLogger(__name__)
+NAME_LENGTH = 200  # Job.name's column
+PAIRED_PREFERENCE_FORMATS = {"preference"}
+UNPAIRED_PREFERENCE_FORMATS = {"preference", "kto", "unpaired_preference"}
+
+
+def field_error(field: str, message: str) -> RequestValidationError:
+    return RequestValidationError([{"loc": ("body", field), "msg": message, "type": "value_error"}])
+
+
+def validate_spec(data: dict[str, Any]) -> JobSpec:
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors(include_url=False)]
+        for error in errors:  # a ValueError in ctx is not JSON; its message is already in msg
+            error.pop("ctx", None)
+        raise RequestValidationError(errors) from None
+
+
+def get_job(session: Session, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise UserError(404, f"No job {job_id}")
+    return job
+
+
+def page_of_jobs(session: Session, *, statuses: list[JobStatus] | None, owner_id: int | None, method: str | None,
+                 dataset_id: int | None, name_contains: str | None, offset: int, limit: int) -> tuple[list[Job], int]:
+    """The jobs that match, newest first, and how many match in all."""
+    query = select(Job)
+    if statuses:
+        query = query.where(Job.status.in_(statuses))
+    if owner_id is not None:
+        query = query.where(Job.owner_id == owner_id)
+    if method:
+        query = query.where(Job.method == method)
+    if dataset_id is not None:
+        query = query.where(Job.dataset_id == dataset_id)
+    if name_contains:
+        query = query.where(Job.name.ilike(f"%{name_contains}%"))
+    total = session.scalar(select(func.count()).select_from(query.subquery()))
+    return list(session.scalars(query.order_by(Job.id.desc()).offset(offset).limit(limit))), total
+
+
+def running_jobs(session: Session) -> list[Job]:
+    return list(session.scalars(select(Job).where(Job.status == JobStatus.running).order_by(Job.started_at)))
+
+
+def memory_estimate(spec: JobSpec, settings: Settings) -> dict[str, int] | None:
+    """The device memory the spec needs, by part; None when it cannot be told."""
+    try:
+        return estimate_job_memory(spec, settings.models_dir)
+    except Exception:  # an estimate is advice (e.g. a local config.json of an odd shape): never a failure
+        log.warning("no memory estimate for %s", spec.model, exc_info=True)
+        return None
+
+
+def _enqueue(session: Session, redis: Redis, settings: Settings, user: User, name: str, **fields: Any) -> Job:
+    """Commits a new job of the user's, queued last in its priority band, and wakes the workers."""
+    job = Job(owner_id=user.id, name=name[:NAME_LENGTH], status=JobStatus.queued,
+              queue_order=queue_order.next_queue_order(session), **fields)
+    return enqueue(session, redis, settings, job)
+
+
+def _check_against_database(session: Session, spec: JobSpec, user: User) -> Dataset:
+    dataset = session.get(Dataset, spec.dataset_id)
+    if dataset is None:
+        raise field_error("dataset_id", f"no dataset {spec.dataset_id}")
+    fmt = dataset.format or "unknown"
+    if spec.method in ("dpo", "orpo") and fmt not in PAIRED_PREFERENCE_FORMATS:
+        raise field_error("dataset_id", f"{spec.method} needs a preference dataset (prompt, chosen, rejected); "
+                                        f"dataset {dataset.id} is {fmt}")
+    if spec.method == "kto" and fmt not in UNPAIRED_PREFERENCE_FORMATS:
+        raise field_error("dataset_id", f"kto needs preference data (prompt, completion, label); "
+                                        f"dataset {dataset.id} is {fmt}")
+    if dataset.usable_rows <= 0:
+        raise field_error("dataset_id", f"dataset {dataset.id} has no usable rows")
+    if spec.priority > 0 and user.role != Role.admin:
+        raise field_error("priority", "only admins may queue above priority 0")
+    return dataset
+
+
+def _check_against_machines(redis: Redis, spec: JobSpec) -> str | None:
+    """A job on more GPUs than the best-equipped live machine has is refused; with no worker live,
+    nothing is known of the machines: it is queued with the reason it waits (its error)."""
+    if spec.gpus < 2:
+        return None
+    try:
+        largest = largest_machine(live_workers(redis))
+    except Exception:  # Redis away: queue it; the workers tell why it waits once they look
+        log.warning("could not read the live workers", exc_info=True)
+        return None
+    if largest and spec.gpus > largest:
+        raise field_error("gpus", f"asks for {spec.gpus} GPUs on one machine, but the largest machine has "
+                                  f"{largest}; ask for at most {largest}, or start workers on a bigger machine")
+    return waiting_reason(spec.gpus, largest)
+
+
+def create(session: Session, redis: Redis, settings: Settings, user: User, spec: JobSpec,
+           parent: Job | None = None) -> Job:
+    """Queues a training job (a clone or retry names the job it came from)."""
+    dataset = _check_against_database(session, spec, user)
+    waiting = _check_against_machines(redis, spec)
+    estimate = memory_estimate(spec, settings)
+    name = spec.name or f"{spec.method} {spec.model.rsplit('/', 1)[-1]} on {dataset.name}"
+    return _enqueue(session, redis, settings, user, name, kind=JobKind.train, method=spec.method, model=spec.model, dataset_id=spec.dataset_id,
+                    parent_job_id=parent.id if parent else None, config=stored_config(spec),
+                    memory_estimate_bytes=(estimate or {}).get("total_bytes"), priority=spec.priority,
+                    gpus=spec.gpus, resume_from=spec.resume_from, error=waiting)
+
+
+def _stored_spec(job: Job) -> dict[str, Any]:
+    return load_spec(job.config).model_dump(mode="json")
+
+
+def _require_training_job(job: Job, verb: str) -> None:
+    if job.kind != JobKind.train:
+        raise UserError(409, f"Job {job.id} is an export; it is not {verb}: export its training job "
+                             f"({job.parent_job_id}) again instead")
+
+
+def retry(session: Session, redis: Redis, settings: Settings, user: User, job: Job, resume_from: str | None) -> Job:
+    """Queues a new job with the spec of a failed or cancelled one, optionally resuming from one of its
+    checkpoints. A member retrying an admin's urgent job queues it at priority 0."""
+    _require_training_job(job, "retried")
+    if job.status not in (JobStatus.failed, JobStatus.cancelled):
+        raise UserError(409, f"Only failed or cancelled jobs are retried; job {job.id} is {job.status.value} "
+                             "(clone it to run it again)")
+    data = _stored_spec(job)
+    if resume_from:
+        checkpoint = session.scalar(select(Artifact).where(Artifact.job_id == job.id,
+                                                           Artifact.kind == ArtifactKind.checkpoint,
+                                                           Artifact.name == resume_from))
+        if checkpoint is None:
+            raise field_error("resume_from", f"job {job.id} has no checkpoint named {resume_from!r}")
+        data["resume_from"] = resume_from
+    spec = validate_spec(data)
+    if spec.priority > 0 and user.role != Role.admin:
+        spec.priority = 0
+    return create(session, redis, settings, user, spec, parent=job)
+
+
+def _merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def clone(session: Session, redis: Redis, settings: Settings, user: User, job: Job, changes: dict[str, Any]) -> Job:
+    """Queues a copy of any training job, owned by the user, with the changes merged into its spec."""
+    _require_training_job(job, "cloned")
+    base = {key: value for key, value in _stored_spec(job).items() if key not in ("name", "resume_from")}
+    if changes.get("method") not in (None, base.get("method")):
+        # A new method brings its own defaults: the old learning rate, LoRA or preference settings may not fit.
+        base.pop("lora", None)
+        base.pop("preference", None)
+        base.get("hyperparameters", {}).pop("learning_rate", None)
+    data = _merge(base, changes)
+    if data.get("priority", 0) > 0 and user.role != Role.admin and "priority" not in changes:
+        data["priority"] = 0
+    return create(session, redis, settings, user, validate_spec(data), parent=job)
+
+
+def export(session: Session, redis: Redis, settings: Settings, user: User, job: Job, spec: ExportSpec) -> Job:
+    """Queues an export of a finished training job. A job that trained every weight has no adapter:
+    the adapter is left out unless asked for, which is refused."""
+    _require_training_job(job, "exported")
+    if job.status != JobStatus.succeeded:
+        raise UserError(409, f"Job {job.id} is {job.status.value}; only a finished training job is exported")
+    trained = set(session.scalars(select(Artifact.kind).where(Artifact.job_id == job.id,
+                                                              Artifact.kind.in_(TRAINED_KINDS))))
+    if not trained:
+        raise UserError(409, f"Job {job.id} has no adapter and no trained model to export")
+    if ArtifactKind.adapter not in trained:
+        if spec.adapter and "adapter" in spec.model_fields_set:
+            raise field_error("adapter", f"job {job.id} trained every weight ({job.method}), so it has no LoRA "
+                                         "adapter: export the merged model or GGUF files")
+        spec = spec.model_copy(update={"adapter": False})
+    if not (spec.adapter or spec.merged or spec.gguf_types):
+        raise field_error("gguf_types", "choose the adapter, the merged model or at least one GGUF type")
+    return _enqueue(session, redis, settings, user, f"export of {job.name}", kind=JobKind.export, method="export",
+                    model=job.model, parent_job_id=job.id, config={"export": spec.model_dump()},
+                    priority=job.priority, gpus=min(job.gpus, 1))
+
+
+def queue_chat_session(session: Session, redis: Redis, settings: Settings, user: User, job: Job,
+                       idle_seconds: int, memory_estimate_bytes: int | None) -> Job:
+    """Queues a GPU chat session with a training job's model (lanner.backend.playground.gpu_session
+    decides when one may start)."""
+    return _enqueue(session, redis, settings, user, f"GPU chat with {job.name}", kind=JobKind.chat, method="chat",
+                    model=job.model, parent_job_id=job.id, config={"chat": {"idle_seconds": idle_seconds}},
+                    priority=0, gpus=1, memory_estimate_bytes=memory_estimate_bytes)
+
+
+def cancel(session: Session, redis: Redis, user: User, job: Job) -> Job:
+    """A queued job is cancelled at once; a running one is asked to stop (its worker stops the run, marks
+    the job cancelled and publishes it): it is still running when this returns."""
+    if job.status == JobStatus.queued:
+        cancel_queued(session, redis, job, user.id)
+    elif job.status == JobStatus.running:
+        request_cancel(redis, job.id)
+        queue_order.publish_job_event(redis, job.id, "cancel_requested", {"by": user.id})
+    else:
+        raise UserError(409, f"Job {job.id} has already {job.status.value}")
+    return job
+
+
+def move(session: Session, redis: Redis, user: User, job: Job, where: QueueMove) -> Job:
+    """Reorders a queued job inside its priority band; only an admin changes its priority."""
+    if where.priority is not None and where.priority != job.priority and user.role != Role.admin:
+        raise UserError(403, "Only an admin may change a job's priority")
+    if job.status != JobStatus.queued:
+        raise UserError(409, f"Job {job.id} is {job.status.value}, not queued")
+    queue_order.move(session, job, where.move, where.position, where.priority)
+    session.commit()
+    queue_order.publish_queue_event(redis, "reordered", queue_order.job_summary(job))
+    return job
+
+
+def _delete_files(settings: Settings, job: Job, artifacts: list[Artifact]) -> None:
+    targets = [settings.artifacts_dir / str(job.id)]
+    targets += [settings.data_dir / artifact.path for artifact in artifacts]
+    for target in targets:
+        if not inside(settings.data_dir, target):
+            log.warning("job %s: artifact path %s is outside the data dir; left alone", job.id, target)
+            continue
+        path = Path(target)
+        if path.is_symlink() or path.is_file():
+            path.unlink(missing_ok=True)
+        elif path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def delete(session: Session, redis: Redis, settings: Settings, job: Job) -> None:
+    """Deletes a job that is not running, with its metrics, artifacts and their files, and its event stream."""
+    if job.status == JobStatus.running:
+        raise UserError(409, f"Job {job.id} is running: cancel it first")
+    was_queued = job.status == JobStatus.queued
+    artifacts = list(session.scalars(select(Artifact).where(Artifact.job_id == job.id)))
+    summary = queue_order.job_summary(job)
+    job_id = job.id
+    session.delete(job)
+    session.commit()
+    _delete_files(settings, job, artifacts)
+    try:
+        redis.delete(job_stream(job_id), cancel_key(job_id))
+    except Exception:
+        log.warning("could not drop the Redis keys of job %s", job_id, exc_info=True)
+    if was_queued:
+        queue_order.publish_queue_event(redis, "deleted", summary)

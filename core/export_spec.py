@@ -1,0 +1,29 @@
+"""The export spec: which files an export of a finished training job writes. The API validates it and
+stores it as the export job's config["export"]; the export process reads it back with the same
+defaults; the web UI reads the types and defaults from the OpenAPI document."""
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import BaseModel, Field
+
+# Every GGUF type an export writes, largest first, with its approximate bits per weight (what the
+# export's disk check counts on). f16, bf16 and q8_0 come from Lanner's converter, the others from
+# llama.cpp's quantizer, each named as llama.cpp names its file type (LLAMA_FTYPE_MOSTLY_<TYPE>).
+GGUF_BITS_PER_WEIGHT: dict[str, float] = {
+    "f16": 16, "bf16": 16, "q8_0": 8.5, "q6_k": 6.6, "q5_k_m": 6.1, "q5_k_s": 5.8, "q5_0": 5.5, "q5_1": 6.0,
+    "q4_k_m": 5.3, "q4_k_s": 5.0, "q4_0": 4.5, "q4_1": 5.0, "q3_k_m": 4.3, "q2_k": 3.4,
+}
+GGUF_TYPES = tuple(GGUF_BITS_PER_WEIGHT)
+GgufType = Literal[GGUF_TYPES]  # type: ignore[valid-type]
+MergedDtype = Literal["bfloat16", "float16"]
+MERGED_DTYPES = get_args(MergedDtype)
+
+
+class ExportSpec(BaseModel):
+    adapter: bool = Field(default=True, description="The LoRA adapter in PEFT's layout")
+    merged: bool = Field(default=True, description="The base model with the adapter merged in, 16-bit safetensors")
+    merged_dtype: MergedDtype = "bfloat16"
+    gguf_types: list[GgufType] = Field(default=["f16", "q8_0"], max_length=len(GGUF_TYPES),
+                                       description="GGUF files for llama.cpp and Ollama, one per type")
+    verify: bool = Field(default=True, description="Check every file against the trained model")
