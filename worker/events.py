@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lanner.core.models import DeviceSample, Job, JobMetric, JobStatus
 from lanner.core.streams import job_stream, publish
-from lanner.worker.distributed import is_main_process
+from lanner.worker.distributed.ranks import is_main_process
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The worker's side of a job: take jobs from the database queue, reserve the devices each needs
 (this worker's own, and for a job on N GPUs N - 1 idle ones of this machine: docs/multi-gpu.md), run
-it in a fresh subprocess (a job on several devices: under lanner.worker.distributed's launcher),
+it in a fresh subprocess (a job on several devices: under lanner.worker.distributed.launcher),
 watch it (cancel key, device telemetry), and write the final status.
 
 The subprocess is a separate interpreter so that a crash, an OOM or a cancel never poisons the
@@ -206,7 +206,7 @@ def _launch_command(job: Job, placement: Device) -> tuple[list[str], dict]:
     if not isinstance(placement, Placement):
         return [sys.executable, "-m", PROCESS_MODULES[job.kind], str(job.id)], {}
     visible = ",".join(device.id for device in placement.devices) if placement.kind == "cuda" else ""
-    return ([sys.executable, "-m", "lanner.worker.distributed", "launch", str(job.id), "--nproc",
+    return ([sys.executable, "-m", "lanner.worker.distributed.launcher", str(job.id), "--nproc",
              str(len(placement.devices)), "--strategy", placement.strategy], {"CUDA_VISIBLE_DEVICES": visible})
 
 

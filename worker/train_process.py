@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lanner.core.models import Artifact, ArtifactKind, Dataset, Job
 from lanner.core.spec import load_spec
-from lanner.worker.distributed import is_main_process, world_size
+from lanner.worker.distributed.ranks import is_main_process, world_size
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 
 # method -> (trainer module, dataset tasks it accepts). Which weights train is the model's part

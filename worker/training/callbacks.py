@@ -7,7 +7,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from lanner.worker.distributed import any_rank
+from lanner.worker.distributed.ranks import any_rank
 from lanner.worker.events import JobEvents
 
 # Per-step values from TRL/transformers' logs passed on as they are (besides the ones computed here).

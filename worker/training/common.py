@@ -7,7 +7,7 @@ import torch
 from datasets import Dataset
 
 from lanner.core.spec import MIN_ROWS_FOR_VALIDATION
-from lanner.worker.distributed import trainer_args
+from lanner.worker.distributed.ranks import trainer_args
 from lanner.worker.training.options import TrainingOptions
 
 
@@ -76,5 +76,5 @@ def common_args(options: TrainingOptions, output_dir: str, has_eval: bool) -> di
         report_to=[],
         disable_tqdm=True,
         dataloader_num_workers=0,
-        **trainer_args(cuda),  # a multi-GPU job's share: DDP or FSDP (lanner.worker.distributed)
+        **trainer_args(cuda),  # a multi-GPU job's share: DDP or FSDP (lanner.worker.distributed.ranks)
     )

@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 
 from lanner.core.models import Artifact, ArtifactKind
 from lanner.core.settings import get_settings
-from lanner.worker.distributed import is_main_process
+from lanner.worker.distributed.ranks import is_main_process
 from lanner.worker.job_process import artifacts_dir
 from lanner.worker.training.callbacks import CancelCallback, MetricsCallback
 
