@@ -18,23 +18,53 @@ CONFIGS = {
     "llama-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                      tie_word_embeddings=False, rope_theta=500000.0, max_position_embeddings=8192),
+    # The families of issue 21 (every dense family at speed). "arch" picks the transformers classes.
+    # Mistral-7B v0.1 (sliding window 4096).
+    "mistral-7b": dict(arch="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, vocab_size=32000, sliding_window=4096,
+                       tie_word_embeddings=False, rope_theta=10000.0, max_position_embeddings=32768),
+    # A 1B-ish Mistral (the Llama-3.2 1B body, a 32k vocabulary, the 4096 window): quick attention checks.
+    "mistral-1b": dict(arch="mistral", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                       num_attention_heads=32, num_key_value_heads=8, vocab_size=32000, sliding_window=4096,
+                       tie_word_embeddings=True, rope_theta=10000.0, max_position_embeddings=32768),
+    # Qwen2.5-7B (q/k/v biases, no window).
+    "qwen2.5-7b": dict(arch="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                       tie_word_embeddings=False, rope_theta=1000000.0, max_position_embeddings=32768),
+    # Gemma-2 9B: head_dim 256, attention soft-cap 50, final soft-cap 30, sliding/global layers alternating.
+    "gemma2-9b": dict(arch="gemma2", hidden_size=3584, intermediate_size=14336, num_hidden_layers=42,
+                      num_attention_heads=16, num_key_value_heads=8, head_dim=256, vocab_size=256000,
+                      sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                      query_pre_attn_scalar=256, hidden_activation="gelu_pytorch_tanh",
+                      tie_word_embeddings=True, rope_theta=10000.0, max_position_embeddings=8192),
+    # Gemma-2 2B: the same attention (d256, soft-caps, alternating windows) at a size that runs in seconds.
+    "gemma2-2b": dict(arch="gemma2", hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=256, vocab_size=256000,
+                      sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                      query_pre_attn_scalar=256, hidden_activation="gelu_pytorch_tanh",
+                      tie_word_embeddings=True, rope_theta=10000.0, max_position_embeddings=8192),
+    # Qwen3-8B (q_norm/k_norm).
+    "qwen3-8b": dict(arch="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                     tie_word_embeddings=False, rope_theta=1000000.0, max_position_embeddings=40960),
 }
+ARCHES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+          "mistral": ("MistralConfig", "MistralForCausalLM"), "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+          "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+          "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def llama_config(name):
     import transformers
     c = dict(CONFIGS[name]); arch = c.pop("arch", "llama")
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-           "mistral": transformers.MistralConfig}[arch]
-    return cls(**c, rms_norm_eps=1e-5 if arch != "qwen2" else 1e-6, torch_dtype="bfloat16")
+    cls = getattr(transformers, ARCHES[arch][0])
+    return cls(**c, rms_norm_eps=1e-5 if arch in ("llama", "mistral") else 1e-6, torch_dtype="bfloat16")
 
 
 def model_class(name):
     import transformers
-    arch = CONFIGS[name].get("arch", "llama")
-    return {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-            "mistral": transformers.MistralForCausalLM}[arch]
+    return getattr(transformers, ARCHES[CONFIGS[name].get("arch", "llama")][1])
 
 
 def saved_dir(name):
@@ -96,9 +126,14 @@ def main():
     from peft import LoraConfig, get_peft_model
 
     if a.mode == "liger":
-        from liger_kernel.transformers import apply_liger_kernel_to_llama
-        apply_liger_kernel_to_llama(rope=True, rms_norm=True, swiglu=True,
-                                    cross_entropy=False, fused_linear_cross_entropy=True)
+        import liger_kernel.transformers as liger
+        arch = CONFIGS[a.model].get("arch", "llama")
+        options = dict(rope=True, rms_norm=True, cross_entropy=False, fused_linear_cross_entropy=True)
+        if arch.startswith("gemma"):
+            options["geglu"] = True
+        else:
+            options["swiglu"] = True
+        getattr(liger, f"apply_liger_kernel_to_{arch.replace('_text', '')}")(**options)
     torch.manual_seed(0)
     gc = a.mode != "hfnogc"
     if a.mode.startswith("unsloth"):

@@ -3,7 +3,9 @@
 For i < D/2, with x1 = x[i] and x2 = x[i + D/2]:
     y[i]       = x1 * cos[i]       - x2 * sin[i]
     y[i + D/2] = x2 * cos[i + D/2] + x1 * sin[i + D/2]
-which is exactly q * cos + rotate_half(q) * sin. Backward applies the transpose of that map to the
+which is exactly q * cos + rotate_half(q) * sin. With partial rotary (Phi-4-mini's
+partial_rotary_factor), cos/sin cover only the first R < D dims of a head: those are rotated with D
+replaced by R and the rest is left as it is, as HF's apply_rotary_pos_emb does with q[..., :R]. Backward applies the transpose of that map to the
 incoming gradients (rotation by -theta when both halves of cos/sin agree, as they do for HF's
 rotary modules), also in place. The arithmetic is in float32 with one rounding to q's dtype, where
 HF rounds each of its three bf16 operations; the two agree within bf16 rounding. The results keep
@@ -79,15 +81,17 @@ def _check_shapes(q, k, cos, sin):
         raise ValueError(f"apply_rope: k shape {tuple(k.shape)} does not match q shape {tuple(q.shape)}")
     if head_dim % 2:
         raise ValueError("apply_rope: head_dim must be even")
-    if cos.shape != sin.shape or cos.dim() != 3 or cos.shape[1:] != (seq_len, head_dim) or cos.shape[0] not in (1, bsz):
-        raise ValueError(f"apply_rope: cos/sin must be ({bsz} or 1, {seq_len}, {head_dim}), got {tuple(cos.shape)}")
+    if (cos.shape != sin.shape or cos.dim() != 3 or cos.shape[1] != seq_len or cos.shape[0] not in (1, bsz)
+            or cos.shape[2] > head_dim or cos.shape[2] % 2):
+        raise ValueError(f"apply_rope: cos/sin must be ({bsz} or 1, {seq_len}, an even rotary dim <= {head_dim}), "
+                         f"got {tuple(cos.shape)}")
 
 
 def _rope_launch(q, k, cos, sin, inverse):
     """Rotates q and k in place (any strides), by +theta or, with inverse, by -theta."""
     bsz, n_q_heads, seq_len, head_dim = q.shape
     n_k_heads = k.shape[1]
-    half = head_dim // 2
+    half = cos.shape[-1] // 2  # the rotary dims; with partial rotary the rest of each head passes through
     # A broadcast batch of 1 is read with stride 0 so one kernel serves both layouts.
     cos_strides = (cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), cos.stride(2))
     sin_strides = (sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1), sin.stride(2))
@@ -145,7 +149,8 @@ def apply_rope(q, k, cos, sin):
     that carry the rotation's autograd node: use the returned tensors, not the old q and k, from
     then on (the old names hold rotated values, but autograd still sees them as unrotated). Like any
     in-place op, it refuses leaves that require grad. cos/sin are (B or 1, T, D) as HF's rotary
-    module or rope_cos_sin return them; no gradient flows to cos/sin. Backward rotates the incoming
+    module or rope_cos_sin return them, with R <= D
+    (partial rotary: only the first R dims of each head rotate); no gradient flows to cos/sin. Backward rotates the incoming
     gradients in place, so they are overwritten (autograd-owned in normal training; a gradient
     passed to .backward() by hand is overwritten too).
     """

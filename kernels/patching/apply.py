@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ..attention.transformers_glue import restore_attention, use_lanner_attention
 from ..peft_projections import fast_path_blocker
 from .attention import patch_attention
 from .binding import is_patched, unbind_forward
@@ -79,6 +80,12 @@ def patch_model(model: nn.Module) -> PatchReport:
             report.patched["mlp"] += 1
     if patch_causal_lm_loss(base):
         report.patched["loss"] += 1
+    if report.patched["attention"]:
+        if use_lanner_attention(base):
+            report.patched["attention_path"] += 1
+        else:
+            logger.warning("lanner.kernels: attention implementation %r kept (ours replaces %s)",
+                           base.config._attn_implementation, "sdpa, eager, flex and flash")
 
     blocker = _projection_blocker(base)
     if blocker is not None:
@@ -88,8 +95,9 @@ def patch_model(model: nn.Module) -> PatchReport:
 
 
 def unpatch_model(model: nn.Module) -> None:
-    """Restores every forward that patch_model replaced."""
+    """Restores every forward that patch_model replaced, and the model's own attention implementation."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    restore_attention(base)
     for module in base.modules():
         if is_patched(module):
             unbind_forward(module)

@@ -1,8 +1,10 @@
 """Attention blocks: q/k/v and output projections on the LoRA functions, RoPE on the in-place kernel.
 
-Mirrors the families' own attention forward (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3): the
-attention itself stays transformers' (sdpa, flash, eager, ...). With a KV cache (generation), or
-arguments this forward does not expect, the model's own forward runs.
+Mirrors the families' own attention forward (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3). The
+attention itself is the model's attention implementation, which patch_model sets to ours ("lanner",
+kernels/attention: causal SDPA without a mask, FlexAttention for windows, soft-capping, packed and
+padded batches). With a KV cache (generation), or arguments this forward does not expect, the
+model's own forward runs (and still calls that implementation).
 """
 import sys
 
@@ -30,9 +32,10 @@ def _project(x, projection_modules):
 
 
 def _rotate(attention: nn.Module, q, k, cos, sin):
-    if cos.shape[-1] == q.shape[-1]:
+    # Partial rotary (Phi-4-mini's partial_rotary_factor): cos/sin cover the first dims of each head only,
+    # which the kernel rotates in place, leaving the rest.
+    if cos.shape[-1] <= q.shape[-1] and cos.shape[-1] % 2 == 0:
         return apply_rope(q, k, cos, sin)
-    # Partial rotary (e.g. Phi-4-mini): the model's own function.
     return _modeling_module(attention).apply_rotary_pos_emb(q, k, cos, sin)
 
 

@@ -179,3 +179,26 @@ def test_leaf_requiring_grad_is_refused(device):
     cos, sin = rope_cos_sin(torch.rand(32, device=device), torch.arange(3, device=device)[None])
     with pytest.raises(RuntimeError, match="in place"):
         apply_rope(q, k, cos, sin)
+
+
+def test_partial_rotary_matches_phi3(device):
+    """Phi-4-mini's partial rotary: cos/sin cover the first R < D dims; the rest of each head passes through."""
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb as phi3_rope
+
+    bsz, n_q, n_k, seq_len, head_dim, rotary_dim = 2, 4, 2, 5, 16, 12
+    angles = torch.randn(1, seq_len, rotary_dim // 2, device=device).repeat(1, 1, 2)
+    cos, sin = angles.cos(), angles.sin()
+    xq, q = _projection_outputs(bsz, n_q, seq_len, head_dim, torch.float32, device)
+    xk, k = _projection_outputs(bsz, n_k, seq_len, head_dim, torch.float32, device)
+    q_ref, k_ref = phi3_rope(q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_(), cos, sin)
+    q_out, k_out = apply_rope(q, k, cos, sin)
+    torch.testing.assert_close(q_out, q_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_out, k_ref, rtol=1e-5, atol=1e-5)
+
+    grad_q, grad_k = torch.randn_like(q_ref), torch.randn_like(k_ref)
+    ref_q, ref_k = (torch.autograd.grad(t, x, g)[0] for t, x, g in (
+        (phi3_rope(xq.view(bsz, seq_len, n_q, head_dim).transpose(1, 2), k.detach(), cos, sin)[0], xq, grad_q),
+        (phi3_rope(q.detach(), xk.view(bsz, seq_len, n_k, head_dim).transpose(1, 2), cos, sin)[1], xk, grad_k)))
+    got_q, got_k = torch.autograd.grad((q_out, k_out), (xq, xk), (grad_q.clone(), grad_k.clone()))
+    torch.testing.assert_close(got_q, ref_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_k, ref_k, rtol=1e-5, atol=1e-5)

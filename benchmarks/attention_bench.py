@@ -1,0 +1,190 @@
+"""Our attention path on the GPU: correctness against a float32 reference, and forward + backward time.
+
+    python benchmarks/attention_bench.py [--out results.json] [--quick]
+
+Correctness: bf16 inputs, causal_attention (the dispatched path) against the dense float32 reference
+of the same inputs (kernels/attention/core.py's reference), ||out - ref|| / ||ref|| for the output and
+for dq, dk, dv; and float32 inputs the same way. Timing: triton.testing.do_bench medians of forward +
+backward on the shapes of the benchmark grid, our path against what transformers ran before (SDPA with
+the dense window mask it built) and against plain causal SDPA (the no-window lower bound).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+
+def _import_lanner():
+    try:
+        from lanner.kernels.attention import core
+    except ImportError:  # a checkout where lanner is not installed (the GPU machine): as run.py does
+        from run import lanner_import_root
+        sys.path.insert(0, str(lanner_import_root()))
+        from lanner.kernels.attention import core
+    return core
+
+
+core = _import_lanner()
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def make(b, hq, hk, t, d, dtype):
+    return [torch.randn(b, h, t, d, device="cuda", dtype=dtype).requires_grad_() for h in (hq, hk, hk)]
+
+
+def segments_for(b, t, sample):
+    ids = torch.arange(t, device="cuda") // sample
+    return ids[None].expand(b, t).contiguous()
+
+
+def left_padding(b, t, pad):
+    mask = torch.ones(b, t, dtype=torch.bool, device="cuda")
+    mask[-1, :pad] = False
+    return mask
+
+
+def check(name, shape, dtype, **options):
+    b, hq, hk, t, d = shape
+    q, k, v = make(b, hq, hk, t, d, dtype)
+    scale = d ** -0.5
+    out = core.causal_attention(q, k, v, scale=scale, **options)
+    grad = torch.randn_like(out)
+    padding = options.get("padding")
+    if padding is not None:  # padding queries' outputs are never read
+        grad = grad * padding[:, None, :, None]
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
+    window = core.effective_window(options.get("window"), t)
+    mask = core.dense_mask(t, window, padding, options.get("segments"), "cuda")
+    ref = core._reference(q32, k32, v32, scale, mask, options.get("softcap"))
+    want = torch.autograd.grad(ref, (q32, k32, v32), grad.float())
+    rows = padding[:, None, :, None].expand_as(out) if padding is not None else torch.ones_like(out, dtype=torch.bool)
+    backend = core.choose_backend(q, window, options.get("softcap"), padding, options.get("segments"))
+    result = dict(check=name, dtype=str(dtype).split(".")[-1], shape=shape, backend=backend,
+                  out=rel(out[rows], ref[rows]), dq=rel(got[0], want[0]), dk=rel(got[1], want[1]),
+                  dv=rel(got[2], want[2]), nan=any(torch.isnan(x).any().item() for x in (out, *got)))
+    limit = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    result["ok"] = not result["nan"] and max(result[key] for key in ("out", "dq", "dk", "dv")) < limit
+    return result
+
+
+def fwd_bwd_ms(fn, shape, dtype=torch.bfloat16):
+    from triton.testing import do_bench
+    b, hq, hk, t, d = shape
+    q, k, v = make(b, hq, hk, t, d, dtype)
+    grad = torch.randn(b, hq, t, d, device="cuda", dtype=dtype)
+
+    def step():
+        out = fn(q, k, v)
+        torch.autograd.grad(out, (q, k, v), grad)
+
+    started = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - started
+    return do_bench(step, warmup=50, rep=300, return_mode="median"), first
+
+
+def dense_window_sdpa(window, t, segments=None):
+    # (a window >= T gives the plain causal mask, which transformers still materialised)
+    mask = core.dense_mask(t, core.effective_window(window, t), None, segments, "cuda")
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def causal_sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def attention_flops(b, hq, t, d, visible_fraction):
+    return 4 * b * hq * t * t * d * visible_fraction * 3.5  # forward 2 matmuls + backward 5 = 3.5x forward
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--quick", action="store_true", help="checks only")
+    parser.add_argument("--timings-only", action="store_true")
+    parser.add_argument("--cases", default=None, help="comma-separated indices of the timing cases to run")
+    args = parser.parse_args()
+    import transformers
+    import triton
+    results = dict(versions=dict(torch=torch.__version__, triton=triton.__version__, transformers=transformers.__version__,
+                                 gpu=torch.cuda.get_device_name()), checks=[], timings=[])
+    mistral, gemma = (2, 32, 8, 2048, 128), (1, 16, 8, 2048, 256)
+    checks = [
+        ("causal (sdpa)", mistral, {}),
+        ("window 512", mistral, dict(window=512)),
+        ("window >= seq (sdpa)", mistral, dict(window=4096)),
+        ("gemma2 softcap 50 + window 512, d256", gemma, dict(softcap=50.0, window=512)),
+        ("gemma2 softcap 50 global, d256", gemma, dict(softcap=50.0)),
+        ("packed 4 x 512", mistral, dict(segments=segments_for(2, 2048, 512))),
+        ("packed 4 x 512 + window 256", mistral, dict(segments=segments_for(2, 2048, 512), window=256)),
+        ("left padding 300", mistral, dict(padding=left_padding(2, 2048, 300))),
+    ]
+    for dtype in (() if args.timings_only else (torch.bfloat16, torch.float32)):
+        for name, shape, options in checks:
+            try:
+                r = check(name, shape, dtype, **options)
+            except Exception as error:  # keep going: one failure must not hide the others
+                r = dict(check=name, dtype=str(dtype), error=f"{type(error).__name__}: {error}"[:300], ok=False)
+            results["checks"].append(r)
+            print(json.dumps(r), flush=True)
+    if not args.quick:
+        # (label, shape (B, Hq, Hk, T, D), our options, baselines)
+        timings = [
+            ("mistral-7b T4096 B2 window 4096 (= no window)", (2, 32, 8, 4096, 128), dict(window=4096),
+             {"transformers: SDPA + dense window mask": dense_window_sdpa(4096, 4096)}),
+            ("mistral-7b T8192 B1 window 4096", (1, 32, 8, 8192, 128), dict(window=4096),
+             {"transformers: SDPA + dense window mask": dense_window_sdpa(4096, 8192),
+              "causal SDPA, no window (not the same math)": causal_sdpa}),
+            ("gemma2-9b T8192 B1 sliding layer: window 4096 + softcap 50, d256", (1, 16, 8, 8192, 256),
+             dict(window=4096, softcap=50.0),
+             {"transformers sdpa (dense mask, drops the softcap)": dense_window_sdpa(4096, 8192)}),
+            ("gemma2-9b T8192 B1 global layer: softcap 50, d256", (1, 16, 8, 8192, 256), dict(softcap=50.0),
+             {"causal SDPA (drops the softcap)": causal_sdpa}),
+            ("gemma2-9b T4096 B2 sliding layer (window = T: softcap only)", (2, 16, 8, 4096, 256),
+             dict(window=4096, softcap=50.0), {"causal SDPA (drops the softcap)": causal_sdpa}),
+            ("llama-8b packed T8192 B1, 8 samples of 1024", (1, 32, 8, 8192, 128),
+             dict(segments=segments_for(1, 8192, 1024)),
+             {"transformers: SDPA + dense block-diagonal mask": dense_window_sdpa(None, 8192, segments_for(1, 8192, 1024)),
+              "causal SDPA over the row (not the same math)": causal_sdpa}),
+        ]
+        if args.cases:
+            timings = [timings[int(i)] for i in args.cases.split(",")]
+        for label, shape, options, baselines in timings:
+            torch._dynamo.reset()  # each case compiles afresh: the first call's time is its compile time
+            b, hq, hk, t, d = shape
+            ours = lambda q, k, v, o=options: core.causal_attention(q, k, v, **o)  # noqa: E731
+            entry = dict(case=label, shape=shape)
+            try:
+                q = torch.empty(1, hq, t, d, device="cuda")
+                entry["our_backend"] = core.choose_backend(q, core.effective_window(options.get("window"), t),
+                                                           options.get("softcap"), options.get("padding"),
+                                                           options.get("segments"))
+                entry["ours_ms"], entry["ours_first_call_s"] = fwd_bwd_ms(ours, shape)
+            except Exception as error:
+                entry["ours_error"] = f"{type(error).__name__}: {error}"[:300]
+            for name, fn in baselines.items():
+                try:
+                    entry[name] = fwd_bwd_ms(fn, shape)[0]
+                except Exception as error:
+                    entry[name] = f"{type(error).__name__}: {error}"[:200]
+            results["timings"].append(entry)
+            print(json.dumps(entry), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    print("checks ok:", all(r.get("ok") for r in results["checks"]), flush=True)
+
+
+if __name__ == "__main__":
+    main()

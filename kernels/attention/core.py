@@ -1,0 +1,185 @@
+"""Causal self-attention for training: one entry point that picks the cheapest kernel computing exactly it.
+
+    out = causal_attention(q, k, v, scale=..., window=None, softcap=None, padding=None, segments=None)
+
+q is (B, Hq, T, D), k and v (B, Hk, T, D) with Hq a multiple of Hk (GQA: k and v are never expanded).
+Key j is visible to query i when all of these hold (Hugging Face's mask semantics):
+    j <= i                                  causal
+    i - j < window                          a sliding window (a window >= T is no window)
+    segments[b, i] == segments[b, j]        packed samples (padding-free batches), ids per token
+    padding[b, j]                           a 2D padding mask (True = a real token)
+and with softcap the scores s = scale * q.k become softcap * tanh(s / softcap) before the softmax.
+
+Dispatch, first match wins:
+  1. nothing but causality: torch SDPA with is_causal=True (flash / cuDNN / efficient kernels), no mask
+     tensor, enable_gqa;
+  2. on CUDA with FlexAttention (torch >= 2.5): flex_attention compiled, with a block mask from the
+     rules above, so fully masked key blocks are skipped (a window of W at length T costs about W/T of
+     the square), and the soft-cap as a score_mod; enable_gqa;
+  3. otherwise (the CPU, or no FlexAttention): the reference - a dense boolean mask and SDPA, or the
+     eager softmax(softcap(q k^T)) v when soft-capping.
+A query row with no visible key (a left-padding query) outputs zeros, with zero gradients, on every
+path: what torch's SDPA and FlexAttention do, and so transformers' sdpa (its eager gives such a row
+uniform weights instead). No real token reads that row, but with left padding the last pad
+position's logits predict the first real token, so it reaches a loss whose labels keep that target.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+
+try:  # torch >= 2.5
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - older torch
+    create_block_mask = flex_attention = None
+
+BACKENDS = ("auto", "sdpa", "flex", "reference")
+
+
+def effective_window(window: int | None, length: int) -> int | None:
+    """The window that masks anything at this length: key j is kept when i - j < window, so window >= T keeps all."""
+    if window is None or window <= 0 or window >= length:
+        return None
+    return int(window)
+
+
+def choose_backend(q: torch.Tensor, window, softcap, padding, segments) -> str:
+    """Which of the three paths runs this call (module docstring); LANNER_ATTENTION=reference|flex forces one."""
+    forced = os.environ.get("LANNER_ATTENTION", "auto")
+    if forced not in BACKENDS:
+        raise ValueError(f"LANNER_ATTENTION must be one of {BACKENDS}, got {forced!r}")
+    if window is None and softcap is None and padding is None and segments is None:
+        return "sdpa"
+    if forced != "auto":
+        return forced if forced != "sdpa" else "reference"
+    if flex_attention is not None and q.is_cuda:
+        return "flex"
+    return "reference"
+
+
+def causal_attention(q, k, v, *, scale: float | None = None, window: int | None = None,
+                     softcap: float | None = None, padding: torch.Tensor | None = None,
+                     segments: torch.Tensor | None = None, block_mask_cache: dict | None = None,
+                     backend: str | None = None) -> torch.Tensor:
+    """Causal attention with the module docstring's options; returns (B, Hq, T, D) like SDPA.
+
+    block_mask_cache: where FlexAttention block masks built from padding/segments are kept, so that every
+    layer (and each layer's recompute) of one step shares one; window-only masks are cached globally.
+    """
+    length = q.shape[2]
+    if k.shape[2] != length:
+        raise ValueError(f"causal_attention: q has {length} positions and k {k.shape[2]} (self-attention only)")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    window = effective_window(window, length)
+    softcap = float(softcap) if softcap else None
+    backend = backend or choose_backend(q, window, softcap, padding, segments)
+    gqa = q.shape[1] != k.shape[1]
+    if backend == "sdpa" and window is None and softcap is None and padding is None and segments is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    if backend == "flex":
+        compiled = q.is_cuda
+        block_mask = _block_mask(q, window, padding, segments, block_mask_cache, compiled)
+        attend = _compiled_flex() if compiled else flex_attention
+        return attend(q, k, v, score_mod=_softcap_score_mod(softcap), block_mask=block_mask, scale=scale,
+                      enable_gqa=gqa)
+    return _reference(q, k, v, scale, dense_mask(length, window, padding, segments, q.device), softcap)
+
+
+def dense_mask(length: int, window, padding, segments, device) -> torch.Tensor:
+    """The (B or 1, 1, T, T) boolean mask of the rules above."""
+    i = torch.arange(length, device=device)[:, None]
+    j = torch.arange(length, device=device)[None, :]
+    mask = j <= i
+    if window is not None:
+        mask = mask & (i - j < window)
+    mask = mask[None, None]
+    if segments is not None:
+        mask = mask & (segments[:, None, :, None] == segments[:, None, None, :])
+    if padding is not None:
+        mask = mask & padding[:, None, None, :].bool()
+    return mask
+
+
+def _reference(q, k, v, scale, mask, softcap):
+    gqa = q.shape[1] != k.shape[1]
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    if gqa:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    seen = mask.any(dim=-1, keepdim=True)  # rows without a visible key: zeros, as SDPA and FlexAttention give
+    scores = scores.masked_fill(~(mask | ~seen), float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v) * seen
+
+
+# FlexAttention ---------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex():
+    # One compiled callable for the process; torch.compile specialises it per shape and score/mask mod.
+    # Past dynamo's recompile limit (8 by default) flex_attention silently runs unfused, materialising the
+    # scores: measured on the H200, 170 ms instead of ~10 for one 8,192-token layer. A model has a few
+    # variants (Gemma 2: sliding and global layers, each static then dynamic in length, with and without
+    # padding), so the limit is raised, never lowered.
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), 64))
+    return torch.compile(flex_attention)
+
+
+@functools.lru_cache(maxsize=None)
+def _softcap_score_mod(softcap):
+    # Cached per value so that the compiled kernel sees the same function object every layer and step.
+    if softcap is None:
+        return None
+
+    def softcap_score(score, b, h, q_idx, kv_idx):
+        return torch.tanh(score / softcap) * softcap
+
+    return softcap_score
+
+
+def _mask_mod(window, padding, segments):
+    def mask_mod(b, h, q_idx, kv_idx):
+        visible = q_idx >= kv_idx
+        if window is not None:
+            visible = visible & (q_idx - kv_idx < window)
+        if segments is not None:
+            visible = visible & (segments[b, q_idx] == segments[b, kv_idx])
+        if padding is not None:
+            visible = visible & padding[b, kv_idx]
+        return visible
+
+    return mask_mod
+
+
+_WINDOW_BLOCK_MASKS: dict = {}
+
+
+def _block_mask(q, window, padding, segments, cache, compiled):
+    length = q.shape[2]
+    if padding is None and segments is None:
+        key = (str(q.device), length, window, compiled)
+        if key not in _WINDOW_BLOCK_MASKS:
+            if len(_WINDOW_BLOCK_MASKS) >= 64:  # many distinct lengths (padded batches): keep it bounded
+                _WINDOW_BLOCK_MASKS.clear()
+            _WINDOW_BLOCK_MASKS[key] = create_block_mask(_mask_mod(window, None, None), None, None, length, length,
+                                                         device=q.device, _compile=compiled)
+        return _WINDOW_BLOCK_MASKS[key]
+    key = (length, window, compiled)
+    if cache is not None and key in cache:
+        return cache[key]
+    padding = padding.bool() if padding is not None else None
+    block_mask = create_block_mask(_mask_mod(window, padding, segments), q.shape[0], None, length, length,
+                                   device=q.device, _compile=compiled)
+    if cache is not None:
+        cache[key] = block_mask
+    return block_mask

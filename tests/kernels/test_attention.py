@@ -1,0 +1,122 @@
+"""Our attention path against transformers' eager attention, float32, forward and backward, per variant;
+then whole models of each layout (window, packed, padded) against plain HF + PEFT on eager attention."""
+import pytest
+import torch
+from torch import nn
+from transformers import masking_utils
+from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+from lanner.kernels.attention import causal_attention, choose_backend, core, effective_window
+from lanner.kernels.attention.transformers_glue import ATTENTION_NAME
+from lora_twins import lora_grads, max_relative_error, token_batches, twins
+
+B, HQ, HK, T, D = 2, 4, 2, 7, 8  # GQA throughout: k and v have half the heads
+SEGMENTS = torch.tensor([[0, 0, 0, 1, 1, 2, 2], [0, 0, 0, 0, 0, 1, 1]])
+PADDING = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1]], dtype=torch.bool)  # row 1 left-padded
+
+# variant -> (window, softcap, packed, padded, path that must run)
+VARIANTS = {
+    "causal": (None, None, False, False, "sdpa"),
+    "window_below_seq": (3, None, False, False, "masked"),
+    "window_at_least_seq": (T, None, False, False, "sdpa"),
+    "softcap": (None, 5.0, False, False, "masked"),
+    "window_softcap": (4, 2.0, False, False, "masked"),
+    "packed": (None, None, True, False, "masked"),
+    "packed_window": (2, None, True, False, "masked"),
+    "padded": (None, None, False, True, "masked"),
+    "padded_window_softcap": (3, 5.0, False, True, "masked"),
+}
+
+
+class _Heads(nn.Module):
+    num_key_value_groups = HQ // HK
+
+
+def _mask_function(window, packed):
+    function = masking_utils.causal_mask_function
+    if window is not None:
+        function = masking_utils.sliding_window_causal_mask_function(window)
+    if packed:
+        function = masking_utils.and_masks(function, masking_utils.packed_sequence_mask_function(SEGMENTS))
+    return function
+
+
+def _eager_reference(q, k, v, window, softcap, packed, padded):
+    mask = masking_utils.eager_mask(batch_size=B, q_length=T, kv_length=T, mask_function=_mask_function(window, packed),
+                                    attention_mask=PADDING if padded else None, dtype=q.dtype)
+    out, _ = eager_attention_forward(_Heads(), q, k, v, mask, scaling=D ** -0.5, softcap=softcap)
+    return out.transpose(1, 2)  # eager returns (B, T, H, D)
+
+
+@pytest.mark.parametrize("backend", ["reference", "flex"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_matches_eager_forward_and_backward(variant, backend, device):
+    """FlexAttention has no CPU backward: there its mask and score mods are checked forward only (the GPU
+    runs this file with backward)."""
+    window, softcap, packed, padded, path = VARIANTS[variant]
+    if backend == "flex" and core.flex_attention is None:
+        pytest.skip("no FlexAttention in this torch")
+    if backend == "flex" and path == "sdpa":
+        pytest.skip("runs SDPA whatever the backend")
+    backward = backend != "flex" or device == "cuda"
+    global SEGMENTS, PADDING
+    SEGMENTS, PADDING = SEGMENTS.to(device), PADDING.to(device)
+    q, k, v = (torch.randn(B, h, T, D, device=device).requires_grad_(backward) for h in (HQ, HK, HK))
+    padding, segments = (PADDING if padded else None), (SEGMENTS if packed else None)
+    chosen = choose_backend(q, effective_window(window, T), softcap, padding, segments)
+    assert (chosen == "sdpa") == (path == "sdpa")
+
+    out = causal_attention(q, k, v, scale=D ** -0.5, window=window, softcap=softcap, padding=padding,
+                           segments=segments, backend=None if path == "sdpa" else backend)
+    expected = _eager_reference(q, k, v, window, softcap, packed, padded)
+    real = PADDING[:, None, :, None].expand_as(out) if padded else torch.ones_like(out, dtype=torch.bool)
+    # float32 on the GPU: FlexAttention and SDPA may use TF32-free but reordered sums; 1e-5 holds on the CPU
+    torch.testing.assert_close(out[real], expected[real], rtol=1e-5, atol=1e-5 if device == "cpu" else 1e-4)
+    if padded and backend == "flex":  # rows with no visible key: every path gives the reference's output
+        with torch.no_grad():
+            reference = causal_attention(q, k, v, scale=D ** -0.5, window=window, softcap=softcap, padding=padding,
+                                         segments=segments, backend="reference")
+        torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5 if device == "cpu" else 1e-4)
+    if not backward:
+        return
+    grad = torch.randn_like(out) * real  # padding queries' outputs are never read
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(expected, (q, k, v), grad)
+    for name, g, w in zip("qkv", got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5 if device == "cpu" else 1e-4,
+                                   msg=lambda m, name=name: f"d{name}: {m}")
+
+
+# Whole models: family, layout, sequence length. The tiny configs' sliding window is 4 (lora_twins).
+MODEL_CASES = [
+    ("mistral", "packed", 9),    # window < seq inside packed samples
+    ("gemma2", "padded", 6),     # soft-capping, alternating sliding/global layers, a left-padded row
+]  # plain layouts of every family (and Phi-4-mini's partial rotary) are test_patching's
+
+
+@pytest.mark.parametrize("family,layout,seq", MODEL_CASES, ids=[f"{c[0]}-{c[1]}" for c in MODEL_CASES])
+def test_model_layouts_match_plain_eager(family, layout, seq, device):
+    plain, fast = twins(family, device=device, gradient_checkpointing=True)
+    assert fast.config._attn_implementation == ATTENTION_NAME and plain.config._attn_implementation == "eager"
+    (ids,) = token_batches(1, 2, seq, plain.config.vocab_size, device=device)
+    # use_cache=False: a training forward that builds a KV cache turns transformers' packed-row detection off
+    inputs = dict(input_ids=ids, labels=ids.clone(), use_cache=False)
+    if layout == "packed":
+        inputs["position_ids"] = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 1, 2], [0, 1, 2, 0, 1, 2, 3, 4, 5]], device=device)
+    elif layout == "padded":
+        mask = torch.ones_like(ids)
+        mask[1, :2] = 0
+        inputs["attention_mask"] = mask
+        # The last pad position (which sees no real key) would predict the first real token: transformers'
+        # eager gives that row uniform weights, its sdpa and our path zeros (test_patching checks that
+        # against sdpa). Gemma 2's soft-capping is eager-only, so that label is left out here.
+        inputs["labels"] = ids.masked_fill(mask == 0, -100)
+        inputs["labels"][1, 2] = -100
+    losses = []
+    for model in (plain, fast):
+        model.train()
+        loss = model(**inputs).loss
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=0)
+    assert max_relative_error(lora_grads(fast), lora_grads(plain)) < 1e-4
