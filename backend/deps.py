@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from lanner.core import db
+from lanner.core.errors import UserError
 from lanner.core.models import ApiToken, Role, User
 from lanner.backend.rate_limits import charge
 from lanner.core.redis_client import get_redis
@@ -85,7 +86,7 @@ def may_manage(user: User, owner_id: int) -> bool:
 
 def require_owner_or_admin(user: User, owner_id: int, what: str) -> None:
     if not may_manage(user, owner_id):
-        raise HTTPException(403, f"Only its owner or an admin may {what}")
+        raise UserError(403, f"Only its owner or an admin may {what}")
 
 
 def websocket_user(websocket: WebSocket, session: Session, redis: Redis) -> User | None:

@@ -5,7 +5,8 @@
   GET {hub}/{repo}/resolve/{commit}/{file}                       a file (redirects to a CDN; Range resumes)
 
 Any failure to reach the hub is HubOffline, so the API can answer "offline" in words; an answer
-the hub gives (unknown repo, gated repo) is HubRefused with its status."""
+the hub gives (unknown repo, gated repo) is a UserError with the hub's status and the code REFUSED,
+which the catalog's routes turn into their own answer."""
 from __future__ import annotations
 
 import http.client
@@ -18,17 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from lanner.core.errors import UserError
+
 CHUNK = 1024 * 1024
+REFUSED = "hub_refused"
 
 
 class HubOffline(Exception):
     """The hub cannot be reached from this machine (no network, DNS, refused, timed out)."""
-
-
-class HubRefused(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,7 @@ class Hub:
         try:
             return _opener.open(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
-            raise HubRefused(exc.code, _hub_message(exc)) from None
+            raise UserError(exc.code, _hub_message(exc), code=REFUSED) from None
         except OSError as exc:  # URLError, refused, reset, timeouts
             raise HubOffline(f"the model hub at {self.url} cannot be reached from this machine "
                              f"({exc.__class__.__name__})") from None
@@ -104,7 +102,7 @@ class Hub:
         path = f"/{repo_id}/resolve/{urllib.parse.quote(commit, safe='')}/{urllib.parse.quote(name)}"
         try:
             response = self._open(path, {"Range": f"bytes={have}-"} if have else None)
-        except HubRefused as exc:
+        except UserError as exc:
             if exc.status != 416:  # 416: nothing after what we have, the file is whole already
                 raise
             return

@@ -22,8 +22,9 @@ from pathlib import Path
 from redis import Redis
 
 from lanner.backend.disk_space import check_room
-from lanner.backend.hub import Hub, HubOffline, HubRefused, RepoInfo
+from lanner.backend.hub import REFUSED, Hub, HubOffline, RepoInfo
 from lanner.backend.paths import inside
+from lanner.core.errors import UserError
 from lanner.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -92,14 +93,15 @@ def _now() -> str:
 
 
 def start(redis: Redis, settings: Settings, hub: Hub, repo_id: str, revision: str, user_id: int) -> dict:
-    """Starts (or continues) a download and returns its state. Raises HubOffline, HubRefused,
-    NotTrainable, NoRoom."""
+    """Starts (or continues) a download and returns its state. Raises HubOffline, the hub's
+    refusal (UserError), NotTrainable, NoRoom."""
     current = state(redis, repo_id)
     if current is not None and current["status"] == "downloading":
         return current
     info = hub.repo_info(repo_id, revision)
     if info.gated and not hub.token:
-        raise HubRefused(403, f"{repo_id} is gated: request access on the hub, then set LANNER_HUB_TOKEN")
+        raise UserError(403, f"{repo_id} is gated: request access on the hub, then set LANNER_HUB_TOKEN",
+                        code=REFUSED)
     files = files_to_fetch(info)
     staging = staging_dir(settings, repo_id)
     have = _bytes_in(staging, files)
@@ -174,7 +176,7 @@ def _failure_message(exc: Exception) -> str:
         return "the disk is full: free some space, then ask again to continue the download"
     if isinstance(exc, HubOffline):
         return f"offline: {exc}; ask again to continue where it stopped"
-    if isinstance(exc, HubRefused):
+    if isinstance(exc, UserError):
         return f"the hub refused ({exc.status}): {exc}" + (
             "; a gated or private model needs LANNER_HUB_TOKEN with access" if exc.status in (401, 403) else "")
     if isinstance(exc, NotTrainable):

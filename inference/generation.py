@@ -13,19 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lanner.core.errors import UserError
+
 # Tokens of context each loaded model gets (prompt + answer); the KV cache is sized for it.
 CONTEXT_TOKENS = 4096
 # llama.cpp's compute and output buffers besides the weights and the KV cache (measured: tens of MB
 # for models up to 8B at this context; rounded up).
 BUFFERS_BYTES = 160 * 2**20
-
-
-class GenerationError(Exception):
-    """A failure the user can act on (message in words)."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass
@@ -175,8 +169,8 @@ def _special_text(llama, token: int) -> str:
 def chat_template(llama, override: str | None) -> str:
     template = override or llama.metadata.get("tokenizer.chat_template")
     if not template:
-        raise GenerationError("no_chat_template", "This GGUF has no chat template and the job set none; "
-                                                  "re-export it from a model whose tokenizer has one.")
+        raise UserError(409, "This GGUF has no chat template and the job set none; re-export it from a model "
+                             "whose tokenizer has one.", code="no_chat_template")
     return template
 
 
@@ -190,7 +184,8 @@ def render_prompt(llama, messages: list[dict[str, str]], template: str) -> str:
     try:
         return formatter(messages=messages).prompt
     except TemplateError as error:
-        raise GenerationError("bad_chat_template", f"The chat template refused this conversation: {error}") from None
+        raise UserError(422, f"The chat template refused this conversation: {error}",
+                        code="bad_chat_template") from None
 
 
 def stream_answer(llama, prompt: str, sampling: Sampling, stopped: Callable[[], bool]) -> Iterator[dict[str, Any]]:
@@ -199,8 +194,8 @@ def stream_answer(llama, prompt: str, sampling: Sampling, stopped: Callable[[], 
     tokens = llama.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
     room = llama.n_ctx() - len(tokens)
     if room < 1:
-        raise GenerationError("context_full", f"The conversation is {len(tokens)} tokens long and the model reads "
-                                              f"at most {llama.n_ctx()}: start a new chat or shorten it.")
+        raise UserError(413, f"The conversation is {len(tokens)} tokens long and the model reads at most "
+                             f"{llama.n_ctx()}: start a new chat or shorten it.", code="context_full")
     stream = llama.create_completion(tokens, max_tokens=min(sampling.max_tokens, room),
                                      temperature=sampling.temperature, top_p=sampling.top_p,
                                      stop=sampling.stop or None, stream=True)

@@ -7,7 +7,6 @@ closed. Exit codes as train_process: 0 closed or idle, 1 failed, 3 cancelled."""
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import threading
 import time
@@ -15,7 +14,9 @@ from pathlib import Path
 
 from lanner.core.models import ArtifactKind, Job
 from lanner.core.spec import load_spec
-from lanner.core.messages.chat import CONTEXT_TOKENS, KEY_SECONDS, answer_key, ready_key, requests_key, stop_key
+from lanner.core.messages.chat import (CONTEXT_TOKENS, KEY_SECONDS, AnswerDone, AnswerError, AnswerStatus, AnswerToken,
+                                      CloseSession, GenerateAnswer, answer_key, push, read_request, ready_key,
+                                      requests_key, stop_key)
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, main
 
 
@@ -74,8 +75,8 @@ class ChatProcess(JobProcess):
                         self.events.log(f"No question for {idle_seconds} s: the GPU chat session ends")
                         return 0
                     continue
-                request = json.loads(item[1])
-                if request.get("type") == "close":
+                request = read_request(item[1])
+                if isinstance(request, CloseSession):
                     self.events.log("The GPU chat session was closed")
                     return 0
                 self.answer(model, tokenizer, kind == ArtifactKind.adapter, request)
@@ -85,47 +86,44 @@ class ChatProcess(JobProcess):
         self.events.log("Cancelled: the GPU chat session ends")
         return EXIT_CANCELLED
 
-    def answer(self, model, tokenizer, has_adapter: bool, request: dict) -> None:
-        request_id, side = request["request_id"], request["side"]
-        out, stop = answer_key(self.job_id, request_id), stop_key(self.job_id, request_id)
+    def answer(self, model, tokenizer, has_adapter: bool, request: GenerateAnswer) -> None:
+        out, stop = answer_key(self.job_id, request.request_id), stop_key(self.job_id, request.request_id)
         started = time.monotonic()
 
-        def send(message: dict) -> None:
-            self.redis.rpush(out, json.dumps(message))
-            self.redis.expire(out, KEY_SECONDS)
+        def send(event: AnswerStatus | AnswerToken | AnswerDone | AnswerError) -> None:
+            push(self.redis, out, event)
 
         def stopped() -> bool:
             return self.cancelled or bool(self.redis.exists(stop))
 
         def done(finish_reason: str, chunks: int) -> None:
-            send({"type": "done", "finish_reason": finish_reason, "chunks": chunks,
-                  "seconds": round(time.monotonic() - started, 3)})
+            send(AnswerDone(finish_reason=finish_reason, chunks=chunks, seconds=round(time.monotonic() - started, 3)))
 
         if stopped():
             return done("stopped", 0)
-        if side == "base" and not has_adapter:
-            return send({"type": "error", "code": "no_base_model", "message": "This job is a full fine-tune: its GPU "
-                         "session holds the fine-tuned model only. Chat with the base model on the CPU."})
+        if request.side == "base" and not has_adapter:
+            return send(AnswerError(code="no_base_model", message="This job is a full fine-tune: its GPU session "
+                                    "holds the fine-tuned model only. Chat with the base model on the CPU."))
         try:
-            prompt = tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True, tokenize=False)
+            prompt = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=False)
         except Exception as error:  # a template that refuses the conversation (roles, missing template)
-            return send({"type": "error", "code": "bad_chat_template",
-                         "message": f"The chat template refused this conversation: {error}"})
+            return send(AnswerError(code="bad_chat_template",
+                                    message=f"The chat template refused this conversation: {error}"))
         inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(model.device)
         length = inputs["input_ids"].shape[1]
         if length >= CONTEXT_TOKENS:
-            return send({"type": "error", "code": "context_full", "message": f"The conversation is {length} tokens "
-                         f"long and the session reads at most {CONTEXT_TOKENS}: start a new chat or shorten it."})
-        send({"type": "status", "state": "generating"})
-        chunks, result = self._stream(model, tokenizer, inputs, request, side == "base", stopped, send)
+            return send(AnswerError(code="context_full", message=f"The conversation is {length} tokens long and the "
+                                    f"session reads at most {CONTEXT_TOKENS}: start a new chat or shorten it."))
+        send(AnswerStatus(state="generating"))
+        chunks, result = self._stream(model, tokenizer, inputs, request, request.side == "base", stopped, send)
         if "error" in result:
             error = result["error"]
-            return send({"type": "error", "code": "generation_failed",
-                         "message": f"Generation stopped: {type(error).__name__}: {error}"})
+            return send(AnswerError(code="generation_failed",
+                                    message=f"Generation stopped: {type(error).__name__}: {error}"))
         new_tokens = result["output"].shape[1] - length
         done("stopped" if stopped() else "length" if new_tokens >= result["max_new_tokens"] else "stop", chunks)
 
-    def _stream(self, model, tokenizer, inputs, request: dict, base: bool, stopped, send) -> tuple[int, dict]:
+    def _stream(self, model, tokenizer, inputs, request: GenerateAnswer, base: bool, stopped, send) -> tuple[int, dict]:
         """Generates on a thread while this one forwards the text as it comes."""
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
@@ -135,16 +133,14 @@ class ChatProcess(JobProcess):
                 return torch.full((input_ids.shape[0],), stopped(), dtype=torch.bool, device=input_ids.device)
 
         streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        temperature = float(request.get("temperature", 0.7))
-        result = {"max_new_tokens": min(int(request.get("max_tokens", 256)),
-                                        CONTEXT_TOKENS - inputs["input_ids"].shape[1])}
+        result = {"max_new_tokens": min(request.max_tokens, CONTEXT_TOKENS - inputs["input_ids"].shape[1])}
         options = dict(**inputs, max_new_tokens=result["max_new_tokens"], streamer=streamer,
                        stopping_criteria=StoppingCriteriaList([Stop()]), pad_token_id=tokenizer.eos_token_id,
-                       do_sample=temperature > 0)
-        if temperature > 0:
-            options.update(temperature=temperature, top_p=float(request.get("top_p", 0.95)))
-        if request.get("stop"):
-            options.update(stop_strings=list(request["stop"]), tokenizer=tokenizer)
+                       do_sample=request.temperature > 0)
+        if request.temperature > 0:
+            options.update(temperature=request.temperature, top_p=request.top_p)
+        if request.stop:
+            options.update(stop_strings=request.stop, tokenizer=tokenizer)
 
         def generate() -> None:
             try:
@@ -160,7 +156,7 @@ class ChatProcess(JobProcess):
         for text in streamer:
             if text:
                 chunks += 1
-                send({"type": "token", "text": text})
+                send(AnswerToken(text=text))
         thread.join()
         return chunks, result
 

@@ -3,12 +3,8 @@ slow for the CPU path. The session is a queued job of kind `chat` (a child of th
 memory estimate like any job), so it takes a device only when the queue gives it one. The worker runs
 lanner.worker.chat_process for it, which loads the model on its device with transformers and answers
 the questions pushed to Redis until the session idles out or is closed; then the device is free for
-the next job. The WebSocket (lanner.backend.routers.playground) relays questions and tokens.
-
-Redis, per session job: REQUESTS (a list) carries {"type": "generate", "request_id", "side",
-"messages", "temperature", "top_p", "max_tokens", "stop"} and {"type": "close"} in; ANSWER (a list per
-request) carries the playground's status/token/done/error messages out; STOP asks one answer to end;
-READY is set once the model is loaded."""
+the next job. gpu_relay.py relays the socket's questions and the answers' tokens through Redis, in the
+messages of lanner.core.messages.chat."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,13 +13,14 @@ from redis import Redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lanner.core.queue import order as queue_order
+from lanner.backend.deps import may_manage, require_owner_or_admin
+from lanner.backend.services import jobs
+from lanner.core.errors import UserError
+from lanner.core.messages.chat import CONTEXT_TOKENS, CloseSession, push, requests_key
 from lanner.core.model_catalog import model_shape
 from lanner.core.models import Job, JobKind, JobStatus, User, trained_weights
-from lanner.backend.playground.sources import NotAvailable
-from lanner.core.queue.claim import enqueue
+from lanner.core.queue import order as queue_order
 from lanner.core.settings import Settings
-from lanner.core.messages.chat import CONTEXT_TOKENS
 
 OPEN = (JobStatus.queued, JobStatus.running)
 
@@ -55,15 +52,49 @@ def start_session(session: Session, redis: Redis, settings: Settings, user: User
                   idle_seconds: int) -> Job:
     """Queues a GPU session with the training job's model (or returns the user's open one)."""
     if job.status != JobStatus.succeeded:
-        raise NotAvailable("not_finished", f"Job {job.id} is {job.status.value}; its model can be chatted with "
-                                           "once it has succeeded.")
+        raise UserError(409, f"Job {job.id} is {job.status.value}; its model can be chatted with once it has "
+                             "succeeded.", code="not_finished")
     if trained_weights(session, job.id) is None:
-        raise NotAvailable("no_weights", f"Job {job.id} saved no adapter or model to chat with.")
+        raise UserError(409, f"Job {job.id} saved no adapter or model to chat with.", code="no_weights")
     existing = open_session(session, user, job)
     if existing is not None:
         return existing
-    chat = Job(owner_id=user.id, kind=JobKind.chat, name=f"GPU chat with {job.name}"[:200], method="chat",
-               model=job.model, parent_job_id=job.id, config={"chat": {"idle_seconds": idle_seconds}},
-               status=JobStatus.queued, priority=0, queue_order=queue_order.next_queue_order(session), gpus=1,
-               memory_estimate_bytes=estimate_bytes(job.model, settings.models_dir))
-    return enqueue(session, redis, settings, chat)
+    return jobs.queue_chat_session(session, redis, settings, user, job, idle_seconds,
+                                   estimate_bytes(job.model, settings.models_dir))
+
+
+def close_session(session: Session, redis: Redis, user: User, session_id: int) -> Job:
+    """Ends a GPU chat session: a queued one is cancelled, a running one is asked to close (its process
+    finishes the answer it is giving)."""
+    chat = session.get(Job, session_id)
+    if chat is None or chat.kind != JobKind.chat:
+        raise UserError(404, f"No GPU chat session {session_id}")
+    require_owner_or_admin(user, chat.owner_id, "close this GPU chat session")
+    if chat.status == JobStatus.queued:
+        jobs.cancel(session, redis, user, chat)
+    elif chat.status == JobStatus.running:
+        push(redis, requests_key(chat.id), CloseSession())
+    else:
+        raise UserError(409, f"GPU chat session {session_id} has already ended ({chat.status.value})")
+    return chat
+
+
+def usable_session(session: Session, user: User, session_id: int, job: Job) -> Job:
+    """The GPU session a question names, once it is known to hold the job's model and be the user's."""
+    chat = session.get(Job, session_id)
+    if chat is None or chat.kind != JobKind.chat or chat.parent_job_id != job.id:
+        raise UserError(404, f"There is no GPU session {session_id} with job {job.id}'s model: start one first.",
+                        code="no_gpu_session")
+    if not may_manage(user, chat.owner_id):
+        raise UserError(403, f"GPU session {chat.id} is someone else's: start your own.", code="not_your_gpu_session")
+    return chat
+
+
+def session_state(session: Session, redis: Redis, job_id: int) -> tuple[JobStatus, int | None, str | None]:
+    """The session job's status, its place in the queue while queued, and its error once failed."""
+    job = session.get(Job, job_id)
+    if job is None:
+        return JobStatus.cancelled, None, "The session was deleted."
+    position = queue_order.queue_view(session, redis).get(job_id, (None, None))[0] \
+        if job.status == JobStatus.queued else None
+    return job.status, position, job.error

@@ -4,29 +4,22 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from lanner.core.errors import UserError
+from lanner.core.messages.chat import Side
 from lanner.core.models import Artifact, ArtifactKind, Job, JobKind, JobStatus
 from lanner.backend.paths import inside
 from lanner.core.settings import Settings
 from lanner.core.spec import load_spec
 from lanner.core.default_model import DEFAULT_MODEL_ID, DefaultModelMissing, gguf_path
 
-Side = Literal["base", "tuned"]
 # On a CPU, q8_0 answers about twice as fast as f16 and its output is nearly the same (export checks
 # its KL against the trained model); f16 next; then whatever other type was exported.
 PREFERRED_TYPES = ("q8_0", "f16", "bf16")
-
-
-class NotAvailable(Exception):
-    """The job cannot be chatted with (message in words for the user)."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass
@@ -47,12 +40,13 @@ class ModelFile:
 
 
 def training_job(session: Session, job_id: int) -> Job:
+    """The training job whose models the playground chats with (UserError: none, or not a training job)."""
     job = session.get(Job, job_id)
     if job is None:
-        raise NotAvailable("no_job", f"There is no job {job_id}.")
+        raise UserError(404, f"There is no job {job_id}.", code="no_job")
     if job.kind != JobKind.train:
-        raise NotAvailable("not_a_training_job", f"Job {job_id} is an export; pick the training job it exported "
-                                                 f"(job {job.parent_job_id}).")
+        raise UserError(409, f"Job {job_id} is an export; pick the training job it exported (job {job.parent_job_id}).",
+                        code="not_a_training_job")
     return job
 
 

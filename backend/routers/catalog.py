@@ -2,72 +2,23 @@
 "offline: …" when the hub cannot be reached from this machine."""
 from __future__ import annotations
 
-from typing import Literal
-
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
-from pydantic import BaseModel, Field
 from redis import Redis
 
 from lanner.backend import model_downloads
 from lanner.backend.deps import current_user, per_user, redis_client
 from lanner.backend.disk_space import NoRoom
-from lanner.backend.hub import Hub, HubOffline, HubRefused
+from lanner.backend.hub import Hub, HubOffline
 from lanner.core.model_catalog import BUILTIN_PARAMETERS, DEFAULT_MODEL_ID, catalog_entries, local_models
+from lanner.core.errors import UserError
 from lanner.core.models import User
+from lanner.backend.schemas.catalog import Catalog, CatalogModel, DownloadRequest, HubModel, ModelDownload
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, errors
 from lanner.core.spec import HUB_ID
 from lanner.core.settings import Settings, get_settings
 
 router = APIRouter(tags=["models"], responses=SIGNED_IN_ERRORS)
 OFFLINE_HINT = "use the built-in model, a model already downloaded, or a local path"
-
-
-class CatalogModel(BaseModel):
-    id: str
-    family: str | None = None
-    name: str | None = None
-    parameters: int | None = None
-    gated: bool = False
-    source: Literal["builtin", "hub", "local"]
-    downloaded: bool = Field(default=False, description="A hub model already in DATA_DIR/models (no hub needed)")
-
-
-class Catalog(BaseModel):
-    default: CatalogModel
-    curated: list[CatalogModel]
-    local: list[CatalogModel]
-
-
-class HubModel(BaseModel):
-    id: str
-    downloads: int | None = None
-    likes: int | None = None
-    gated: bool = False
-    downloaded: bool = False
-
-
-class DownloadRequest(BaseModel):
-    repo_id: str = Field(min_length=3, max_length=193, pattern=HUB_ID.pattern, description="org/name on the hub")
-    revision: str = Field(default="main", min_length=1, max_length=100, pattern=r"^[\w.\-]+$",
-                          description="A branch, tag or commit")
-
-
-class ModelDownload(BaseModel):
-    repo_id: str
-    status: Literal["downloading", "done", "failed", "interrupted"] = Field(
-        description="interrupted: its API process stopped; ask again to continue")
-    revision: str | None = None
-    commit: str | None = None
-    files_total: int | None = None
-    files_done: int | None = None
-    bytes_total: int | None = None
-    bytes_done: int | None = None
-    file: str | None = Field(default=None, description="The file being fetched")
-    error: str | None = None
-    started_by: int | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
-    path: str | None = Field(default=None, description="Where the model is once done")
 
 
 def _hub(settings: Settings) -> Hub:
@@ -97,7 +48,7 @@ def search_hub(q: str = Query(min_length=1, max_length=100), limit: int = Query(
         found = _hub(settings).search(q, limit)
     except HubOffline as exc:
         raise HTTPException(503, f"offline: {exc}; {OFFLINE_HINT}") from None
-    except HubRefused as exc:
+    except UserError as exc:  # the hub's refusal
         raise HTTPException(502, f"the model hub refused the search ({exc.status}): {exc}") from None
     return [HubModel(id=item["id"], downloads=_count(item.get("downloads")), likes=_count(item.get("likes")),
                      gated=bool(item.get("gated")), downloaded=model_downloads.is_downloaded(settings, item["id"]))
@@ -125,7 +76,7 @@ def download_model(body: DownloadRequest, response: Response, user: User = Depen
         found = model_downloads.start(redis, settings, _hub(settings), body.repo_id, body.revision, user.id)
     except HubOffline as exc:
         raise HTTPException(503, f"offline: {exc}; {OFFLINE_HINT}") from None
-    except HubRefused as exc:
+    except UserError as exc:  # the hub's refusal
         if exc.status in (401, 403, 404):  # the hub says 401 for a repo that is missing or private
             gated = "set LANNER_HUB_TOKEN to a token with access" if not settings.hub_token else "the token has no access"
             status = 404 if exc.status != 403 else 403

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from lanner.core import db
-from lanner.core.models import Artifact, Job, JobStatus
+from lanner.core.models import Artifact, ArtifactKind, Job, JobStatus
 
 from backend_helpers import CHAT_ROWS, upload
 
@@ -34,7 +34,8 @@ def produced(team, wakes):
         for name, path in [("gguf", f"artifacts/{job_id}/model.gguf"), ("adapter", f"artifacts/{job_id}/adapter"),
                            ("dotdot", "../secret.txt"), ("absolute", str(secret)),
                            ("symlink", f"artifacts/{job_id}/escape.gguf"), ("missing", f"artifacts/{job_id}/gone")]:
-            artifact = Artifact(job_id=job_id, kind=name, name=name, path=path, size_bytes=len(CONTENT))
+            kind = ArtifactKind.adapter if name == "adapter" else ArtifactKind.gguf  # the rest: files that should be
+            artifact = Artifact(job_id=job_id, kind=kind, name=name, path=path, size_bytes=len(CONTENT))
             session.add(artifact)
             session.flush()
             ids[name] = artifact.id
