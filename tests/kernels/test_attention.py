@@ -32,18 +32,18 @@ class _Heads(nn.Module):
     num_key_value_groups = HQ // HK
 
 
-def _mask_function(window, packed):
+def _mask_function(window, segments):
     function = masking_utils.causal_mask_function
     if window is not None:
         function = masking_utils.sliding_window_causal_mask_function(window)
-    if packed:
-        function = masking_utils.and_masks(function, masking_utils.packed_sequence_mask_function(SEGMENTS))
+    if segments is not None:
+        function = masking_utils.and_masks(function, masking_utils.packed_sequence_mask_function(segments))
     return function
 
 
-def _eager_reference(q, k, v, window, softcap, packed, padded):
-    mask = masking_utils.eager_mask(batch_size=B, q_length=T, kv_length=T, mask_function=_mask_function(window, packed),
-                                    attention_mask=PADDING if padded else None, dtype=q.dtype)
+def _eager_reference(q, k, v, window, softcap, segments, padding):
+    mask = masking_utils.eager_mask(batch_size=B, q_length=T, kv_length=T, mask_function=_mask_function(window, segments),
+                                    attention_mask=padding, dtype=q.dtype, device=q.device)
     out, _ = eager_attention_forward(_Heads(), q, k, v, mask, scaling=D ** -0.5, softcap=softcap)
     return out.transpose(1, 2)  # eager returns (B, T, H, D)
 
@@ -59,17 +59,16 @@ def test_matches_eager_forward_and_backward(variant, backend, device):
     if backend == "flex" and path == "sdpa":
         pytest.skip("runs SDPA whatever the backend")
     backward = backend != "flex" or device == "cuda"
-    global SEGMENTS, PADDING
-    SEGMENTS, PADDING = SEGMENTS.to(device), PADDING.to(device)
+    padding = PADDING.to(device) if padded else None
+    segments = SEGMENTS.to(device) if packed else None
     q, k, v = (torch.randn(B, h, T, D, device=device).requires_grad_(backward) for h in (HQ, HK, HK))
-    padding, segments = (PADDING if padded else None), (SEGMENTS if packed else None)
     chosen = choose_backend(q, effective_window(window, T), softcap, padding, segments)
     assert (chosen == "sdpa") == (path == "sdpa")
 
     out = causal_attention(q, k, v, scale=D ** -0.5, window=window, softcap=softcap, padding=padding,
                            segments=segments, backend=None if path == "sdpa" else backend)
-    expected = _eager_reference(q, k, v, window, softcap, packed, padded)
-    real = PADDING[:, None, :, None].expand_as(out) if padded else torch.ones_like(out, dtype=torch.bool)
+    expected = _eager_reference(q, k, v, window, softcap, segments, padding)
+    real = padding[:, None, :, None].expand_as(out) if padded else torch.ones_like(out, dtype=torch.bool)
     # float32 on the GPU: FlexAttention and SDPA may use TF32-free but reordered sums; 1e-5 holds on the CPU
     torch.testing.assert_close(out[real], expected[real], rtol=1e-5, atol=1e-5 if device == "cpu" else 1e-4)
     if padded and backend == "flex":  # rows with no visible key: every path gives the reference's output
