@@ -70,7 +70,7 @@ def _heartbeat(name: str, device: Device) -> None:
             holder = device_holders(redis, [device.id]).get(device.id)
             publish(redis, HARDWARE_STREAM, "device",
                     {"worker": name, "device_id": device.id, "name": device.name, "index": device.index,
-                     "reserved_by": holder, **sample()}, maxlen=SHARED_STREAM_MAXLEN)
+                     "reserved_by": holder, **sample().data()}, maxlen=SHARED_STREAM_MAXLEN)
         except Exception:  # Redis restarting: keep trying, the key expires meanwhile
             pass
         _stop_heartbeat.wait(HEARTBEAT_SECONDS)

@@ -1,5 +1,6 @@
-"""A job's events: each goes to the job's Redis Stream (live, replayable) and, where it is part of the
-run's record, to the database (per-step metrics, device samples, step counters, status)."""
+"""A job's events (lanner.core.messages.records): each goes to the job's Redis Stream (live,
+replayable) and, where it is part of the run's durable record, to the database (per-step metrics,
+device samples, step counters)."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +10,7 @@ from typing import Any
 from redis import Redis
 from sqlalchemy.orm import Session, sessionmaker
 
+from lanner.core.messages.records import DeviceReading, LogLine, RecordEvent, StatusChange, StepMetrics
 from lanner.core.models import DeviceSample, Job, JobMetric, JobStatus
 from lanner.core.streams import job_stream, publish
 from lanner.worker.distributed.ranks import is_main_process
@@ -27,27 +29,26 @@ class JobEvents:
         self.sessions = sessions
         self.stream = job_stream(job_id)
 
-    def _publish(self, event_type: str, data: dict[str, Any]) -> str | None:
+    def publish(self, event: RecordEvent) -> str | None:
+        """Puts the event on the job's stream; alone, for the live view only (dataset report,
+        checkpoint saved, ...). Returns its stream id."""
         if self.silent:
             return None
         try:
-            return publish(self.redis, self.stream, event_type, data)
+            return publish(self.redis, self.stream, event.TYPE, event.data())
         except Exception as error:  # Redis away: the database record still gets written
-            log.warning("Could not publish a %s event of job %s: %s", event_type, self.job_id, error)
+            log.warning("Could not publish a %s event of job %s: %s", event.TYPE, self.job_id, error)
             return None
 
     def log(self, message: str, level: str = "info") -> None:
-        getattr(log, level if level in ("debug", "info", "warning", "error") else "info")("job %s: %s", self.job_id, message)
-        self._publish("log", {"level": level, "message": message, "time": _now()})
-
-    def event(self, event_type: str, data: dict[str, Any]) -> None:
-        """An event for the live view only (dataset report, checkpoint saved, …)."""
-        self._publish(event_type, data)
+        line = LogLine(level=level, message=message, time=_now())
+        getattr(log, line.level)("job %s: %s", self.job_id, message)
+        self.publish(line)
 
     def metric(self, step: int, values: dict[str, Any], total_steps: int | None = None) -> None:
         if self.silent:
             return
-        event_id = self._publish("metric", {"step": step, **values})
+        event_id = self.publish(StepMetrics(step=step, **values))
         with self.sessions() as session:
             session.add(JobMetric(job_id=self.job_id, step=step, values=values))
             job = session.get(Job, self.job_id)
@@ -65,17 +66,18 @@ class JobEvents:
             session.get(Job, self.job_id).total_steps = total
             session.commit()
 
-    def device(self, values: dict[str, Any]) -> None:
+    def device(self, reading: DeviceReading) -> None:
         if self.silent:
             return
-        self._publish("device", values)
+        self.publish(reading)
         with self.sessions() as session:
-            session.add(DeviceSample(job_id=self.job_id, values=values))
+            session.add(DeviceSample(job_id=self.job_id, values=reading.data()))
             session.commit()
 
-    def status(self, status: JobStatus, error: str | None = None, **extra: Any) -> None:
-        """Publishes a status change; the database row is written by whoever decides the status."""
-        self._publish("status", {"status": status.value, "error": error, **extra})
+    def status(self, status: JobStatus, error: str | None = None, **details: Any) -> None:
+        """Publishes a status change (details: StatusChange's other fields); the database row is
+        written by whoever decides the status."""
+        self.publish(StatusChange(status=status, error=error, **details))
 
 
 def finish_job(sessions: sessionmaker[Session], job_id: int, worker: str, status: JobStatus,

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from lanner.core.export_spec import ExportSpec
+from lanner.core.messages.records import ExportProgress, ExportVerification
 from lanner.core.models import Artifact, ArtifactKind, Job, JobStatus
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 from lanner.worker.train_process import TRAINING_RECORD
@@ -34,7 +35,7 @@ class ExportProcess(JobProcess):
     def progress(self, stage: str, fraction: float) -> None:
         if self.cancel_requested:
             raise Cancelled()
-        self.events.event("progress", {"stage": stage, "fraction": round(fraction, 3)})
+        self.events.publish(ExportProgress(stage=stage, fraction=round(fraction, 3)))
 
     def load(self) -> tuple[Job, Job, Artifact, Path]:
         with self.sessions() as session:
@@ -73,7 +74,7 @@ class ExportProcess(JobProcess):
         except ExportError as error:
             raise JobFailed(f"Export: {error}") from None
         self.record(manifest, request.out_dir)
-        self.events.event("verification", manifest["verification"])
+        self.events.publish(ExportVerification(**manifest["verification"]))
         return 0
 
     def record(self, manifest: dict, out_dir: Path) -> None:

@@ -216,7 +216,7 @@ def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, j
     final status."""
     events = JobEvents(job.id, redis, sessions)
     devices = devices_of(placement)
-    events.status(JobStatus.running, worker=worker_name, device=placement.record())
+    events.status(JobStatus.running, worker=worker_name, device=placement)
     publish_queue_event(redis, "started", {**job_summary(job), "status": JobStatus.running.value,
                                            "worker": worker_name, "devices": [device.id for device in devices]})
     settings.ensure_dirs()
@@ -260,7 +260,8 @@ def _samplers(devices: list[Device], events: JobEvents, pid: int) -> list[Device
     samplers = []
     for rank, device in enumerate(devices if devices[0].kind == "cuda" else devices[:1]):
         labels = {"device_id": device.id} | ({"rank": rank} if len(devices) > 1 else {})
-        sampler = DeviceSampler(device, lambda values, labels=labels: events.device({**values, **labels}), pid=pid)
+        sampler = DeviceSampler(device, lambda reading, labels=labels: events.device(reading.model_copy(update=labels)),
+                                pid=pid)
         sampler.start()
         samplers.append(sampler)
     return samplers

@@ -9,32 +9,33 @@ from collections.abc import Callable
 import psutil
 
 from lanner.core.messages.device import Device
+from lanner.core.messages.records import DeviceReading
 
 SAMPLE_SECONDS = 2.0
 
 
-def _gpu_sampler(index: int) -> Callable[[], dict]:
+def _gpu_sampler(index: int) -> Callable[[], DeviceReading]:
     import pynvml
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
 
-    def sample() -> dict:
+    def sample() -> DeviceReading:
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
         utilisation = pynvml.nvmlDeviceGetUtilizationRates(handle)
-        values = {"kind": "cuda", "gpu_utilization_percent": utilisation.gpu,
-                  "memory_used_bytes": int(memory.used), "memory_total_bytes": int(memory.total)}
+        values = {"gpu_utilization_percent": utilisation.gpu}
         try:
             values["temperature_c"] = pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
             values["power_w"] = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
         except pynvml.NVMLError:  # some boards do not report these
             pass
-        return values
+        return DeviceReading(kind="cuda", memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total),
+                             **values)
 
     return sample
 
 
-def _cpu_sampler(pid: int | None) -> Callable[[], dict]:
+def _cpu_sampler(pid: int | None) -> Callable[[], DeviceReading]:
     root = psutil.Process(pid) if pid else None
     known: dict[int, psutil.Process] = {}  # kept between samples: cpu_percent measures since the last call
     psutil.cpu_percent(None)
@@ -53,10 +54,9 @@ def _cpu_sampler(pid: int | None) -> Callable[[], dict]:
         for process in tree():
             process.cpu_percent(None)
 
-    def sample() -> dict:
-        memory = psutil.virtual_memory()
-        values = {"kind": "cpu", "cpu_percent": psutil.cpu_percent(None),
-                  "memory_used_bytes": int(memory.total - memory.available), "memory_total_bytes": int(memory.total)}
+    def sample() -> DeviceReading:
+        memory, machine_cpu = psutil.virtual_memory(), psutil.cpu_percent(None)
+        values = {}
         if root:
             cpu, rss = 0.0, 0
             for process in tree():
@@ -68,12 +68,14 @@ def _cpu_sampler(pid: int | None) -> Callable[[], dict]:
                     pass
             if rss:
                 values["process_cpu_percent"], values["process_rss_bytes"] = cpu, rss
-        return values
+        return DeviceReading(kind="cpu", cpu_percent=machine_cpu,
+                             memory_used_bytes=int(memory.total - memory.available),
+                             memory_total_bytes=int(memory.total), **values)
 
     return sample
 
 
-def device_sampler(device: Device, pid: int | None = None) -> Callable[[], dict]:
+def device_sampler(device: Device, pid: int | None = None) -> Callable[[], DeviceReading]:
     """A sample of the device: of all of it, whoever uses it (the hardware view); on the CPU, with
     `pid`, also of that process and its descendants (a job's view)."""
     return _gpu_sampler(device.index) if device.kind == "cuda" else _cpu_sampler(pid)
@@ -83,7 +85,7 @@ class DeviceSampler(threading.Thread):
     """Calls `emit(sample)` every SAMPLE_SECONDS until stopped. For the CPU it also reports the
     training process's own CPU and resident memory."""
 
-    def __init__(self, device: Device, emit: Callable[[dict], None], pid: int | None = None,
+    def __init__(self, device: Device, emit: Callable[[DeviceReading], None], pid: int | None = None,
                  interval: float = SAMPLE_SECONDS):
         super().__init__(daemon=True, name="lanner-device-sampler")
         self.emit = emit

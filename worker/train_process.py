@@ -13,6 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from lanner.core.messages.records import CheckpointSaved, DatasetReport
 from lanner.core.models import Artifact, ArtifactKind, Dataset, Job
 from lanner.core.spec import load_spec
 from lanner.worker.distributed.ranks import is_main_process, world_size
@@ -64,7 +65,7 @@ class TrainProcess(JobProcess):
 
     def on_checkpoint(self, path: Path, step: int) -> None:
         self.add_artifact(ArtifactKind.checkpoint, path.name, path)
-        self.events.event("checkpoint", {"step": step, "name": path.name})
+        self.events.publish(CheckpointSaved(step=step, name=path.name))
         self.events.log(f"Checkpoint saved: {path.name}")
 
     def load(self) -> tuple[Job, Path]:
@@ -86,10 +87,10 @@ class TrainProcess(JobProcess):
             report, rows = examine(path)
         except DatasetError as error:
             if error.report:
-                self.events.event("dataset", error.report)
+                self.events.publish(DatasetReport(**error.report))
             raise JobFailed(f"Dataset: {error}") from None
         fmt, bad = report["format"], report["bad_rows"]
-        self.events.event("dataset", report)
+        self.events.publish(DatasetReport(**report))
         self.events.log(f"Dataset {path.name}: {fmt}, {len(rows)} usable of {report['rows']} rows"
                         + (f"; {report['bad_row_count']} skipped (first: line {bad[0]['line']}: {bad[0]['reason']})"
                            if bad else ""), level="warning" if bad else "info")

@@ -2,7 +2,8 @@
 Stream after `?after=<event id>` (everything with 0-0, only new events with $ or when left out for
 the shared streams), then sends live events as they come, one JSON message each:
 {"id": "<stream id>", "type": …, "data": …}. A client that reconnects with the last id it saw gets
-the gap in order and nothing twice."""
+the gap in order and nothing twice. A job's events are the training record's
+(lanner.core.messages.records: JobEventType names the types), relayed as their publisher wrote them."""
 from __future__ import annotations
 
 import asyncio

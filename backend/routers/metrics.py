@@ -1,5 +1,6 @@
 """A job's durable history: the per-step metrics and device samples the worker saved in the
-database, for charts of finished jobs and for the part of a long run its Redis Stream has trimmed."""
+database (lanner.core.messages.records: StepValues, DeviceReading), for charts of finished jobs and
+for the part of a long run its Redis Stream has trimmed."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db
+from lanner.core.messages.records import StepValues
 from lanner.core.models import DeviceSample, Job, JobMetric, User
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, PathId, UtcDateTime, errors
 
@@ -22,7 +24,7 @@ class MetricOut(BaseModel):
 
     step: int
     time: UtcDateTime
-    values: dict[str, Any]
+    values: StepValues  # as the trainer logged them: only the values it had
 
 
 class SampleOut(BaseModel):
@@ -30,7 +32,7 @@ class SampleOut(BaseModel):
 
     id: int
     time: UtcDateTime
-    values: dict[str, Any]
+    values: dict[str, Any]  # a DeviceReading's data, as the worker saved it
 
 
 def _require_job(session: Session, job_id: int) -> None:
@@ -38,7 +40,7 @@ def _require_job(session: Session, job_id: int) -> None:
         raise HTTPException(404, f"No job {job_id}")
 
 
-@router.get("/api/jobs/{job_id}/metrics", response_model=list[MetricOut])
+@router.get("/api/jobs/{job_id}/metrics", response_model=list[MetricOut], response_model_exclude_unset=True)
 def job_metrics(job_id: PathId, after_step: int = Query(default=-1, ge=-1, le=2**31 - 1),
                 limit: int = Query(default=2000, ge=1, le=MAX_PAGE), _: User = Depends(current_user),
                 session: Session = Depends(get_db)) -> list[JobMetric]:

@@ -19,6 +19,7 @@ from lanner.backend.paths import inside
 from lanner.backend.schemas.jobs import QueueMove
 from lanner.core.errors import UserError
 from lanner.core.export_spec import ExportSpec
+from lanner.core.messages.records import CancelRequested
 from lanner.core.messages.signals import cancel_key, request_cancel
 from lanner.core.model_catalog import estimate_job_memory
 from lanner.core.models import TRAINED_KINDS, Artifact, ArtifactKind, Dataset, Job, JobKind, JobStatus, Role, User
@@ -235,7 +236,7 @@ def cancel(session: Session, redis: Redis, user: User, job: Job) -> Job:
         cancel_queued(session, redis, job, user.id)
     elif job.status == JobStatus.running:
         request_cancel(redis, job.id)
-        queue_order.publish_job_event(redis, job.id, "cancel_requested", {"by": user.id})
+        queue_order.publish_job_event(redis, job.id, CancelRequested(by=user.id))
     else:
         raise UserError(409, f"Job {job.id} has already {job.status.value}")
     return job

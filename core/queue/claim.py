@@ -16,6 +16,7 @@ from sqlalchemy import and_, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from lanner.core.messages.device import Device
+from lanner.core.messages.records import StatusChange
 from lanner.core.queue import order as queue_order
 from lanner.core.queue.order import QUEUE_ORDER
 from lanner.core.models import Job, JobKind, JobStatus
@@ -62,7 +63,7 @@ def cancel_queued(session: Session, redis: Redis, job: Job, by_user_id: int) -> 
     job.status = JobStatus.cancelled
     job.finished_at = datetime.now(timezone.utc)
     session.commit()
-    queue_order.publish_job_event(redis, job.id, "status", {"status": "cancelled", "by": by_user_id})
+    queue_order.publish_job_event(redis, job.id, StatusChange(status=JobStatus.cancelled, by=by_user_id))
     queue_order.publish_queue_event(redis, "cancelled", queue_order.job_summary(job))
 
 

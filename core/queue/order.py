@@ -14,6 +14,7 @@ from redis import Redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from lanner.core.messages.records import RecordEvent
 from lanner.core.models import Job, JobStatus
 from lanner.core.streams import QUEUE_STREAM, SHARED_STREAM_MAXLEN, job_stream, publish
 from lanner.core.worker_registry import live_workers
@@ -122,8 +123,9 @@ def publish_queue_event(redis: Redis, event_type: str, data: dict[str, Any]) -> 
         log.warning("could not publish %s on %s", event_type, QUEUE_STREAM, exc_info=True)
 
 
-def publish_job_event(redis: Redis, job_id: int, event_type: str, data: dict[str, Any]) -> None:
+def publish_job_event(redis: Redis, job_id: int, event: RecordEvent) -> None:
+    """An event of a job's record published by the API (best effort, as queue events)."""
     try:
-        publish(redis, job_stream(job_id), event_type, data)
+        publish(redis, job_stream(job_id), event.TYPE, event.data())
     except Exception:
-        log.warning("could not publish %s on job %s", event_type, job_id, exc_info=True)
+        log.warning("could not publish %s on job %s", event.TYPE, job_id, exc_info=True)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from lanner.core.messages.records import EvaluationResult
 from lanner.core.models import Artifact, ArtifactKind
 from lanner.core.settings import get_settings
 from lanner.worker.distributed.ranks import is_main_process
@@ -127,8 +128,8 @@ class BeforeAfterEvaluation(TrainerCallback):
             self.result.update(status="failed", error=f"{type(error).__name__}: {error}")
         self._write()
         scores = self.result["scores"]
-        self.events.event("evaluation", {key: self.result[key] for key in
-                                         ("status", "error", "base_eval_loss", "tuned_eval_loss", "scores")})
+        self.events.publish(EvaluationResult(**{key: self.result[key] for key in
+                                                ("status", "error", "base_eval_loss", "tuned_eval_loss", "scores")}))
         if self.result["status"] == "done":
             self.events.log(f"Before/after evaluation done in {time.monotonic() - started:.0f} s: overlap with the "
                             f"references {scores['base_overlap']:.3f} -> {scores['tuned_overlap']:.3f}; eval loss "
