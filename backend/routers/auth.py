@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db, per_client, redis_client
 from lanner.core.models import Role, User
-from lanner.backend.schemas.accounts import NewUser, SetupState, SignIn, UserOut, UserUpdate
+from lanner.backend.schemas.accounts import NewUser, OwnUpdate, SetupState, SignIn, UserOut
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, errors
 from lanner.backend.security import (SESSION_COOKIE, close_session, hash_password, open_session,
                                      verify_password)
@@ -100,12 +100,8 @@ def me(user: User = Depends(current_user)) -> User:
     return user
 
 
-class _OwnUpdate(UserUpdate):
-    current_password: str | None = None
-
-
 @router.patch("/api/me", response_model=UserOut, responses={**SIGNED_IN_ERRORS, **errors(403)})
-def update_me(body: _OwnUpdate, user: User = Depends(current_user), session: Session = Depends(get_db)) -> User:
+def update_me(body: OwnUpdate, user: User = Depends(current_user), session: Session = Depends(get_db)) -> User:
     """Changes one's own display name or password (the current password is needed for the latter)."""
     if body.role is not None or body.is_active is not None:
         raise HTTPException(403, "Only an admin may change roles or deactivate accounts (PATCH /api/users/{id})")

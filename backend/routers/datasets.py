@@ -4,8 +4,8 @@ it streams straight to disk, where multipart would be spooled and parsed first."
 from __future__ import annotations
 
 import errno
-import logging
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -14,55 +14,24 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from lanner.backend import dataset_preview, dataset_store
-from lanner.backend.deps import current_user, get_db, per_user, require_owner_or_admin
-from lanner.backend.disk_space import NoRoom, check_room
-from lanner.core.models import Dataset, Job, JobStatus, User
-from lanner.backend.paths import inside, safe_filename
+from lanner.backend.deps import current_user, get_db, per_user
+from lanner.backend.paths import safe_filename
+from lanner.backend.services import datasets
+from lanner.core.models import Dataset, User
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, Offset, PathId, QueryId, errors
 from lanner.backend.schemas.datasets import DatasetOut, DatasetPage, DatasetPreview, TokenStats, UsageOut
 from lanner.core.settings import Settings, get_settings
 from lanner.core.default_model import DEFAULT_MODEL_ID
 
 router = APIRouter(tags=["datasets"], responses=SIGNED_IN_ERRORS)
-log = logging.getLogger(__name__)
 MAX_PAGE = 200
-UPLOAD_STATS_MAX_SEQ_LEN = 2048  # the default of a job's max_seq_len
-
-
-def _used_bytes(session: Session, user_id: int) -> int:
-    return session.scalar(select(func.coalesce(func.sum(Dataset.size_bytes), 0)).where(Dataset.owner_id == user_id))
-
-
-def _check_room(settings: Settings, size: int) -> None:
-    try:
-        check_room(settings.datasets_dir, size, settings.min_free_bytes)
-    except NoRoom as exc:
-        raise HTTPException(507, str(exc)) from None
-
-
-def _upload_token_stats(path: Path, model: str | None, settings: Settings) -> dict:
-    """The report's token statistics; an upload never fails for want of them."""
-    from lanner.core.dataset_formats import load_rows, task_of
-
-    chosen = model or DEFAULT_MODEL_ID
-    try:
-        folder = dataset_preview.tokenizer_dir(chosen, settings)
-        fmt, rows, _ = load_rows(path)
-        stats = dataset_preview.token_stats(dataset_preview.load_tokenizer(folder), rows, task_of(fmt),
-                                            UPLOAD_STATS_MAX_SEQ_LEN)
-    except dataset_preview.TokenizerUnavailable as exc:
-        return {"token_stats": None, "token_stats_error": str(exc)}
-    except Exception as exc:  # a broken tokenizer folder: the upload stands, the report says why
-        log.warning("no token statistics with %s", chosen, exc_info=True)
-        return {"token_stats": None, "token_stats_error": f"cannot measure with {chosen}: {exc}"}
-    stats.pop("lengths", None)  # thousands of numbers: the token-stats route gives them when asked
-    return {"token_stats": {"model": chosen, "task": task_of(fmt), **stats}}
+MaxSeqLen = Annotated[(int, Query(), *datasets.SPEC_MAX_SEQ_LEN.metadata)]
 
 
 @router.get("/api/datasets/usage", response_model=UsageOut)
 def usage(user: User = Depends(current_user), session: Session = Depends(get_db),
           settings: Settings = Depends(get_settings)) -> UsageOut:
-    return UsageOut(used_bytes=_used_bytes(session, user.id), quota_bytes=settings.user_quota_bytes,
+    return UsageOut(used_bytes=datasets.used_bytes(session, user.id), quota_bytes=settings.user_quota_bytes,
                     max_upload_bytes=settings.max_upload_bytes)
 
 
@@ -83,17 +52,16 @@ async def upload_dataset(request: Request, filename: str = Query(min_length=1, m
     file_format = dataset_store.EXTENSIONS.get(Path(clean).suffix.lower())
     if file_format is None:
         raise HTTPException(415, f"{filename}: upload a .jsonl, .json, .csv or .parquet file")
-    room = settings.user_quota_bytes - await run_in_threadpool(_used_bytes, session, user.id)
+    room = settings.user_quota_bytes - await run_in_threadpool(datasets.used_bytes, session, user.id)
     limit = min(settings.max_upload_bytes, max(room, 0))
     too_large = (f"Over the upload limit of {settings.max_upload_bytes} bytes" if limit == settings.max_upload_bytes
                  else f"Over your dataset quota: {max(room, 0)} of {settings.user_quota_bytes} bytes left")
     announced = request.headers.get("content-length")
     if announced and announced.isdigit() and int(announced) > limit:
         raise HTTPException(413, too_large)
-    _check_room(settings, int(announced) if announced and announced.isdigit() else 0)
+    datasets.require_room(settings, int(announced) if announced and announced.isdigit() else 0)
 
     temporary = dataset_store.incoming_path(settings.datasets_dir, Path(clean).suffix.lower())
-    final_dir: Path | None = None
     try:
         try:
             size = await dataset_store.receive_into(temporary, request.stream(), limit)
@@ -109,28 +77,10 @@ async def upload_dataset(request: Request, filename: str = Query(min_length=1, m
         if not report.get("usable_rows"):
             detail = report.get("error") or f"{clean}: no usable row"
             return JSONResponse({"detail": detail, "report": report}, status_code=422)
-        report.update(await run_in_threadpool(_upload_token_stats, temporary, model, settings))
-
-        def store() -> Dataset:
-            nonlocal final_dir
-            dataset = Dataset(owner_id=user.id, name=name or Path(clean).stem, filename=clean, path="",
-                              size_bytes=size, format=report.get("format"), rows=report.get("rows", 0),
-                              usable_rows=report.get("usable_rows", 0), report=report)
-            session.add(dataset)
-            session.flush()
-            final_dir = settings.datasets_dir / str(dataset.id)
-            final = dataset_store.move_into_place(temporary, final_dir, clean)
-            dataset.path = str(final.relative_to(settings.data_dir))
-            session.commit()
-            return dataset
-
-        return DatasetOut.model_validate(await run_in_threadpool(store))
-    except BaseException:  # refused, failed or disconnected: leave nothing behind
-        if final_dir is not None:
-            session.rollback()
-            dataset_store.remove_tree(final_dir)
-        raise
-    finally:
+        report.update(await run_in_threadpool(datasets.upload_token_stats, temporary, model, settings))
+        return DatasetOut.model_validate(await run_in_threadpool(
+            datasets.store_upload, session, settings, user, temporary, clean, name, size, report))
+    finally:  # refused, failed or disconnected: leave nothing behind
         temporary.unlink(missing_ok=True)
 
 
@@ -149,57 +99,19 @@ def list_datasets(owner_id: QueryId = None, mine: bool = False, offset: Offset =
     return DatasetPage(items=list(items), total=total, offset=offset, limit=limit)
 
 
-def _dataset(session: Session, dataset_id: int) -> Dataset:
-    dataset = session.get(Dataset, dataset_id)
-    if dataset is None:
-        raise HTTPException(404, f"No dataset {dataset_id}")
-    return dataset
-
-
 @router.get("/api/datasets/{dataset_id}", response_model=DatasetOut, responses=errors(404))
 def get_dataset(dataset_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db)) -> Dataset:
-    return _dataset(session, dataset_id)
+    return datasets.get_dataset(session, dataset_id)
 
 
 @router.delete("/api/datasets/{dataset_id}", status_code=204, responses=errors(403, 404, 409))
 def delete_dataset(dataset_id: PathId, user: User = Depends(current_user), session: Session = Depends(get_db),
                    settings: Settings = Depends(get_settings)) -> Response:
-    dataset = _dataset(session, dataset_id)
-    require_owner_or_admin(user, dataset.owner_id, "delete this dataset")
-    busy = session.scalar(select(func.count()).select_from(Job).where(
-        Job.dataset_id == dataset.id, Job.status.in_([JobStatus.queued, JobStatus.running])))
-    if busy:
-        raise HTTPException(409, f"{busy} queued or running job(s) use dataset {dataset_id}: cancel them first")
-    session.delete(dataset)
-    session.commit()
-    folder = settings.datasets_dir / str(dataset_id)
-    if inside(settings.data_dir, folder):
-        dataset_store.remove_tree(folder)
+    datasets.delete(session, settings, user, datasets.get_dataset(session, dataset_id))
     return Response(status_code=204)
 
 
-def _rows_and_tokenizer(dataset: Dataset, model: str, settings: Settings):
-    from lanner.core.dataset_formats import DatasetError, load_rows, task_of
-
-    try:
-        folder = dataset_preview.tokenizer_dir(model, settings)
-    except dataset_preview.TokenizerUnavailable as exc:
-        raise HTTPException(409, str(exc)) from None
-    path = settings.data_dir / dataset.path
-    if not inside(settings.data_dir, dataset.path) or not path.is_file():
-        raise HTTPException(404, f"The file of dataset {dataset.id} is missing")
-    try:
-        fmt, rows, _ = load_rows(path)
-    except DatasetError as exc:
-        raise HTTPException(422, str(exc)) from None
-    try:
-        tokenizer = dataset_preview.load_tokenizer(folder)
-    except Exception as exc:  # a broken or foreign tokenizer folder
-        raise HTTPException(409, f"cannot load the tokenizer of {model}: {exc}") from None
-    return rows, task_of(fmt), tokenizer
-
-
-ModelQuery = Query(default="builtin/SmolLM2-135M-Instruct", min_length=1, max_length=1024,
+ModelQuery = Query(default=DEFAULT_MODEL_ID, min_length=1, max_length=1024,
                    description="Whose tokenizer and chat template to use")
 
 
@@ -209,11 +121,11 @@ PREVIEW_ERRORS = {**errors(404), 409: {**errors(409)[409], "description": "No to
 @router.get("/api/datasets/{dataset_id}/preview", response_model=DatasetPreview, responses=PREVIEW_ERRORS,
             dependencies=[per_user("previews")])
 def preview_dataset(dataset_id: PathId, model: str = ModelQuery, rows: int = Query(default=3, ge=1, le=20),
-                    max_seq_len: int = Query(default=2048, ge=16, le=131_072), _: User = Depends(current_user),
+                    max_seq_len: MaxSeqLen = datasets.SPEC_MAX_SEQ_LEN.default, _: User = Depends(current_user),
                     session: Session = Depends(get_db), settings: Settings = Depends(get_settings)) -> dict:
     """The first rows as the model sees them: segments of text, each marked trained or not."""
-    dataset = _dataset(session, dataset_id)
-    all_rows, task, tokenizer = _rows_and_tokenizer(dataset, model, settings)
+    dataset = datasets.get_dataset(session, dataset_id)
+    all_rows, task, tokenizer = datasets.rows_and_tokenizer(dataset, model, settings)
     return {"model": model, "task": task,
             "rows": dataset_preview.preview(tokenizer, all_rows[:rows], task, max_seq_len)}
 
@@ -221,10 +133,10 @@ def preview_dataset(dataset_id: PathId, model: str = ModelQuery, rows: int = Que
 @router.get("/api/datasets/{dataset_id}/token-stats", response_model=TokenStats, responses=PREVIEW_ERRORS,
             dependencies=[per_user("previews")])
 def dataset_token_stats(dataset_id: PathId, model: str = ModelQuery,
-                        max_seq_len: int = Query(default=2048, ge=16, le=131_072), _: User = Depends(current_user),
+                        max_seq_len: MaxSeqLen = datasets.SPEC_MAX_SEQ_LEN.default, _: User = Depends(current_user),
                         session: Session = Depends(get_db), settings: Settings = Depends(get_settings)) -> dict:
     """Token lengths of the rendered rows (the first 2000): min, max, mean, p50, p95, how many
     exceed max_seq_len, and how many tokens are trained on."""
-    dataset = _dataset(session, dataset_id)
-    all_rows, task, tokenizer = _rows_and_tokenizer(dataset, model, settings)
+    dataset = datasets.get_dataset(session, dataset_id)
+    all_rows, task, tokenizer = datasets.rows_and_tokenizer(dataset, model, settings)
     return {"model": model, "task": task, **dataset_preview.token_stats(tokenizer, all_rows, task, max_seq_len)}

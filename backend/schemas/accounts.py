@@ -36,6 +36,11 @@ class UserUpdate(BaseModel):
     password: str | None = Field(default=None, min_length=MIN_PASSWORD_LENGTH, max_length=1024)
 
 
+class OwnUpdate(UserUpdate):
+    """PATCH /api/me: one's own display name or password; a new password needs the current one."""
+    current_password: str | None = None
+
+
 class SignIn(BaseModel):
     email: str = Field(max_length=320)
     password: str = Field(max_length=1024)

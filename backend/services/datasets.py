@@ -1,0 +1,121 @@
+"""Datasets: storing an upload that passed its checks, the token statistics of its report, reading a
+stored one's rows with a model's tokenizer, and deleting one. The streaming upload itself, with its
+size limits, is HTTP and stays in lanner.backend.routers.datasets. Refusals are UserErrors."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from lanner.backend import dataset_preview, dataset_store
+from lanner.backend.deps import require_owner_or_admin
+from lanner.backend.disk_space import NoRoom, check_room
+from lanner.backend.paths import inside
+from lanner.core.default_model import DEFAULT_MODEL_ID
+from lanner.core.errors import UserError
+from lanner.core.models import Dataset, Job, JobStatus, User
+from lanner.core.settings import Settings
+from lanner.core.spec import Hyperparameters
+
+log = logging.getLogger(__name__)
+# Token statistics count the rows over a job's max_seq_len: the spec's default, within its bounds.
+SPEC_MAX_SEQ_LEN = Hyperparameters.model_fields["max_seq_len"]
+
+
+def used_bytes(session: Session, user_id: int) -> int:
+    return session.scalar(select(func.coalesce(func.sum(Dataset.size_bytes), 0)).where(Dataset.owner_id == user_id))
+
+
+def require_room(settings: Settings, size: int) -> None:
+    try:
+        check_room(settings.datasets_dir, size, settings.min_free_bytes)
+    except NoRoom as exc:
+        raise UserError(507, str(exc)) from None
+
+
+def get_dataset(session: Session, dataset_id: int) -> Dataset:
+    dataset = session.get(Dataset, dataset_id)
+    if dataset is None:
+        raise UserError(404, f"No dataset {dataset_id}")
+    return dataset
+
+
+def upload_token_stats(path: Path, model: str | None, settings: Settings) -> dict[str, Any]:
+    """The report's token statistics; an upload never fails for want of them."""
+    from lanner.core.dataset_formats import load_rows, task_of
+
+    chosen = model or DEFAULT_MODEL_ID
+    try:
+        folder = dataset_preview.tokenizer_dir(chosen, settings)
+        fmt, rows, _ = load_rows(path)
+        stats = dataset_preview.token_stats(dataset_preview.load_tokenizer(folder), rows, task_of(fmt),
+                                            SPEC_MAX_SEQ_LEN.default)
+    except dataset_preview.TokenizerUnavailable as exc:
+        return {"token_stats": None, "token_stats_error": str(exc)}
+    except Exception as exc:  # a broken tokenizer folder: the upload stands, the report says why
+        log.warning("no token statistics with %s", chosen, exc_info=True)
+        return {"token_stats": None, "token_stats_error": f"cannot measure with {chosen}: {exc}"}
+    stats.pop("lengths", None)  # thousands of numbers: the token-stats route gives them when asked
+    return {"token_stats": {"model": chosen, "task": task_of(fmt), **stats}}
+
+
+def store_upload(session: Session, settings: Settings, user: User, received: Path, filename: str, name: str | None,
+                 size: int, report: dict[str, Any]) -> Dataset:
+    """Commits the dataset with the received file moved into DATASETS_DIR/<id>/; nothing is left behind
+    when this fails."""
+    final_dir: Path | None = None
+    try:
+        dataset = Dataset(owner_id=user.id, name=name or Path(filename).stem, filename=filename, path="",
+                          size_bytes=size, format=report.get("format"), rows=report.get("rows", 0),
+                          usable_rows=report.get("usable_rows", 0), report=report)
+        session.add(dataset)
+        session.flush()
+        final_dir = settings.datasets_dir / str(dataset.id)
+        final = dataset_store.move_into_place(received, final_dir, filename)
+        dataset.path = str(final.relative_to(settings.data_dir))
+        session.commit()
+        return dataset
+    except BaseException:
+        session.rollback()
+        if final_dir is not None:
+            dataset_store.remove_tree(final_dir)
+        raise
+
+
+def delete(session: Session, settings: Settings, user: User, dataset: Dataset) -> None:
+    """Deletes the dataset and its folder; refused while a queued or running job uses it."""
+    require_owner_or_admin(user, dataset.owner_id, "delete this dataset")
+    busy = session.scalar(select(func.count()).select_from(Job).where(
+        Job.dataset_id == dataset.id, Job.status.in_([JobStatus.queued, JobStatus.running])))
+    if busy:
+        raise UserError(409, f"{busy} queued or running job(s) use dataset {dataset.id}: cancel them first")
+    session.delete(dataset)
+    session.commit()
+    folder = settings.datasets_dir / str(dataset.id)
+    if inside(settings.data_dir, folder):
+        dataset_store.remove_tree(folder)
+
+
+def rows_and_tokenizer(dataset: Dataset, model: str, settings: Settings):
+    """The dataset's rows, its task and the model's tokenizer, for a preview or token statistics."""
+    from lanner.core.dataset_formats import DatasetError, load_rows, task_of
+
+    try:
+        folder = dataset_preview.tokenizer_dir(model, settings)
+    except dataset_preview.TokenizerUnavailable as exc:
+        raise UserError(409, str(exc)) from None
+    path = settings.data_dir / dataset.path
+    if not inside(settings.data_dir, dataset.path) or not path.is_file():
+        raise UserError(404, f"The file of dataset {dataset.id} is missing")
+    try:
+        fmt, rows, _ = load_rows(path)
+    except DatasetError as exc:
+        raise UserError(422, str(exc)) from None
+    try:
+        tokenizer = dataset_preview.load_tokenizer(folder)
+    except Exception as exc:  # a broken or foreign tokenizer folder
+        raise UserError(409, f"cannot load the tokenizer of {model}: {exc}") from None
+    return rows, task_of(fmt), tokenizer
