@@ -3,29 +3,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from redis import Redis
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db, per_client, redis_client
-from lanner.core.models import Role, User
+from lanner.backend.services import accounts
+from lanner.core.models import User
 from lanner.backend.schemas.accounts import NewUser, OwnUpdate, SetupState, SignIn, UserOut
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, errors
-from lanner.backend.security import (SESSION_COOKIE, close_session, hash_password, open_session,
-                                     verify_password)
+from lanner.backend.security import SESSION_COOKIE, close_session, open_session
 from lanner.core.settings import Settings, get_settings
 
 router = APIRouter(tags=["accounts"])
-_SETUP_LOCK = "lanner:setup-lock"
-# Password guessing: after this many failures for one email, sign-in waits out the window.
-FAILURES_ALLOWED = 10
-FAILURE_WINDOW_SECONDS = 15 * 60
-_FAILURES = "lanner:sign-in-failures:"
-# Verified against when the email is unknown, so a wrong email costs as long as a wrong password.
-_DUMMY_HASH: list[str] = []
-
-
-def _has_users(session: Session) -> bool:
-    return session.scalar(select(func.count()).select_from(User)) > 0
 
 
 def _sign_in(response: Response, request: Request, redis: Redis, user: User, settings: Settings) -> None:
@@ -36,7 +24,7 @@ def _sign_in(response: Response, request: Request, redis: Redis, user: User, set
 
 @router.get("/api/setup", response_model=SetupState)
 def setup_state(session: Session = Depends(get_db)) -> SetupState:
-    return SetupState(needed=not _has_users(session))
+    return SetupState(needed=not accounts.has_users(session))
 
 
 @router.post("/api/setup", response_model=UserOut, status_code=201, dependencies=[per_client("sign_ins")],
@@ -44,17 +32,7 @@ def setup_state(session: Session = Depends(get_db)) -> SetupState:
 def setup(body: NewUser, request: Request, response: Response, session: Session = Depends(get_db),
           redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> User:
     """Creates the first admin and signs them in; refused once any user exists."""
-    if _has_users(session) or not redis.set(_SETUP_LOCK, "1", nx=True, ex=30):
-        raise HTTPException(409, "Setup is already done: sign in, or ask an admin for an account")
-    try:
-        if _has_users(session):
-            raise HTTPException(409, "Setup is already done: sign in, or ask an admin for an account")
-        user = User(email=body.email, display_name=body.display_name, role=Role.admin,
-                    password_hash=hash_password(body.password))
-        session.add(user)
-        session.commit()
-    finally:
-        redis.delete(_SETUP_LOCK)
+    user = accounts.create_first_admin(session, redis, body)
     _sign_in(response, request, redis, user, settings)
     return user
 
@@ -64,22 +42,11 @@ def setup(body: NewUser, request: Request, response: Response, session: Session 
 def sign_in(body: SignIn, request: Request, response: Response, session: Session = Depends(get_db),
             redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> User:
     email = body.email.strip().lower()
-    failures_key = _FAILURES + email
-    failures = int(redis.get(failures_key) or 0)
-    if failures >= FAILURES_ALLOWED:
-        wait = max(redis.ttl(failures_key), 1)
+    wait = accounts.sign_in_wait(redis, email)
+    if wait is not None:
         raise HTTPException(429, f"Too many failed sign-ins for {email}: try again in {wait} s",
                             headers={"Retry-After": str(wait)})
-    user = session.scalar(select(User).where(User.email == email))
-    if user is None:
-        if not _DUMMY_HASH:
-            _DUMMY_HASH.append(hash_password("not a password"))
-        verify_password(body.password, _DUMMY_HASH[0])
-    if user is None or not verify_password(body.password, user.password_hash) or not user.is_active:
-        with redis.pipeline() as pipe:
-            pipe.incr(failures_key).expire(failures_key, FAILURE_WINDOW_SECONDS).execute()
-        raise HTTPException(401, "Wrong email or password")
-    redis.delete(failures_key)
+    user = accounts.check_password(session, redis, email, body.password)
     _sign_in(response, request, redis, user, settings)
     return user
 
@@ -103,13 +70,4 @@ def me(user: User = Depends(current_user)) -> User:
 @router.patch("/api/me", response_model=UserOut, responses={**SIGNED_IN_ERRORS, **errors(403)})
 def update_me(body: OwnUpdate, user: User = Depends(current_user), session: Session = Depends(get_db)) -> User:
     """Changes one's own display name or password (the current password is needed for the latter)."""
-    if body.role is not None or body.is_active is not None:
-        raise HTTPException(403, "Only an admin may change roles or deactivate accounts (PATCH /api/users/{id})")
-    if body.password is not None:
-        if not body.current_password or not verify_password(body.current_password, user.password_hash):
-            raise HTTPException(403, "current_password is wrong or missing")
-        user.password_hash = hash_password(body.password)
-    if body.display_name is not None:
-        user.display_name = body.display_name
-    session.commit()
-    return user
+    return accounts.update_own(session, user, body)

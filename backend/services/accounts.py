@@ -1,0 +1,109 @@
+"""Accounts: the first admin, password sign-in with its lockout, one's own changes, the team's users
+(the last active admin stays one). Refusals are UserErrors; cookies and headers are the routers'."""
+from __future__ import annotations
+
+from redis import Redis
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from lanner.backend.schemas.accounts import NewTeamUser, NewUser, OwnUpdate, UserUpdate
+from lanner.backend.security import hash_password, verify_password
+from lanner.core.errors import UserError
+from lanner.core.models import Role, User
+
+SETUP_LOCK = "lanner:setup-lock"
+SETUP_DONE = "Setup is already done: sign in, or ask an admin for an account"
+# Password guessing: after this many failures for one email, sign-in waits out the window.
+FAILURES_ALLOWED = 10
+FAILURE_WINDOW_SECONDS = 15 * 60
+_FAILURES = "lanner:sign-in-failures:"
+# Verified against when the email is unknown, so a wrong email costs as long as a wrong password.
+_DUMMY_HASH: list[str] = []
+
+
+def has_users(session: Session) -> bool:
+    return session.scalar(select(func.count()).select_from(User)) > 0
+
+
+def create_first_admin(session: Session, redis: Redis, body: NewUser) -> User:
+    """The first user, an admin; refused once any user exists (a short lock keeps two setups at once
+    from making two admins)."""
+    if has_users(session) or not redis.set(SETUP_LOCK, "1", nx=True, ex=30):
+        raise UserError(409, SETUP_DONE)
+    try:
+        if has_users(session):
+            raise UserError(409, SETUP_DONE)
+        user = User(email=body.email, display_name=body.display_name, role=Role.admin,
+                    password_hash=hash_password(body.password))
+        session.add(user)
+        session.commit()
+        return user
+    finally:
+        redis.delete(SETUP_LOCK)
+
+
+def sign_in_wait(redis: Redis, email: str) -> int | None:
+    """Seconds until `email` may try again, once it failed FAILURES_ALLOWED times; None while it may."""
+    key = _FAILURES + email
+    if int(redis.get(key) or 0) < FAILURES_ALLOWED:
+        return None
+    return max(redis.ttl(key), 1)
+
+
+def check_password(session: Session, redis: Redis, email: str, password: str) -> User:
+    """The active user with this email and password; a failure counts towards the lockout."""
+    user = session.scalar(select(User).where(User.email == email))
+    if user is None:
+        if not _DUMMY_HASH:
+            _DUMMY_HASH.append(hash_password("not a password"))
+        verify_password(password, _DUMMY_HASH[0])
+    if user is None or not verify_password(password, user.password_hash) or not user.is_active:
+        with redis.pipeline() as pipe:
+            pipe.incr(_FAILURES + email).expire(_FAILURES + email, FAILURE_WINDOW_SECONDS).execute()
+        raise UserError(401, "Wrong email or password")
+    redis.delete(_FAILURES + email)
+    return user
+
+
+def update_own(session: Session, user: User, body: OwnUpdate) -> User:
+    """One's own display name or password (the current password is needed for the latter)."""
+    if body.role is not None or body.is_active is not None:
+        raise UserError(403, "Only an admin may change roles or deactivate accounts (PATCH /api/users/{id})")
+    if body.password is not None:
+        if not body.current_password or not verify_password(body.current_password, user.password_hash):
+            raise UserError(403, "current_password is wrong or missing")
+        user.password_hash = hash_password(body.password)
+    if body.display_name is not None:
+        user.display_name = body.display_name
+    session.commit()
+    return user
+
+
+def create_user(session: Session, body: NewTeamUser) -> User:
+    if session.scalar(select(User).where(User.email == body.email)) is not None:
+        raise UserError(409, f"A user with the email {body.email} exists already")
+    user = User(email=body.email, display_name=body.display_name, role=body.role,
+                password_hash=hash_password(body.password))
+    session.add(user)
+    session.commit()
+    return user
+
+
+def update_user(session: Session, user_id: int, body: UserUpdate) -> User:
+    """An admin's change of a user; the last active admin is neither demoted nor deactivated."""
+    user = session.get(User, user_id)
+    if user is None:
+        raise UserError(404, f"No user {user_id}")
+    loses_admin = user.role == Role.admin and (body.role == Role.member or body.is_active is False)
+    if loses_admin:
+        admins = session.scalar(select(func.count()).select_from(User).where(
+            User.role == Role.admin, User.is_active.is_(True)))
+        if admins <= 1:
+            raise UserError(409, "This is the last active admin: make another admin first")
+    for field in ("display_name", "role", "is_active"):
+        if getattr(body, field) is not None:
+            setattr(user, field, getattr(body, field))
+    if body.password is not None:
+        user.password_hash = hash_password(body.password)
+    session.commit()
+    return user
