@@ -6,6 +6,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from lanner.backend.schemas.common import UtcDateTime
+from lanner.core.models import ArtifactKind
 
 
 class ArtifactOut(BaseModel):
@@ -13,7 +14,7 @@ class ArtifactOut(BaseModel):
 
     id: int
     job_id: int
-    kind: str
+    kind: ArtifactKind
     name: str
     size_bytes: int
     verification: dict[str, Any] | None
