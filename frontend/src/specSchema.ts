@@ -23,7 +23,7 @@ export interface JsonSchema {
   'x-presets'?: Record<string, Record<string, string | number | boolean>>
 }
 
-export const SCHEMAS = components.schemas as unknown as Record<string, JsonSchema>
+const SCHEMAS = components.schemas as unknown as Record<string, JsonSchema>
 
 function resolved(schema: JsonSchema): JsonSchema {
   if (!schema.$ref) return schema
