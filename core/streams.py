@@ -1,6 +1,7 @@
-"""Redis Streams that carry live events. One stream per job (metrics, device samples, logs, status),
-one for the queue and one for hardware telemetry. Each entry is {"type": …, "data": JSON}; readers
-resume after the last id they saw, so a reconnecting browser misses nothing."""
+"""Redis Streams that carry live events. One stream per job (the training record's events:
+lanner.core.messages.records), one for the queue and one for hardware telemetry. Each entry is
+{"type": …, "data": JSON}; readers resume after the last id they saw, so a reconnecting browser
+misses nothing."""
 from __future__ import annotations
 
 import json

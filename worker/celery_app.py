@@ -68,9 +68,10 @@ def _heartbeat(name: str, device: Device) -> None:
             if os.environ.get("LANNER_GPU_CLAIM"):
                 keep_gpu_claim(redis, os.environ["LANNER_GPU_CLAIM"], name)
             holder = device_holders(redis, [device.id]).get(device.id)
-            publish(redis, HARDWARE_STREAM, "device",
+            reading = sample()
+            publish(redis, HARDWARE_STREAM, reading.TYPE,
                     {"worker": name, "device_id": device.id, "name": device.name, "index": device.index,
-                     "reserved_by": holder, **sample().data()}, maxlen=SHARED_STREAM_MAXLEN)
+                     "reserved_by": holder, **reading.data()}, maxlen=SHARED_STREAM_MAXLEN)
         except Exception:  # Redis restarting: keep trying, the key expires meanwhile
             pass
         _stop_heartbeat.wait(HEARTBEAT_SECONDS)

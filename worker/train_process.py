@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from lanner.core.messages.records import CheckpointSaved, DatasetReport
+from lanner.core.messages.records import CheckpointSaved, DatasetChecked
 from lanner.core.models import Artifact, ArtifactKind, Dataset, Job
 from lanner.core.spec import load_spec
 from lanner.worker.distributed.ranks import is_main_process, world_size
@@ -87,10 +87,10 @@ class TrainProcess(JobProcess):
             report, rows = examine(path)
         except DatasetError as error:
             if error.report:
-                self.events.publish(DatasetReport(**error.report))
+                self.events.publish(DatasetChecked(**error.report))
             raise JobFailed(f"Dataset: {error}") from None
         fmt, bad = report["format"], report["bad_rows"]
-        self.events.publish(DatasetReport(**report))
+        self.events.publish(DatasetChecked(**report))
         self.events.log(f"Dataset {path.name}: {fmt}, {len(rows)} usable of {report['rows']} rows"
                         + (f"; {report['bad_row_count']} skipped (first: line {bad[0]['line']}: {bad[0]['reason']})"
                            if bad else ""), level="warning" if bad else "info")

@@ -106,7 +106,7 @@ class CheckpointSaved(RecordEvent):
     name: str
 
 
-class DatasetReport(RecordEvent):
+class DatasetChecked(RecordEvent):
     TYPE = JobEventType.dataset
     model_config = ConfigDict(extra="allow")  # lanner.core.dataset_formats' report
 
@@ -129,3 +129,9 @@ class ExportProgress(RecordEvent):
 class ExportVerification(RecordEvent):
     TYPE = JobEventType.verification
     model_config = ConfigDict(extra="allow")  # per artifact kind: the export manifest's checks
+
+
+# Every event type's model, one each.
+RECORD_EVENTS: tuple[type[RecordEvent], ...] = (
+    StepMetrics, DeviceReading, LogLine, StatusChange, CancelRequested, CheckpointSaved, DatasetChecked,
+    EvaluationResult, ExportProgress, ExportVerification)

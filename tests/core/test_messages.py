@@ -9,7 +9,7 @@ import uuid
 from redis import Redis
 
 from lanner.core.messages.device import Device, Placement, devices_of
-from lanner.core.messages.records import CancelRequested, JobEventType, StatusChange, StepMetrics
+from lanner.core.messages.records import RECORD_EVENTS, CancelRequested, JobEventType, StatusChange, StepMetrics
 from lanner.core.messages.signals import CANCEL_FLAG_SECONDS, cancel_requested, clear_cancel, request_cancel
 from lanner.core.models import JobStatus
 from lanner.core.streams import publish, read_after
@@ -54,6 +54,10 @@ def test_the_cancel_signal_is_set_read_and_cleared_and_expires():
     assert 0 < redis.ttl(f"lanner:job:{job_id}:cancel") <= CANCEL_FLAG_SECONDS
     clear_cancel(redis, job_id)
     assert not cancel_requested(redis, job_id)
+
+
+def test_each_event_type_has_one_model():
+    assert sorted(event.TYPE for event in RECORD_EVENTS) == sorted(JobEventType)
 
 
 def test_record_events_go_on_the_stream_as_type_and_the_fields_set():
