@@ -13,11 +13,16 @@ import sys
 from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from lanner.core.messages import records
+
 # Messages sent over WebSockets and Redis, which no route declares: one line each.
-MESSAGE_MODELS: list[type[BaseModel]] = []
+MESSAGE_MODELS: list[type[BaseModel]] = [
+    *records.RECORD_EVENTS,  # a job's stream (/ws/jobs/{id})
+]
 
 
 def document_messages(app: FastAPI, models: list[type[BaseModel]] = MESSAGE_MODELS) -> None:
@@ -31,6 +36,7 @@ def document_messages(app: FastAPI, models: list[type[BaseModel]] = MESSAGE_MODE
         if models:
             _, found = models_json_schema([(model, "serialization") for model in models],
                                           ref_template="#/components/schemas/{model}")
+            found = jsonable_encoder(found, exclude_none=True)  # as FastAPI writes its own ("default": null goes)
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
             for name, schema in found.get("$defs", {}).items():
                 if name in schemas and schemas[name] != schema:

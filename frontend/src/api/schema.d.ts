@@ -257,14 +257,21 @@ export type webhooks = Record<string, never>;
 
 export interface components {
   schemas: {
+    /**
+     * ArtifactKind
+     * @description What a job's artifact is. A training job saves checkpoints, then an adapter (LoRA/QLoRA) or
+     * a whole model, and its evaluation; an export writes an adapter, a merged model, GGUF files and
+     * a Modelfile.
+     * @enum {string}
+     */
+    ArtifactKind: "checkpoint" | "adapter" | "model" | "evaluation" | "merged" | "gguf" | "modelfile";
     /** ArtifactOut */
     ArtifactOut: {
       /** Id */
       id: number;
       /** Job Id */
       job_id: number;
-      /** Kind */
-      kind: string;
+      kind: components["schemas"]["ArtifactKind"];
       /** Name */
       name: string;
       /** Size Bytes */
@@ -904,10 +911,7 @@ export interface components {
        * Format: date-time
        */
       time: string;
-      /** Values */
-      values: {
-        [key: string]: unknown;
-      };
+      values: components["schemas"]["StepValues"];
     };
     /** ModelDownload */
     ModelDownload: {
@@ -974,6 +978,21 @@ export interface components {
       display_name: string;
       /** Password */
       password: string;
+    };
+    /**
+     * OwnUpdate
+     * @description PATCH /api/me: one's own display name or password; a new password needs the current one.
+     */
+    OwnUpdate: {
+      /** Display Name */
+      display_name?: string | null;
+      role?: components["schemas"]["Role"] | null;
+      /** Is Active */
+      is_active?: boolean | null;
+      /** Password */
+      password?: string | null;
+      /** Current Password */
+      current_password?: string | null;
     };
     /** PartHealth */
     PartHealth: {
@@ -1100,6 +1119,32 @@ export interface components {
       email: string;
       /** Password */
       password: string;
+    };
+    /**
+     * StepValues
+     * @description One step's values, as the trainer logs them: these and whatever else it reports (eval_*,
+     * rewards/*, ...). The database keeps them per step (JobMetric.values).
+     */
+    StepValues: {
+      /** Loss */
+      loss?: number | null;
+      /** Learning Rate */
+      learning_rate?: number | null;
+      /** Grad Norm */
+      grad_norm?: number | null;
+      /** Epoch */
+      epoch?: number | null;
+      /** Step Time */
+      step_time?: number | null;
+      /** Samples Per Second */
+      samples_per_second?: number | null;
+      /** Tokens Per Second */
+      tokens_per_second?: number | null;
+      /** Total Steps */
+      total_steps?: number | null;
+      /** Eval Loss */
+      eval_loss?: number | null;
+      [key: string]: unknown;
     };
     /** TokenOut */
     TokenOut: {
@@ -1238,17 +1283,155 @@ export interface components {
       /** Reserved By */
       reserved_by?: string | null;
     };
-    /** _OwnUpdate */
-    _OwnUpdate: {
-      /** Display Name */
-      display_name?: string | null;
-      role?: components["schemas"]["Role"] | null;
-      /** Is Active */
-      is_active?: boolean | null;
-      /** Password */
-      password?: string | null;
-      /** Current Password */
-      current_password?: string | null;
+    /** CancelRequested */
+    CancelRequested: {
+      /** By */
+      by: number;
+    };
+    /** CheckpointSaved */
+    CheckpointSaved: {
+      /** Step */
+      step: number;
+      /** Name */
+      name: string;
+    };
+    /** DatasetChecked */
+    DatasetChecked: {
+      [key: string]: unknown;
+    };
+    /**
+     * DeviceReading
+     * @description A sample of a device: NVML's for a GPU; psutil's for the CPU, with the job's own processes'
+     * CPU and resident memory. The database keeps the job's (DeviceSample.values).
+     */
+    DeviceReading: {
+      /**
+       * Kind
+       * @enum {string}
+       */
+      kind: "cuda" | "cpu";
+      /** Memory Used Bytes */
+      memory_used_bytes: number;
+      /** Memory Total Bytes */
+      memory_total_bytes: number;
+      /** Gpu Utilization Percent */
+      gpu_utilization_percent?: number | null;
+      /** Temperature C */
+      temperature_c?: number | null;
+      /** Power W */
+      power_w?: number | null;
+      /** Cpu Percent */
+      cpu_percent?: number | null;
+      /** Process Cpu Percent */
+      process_cpu_percent?: number | null;
+      /** Process Rss Bytes */
+      process_rss_bytes?: number | null;
+      /** Device Id */
+      device_id?: string | null;
+      /** Rank */
+      rank?: number | null;
+    };
+    /** EvaluationResult */
+    EvaluationResult: {
+      /** Status */
+      status: string;
+      /** Error */
+      error?: string | null;
+      [key: string]: unknown;
+    };
+    /** ExportProgress */
+    ExportProgress: {
+      /** Stage */
+      stage: string;
+      /** Fraction */
+      fraction: number;
+    };
+    /** ExportVerification */
+    ExportVerification: {
+      [key: string]: unknown;
+    };
+    /** LogLine */
+    LogLine: {
+      /**
+       * Level
+       * @enum {string}
+       */
+      level: "debug" | "info" | "warning" | "error";
+      /** Message */
+      message: string;
+      /** Time */
+      time: string;
+    };
+    /**
+     * Placement
+     * @description Where a job on several devices runs: the claiming worker's own device first, then the idle
+     * devices it borrowed, all of one machine; as a Device it sums their memory.
+     */
+    Placement: {
+      /**
+       * Kind
+       * @enum {string}
+       */
+      kind: "cuda" | "cpu";
+      /** Name */
+      name: string;
+      /** Memory Total Bytes */
+      memory_total_bytes: number;
+      /** Index */
+      index?: number | null;
+      /** Id */
+      id?: string | null;
+      /** Host */
+      host?: string | null;
+      /** Machine */
+      machine?: string | null;
+      /** Memory Free Bytes */
+      memory_free_bytes?: number | null;
+      /** Devices */
+      devices: components["schemas"]["Device"][];
+      /**
+       * Strategy
+       * @enum {string}
+       */
+      strategy: "ddp" | "fsdp";
+    };
+    /** StatusChange */
+    StatusChange: {
+      status: components["schemas"]["JobStatus"];
+      /** Error */
+      error?: string | null;
+      /** Worker */
+      worker?: string | null;
+      /** Device */
+      device?: components["schemas"]["Placement"] | components["schemas"]["Device"] | null;
+      /** Resume From */
+      resume_from?: string | null;
+      /** By */
+      by?: number | null;
+    };
+    /** StepMetrics */
+    StepMetrics: {
+      /** Loss */
+      loss?: number | null;
+      /** Learning Rate */
+      learning_rate?: number | null;
+      /** Grad Norm */
+      grad_norm?: number | null;
+      /** Epoch */
+      epoch?: number | null;
+      /** Step Time */
+      step_time?: number | null;
+      /** Samples Per Second */
+      samples_per_second?: number | null;
+      /** Tokens Per Second */
+      tokens_per_second?: number | null;
+      /** Total Steps */
+      total_steps?: number | null;
+      /** Eval Loss */
+      eval_loss?: number | null;
+      /** Step */
+      step: number;
+      [key: string]: unknown;
     };
   };
   responses: never;
@@ -1429,7 +1612,7 @@ export interface operations {
   update_me_api_me_patch: {
     requestBody: {
       content: {
-        "application/json": components["schemas"]["_OwnUpdate"];
+        "application/json": components["schemas"]["OwnUpdate"];
       };
     };
     responses: {
