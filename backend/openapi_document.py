@@ -14,31 +14,32 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.encoders import jsonable_encoder
-from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from pydantic import TypeAdapter
+from pydantic.json_schema import GenerateJsonSchema
 
 from lanner.core.messages import records
 
-# Messages sent over WebSockets and Redis, which no route declares: one line each.
-MESSAGE_MODELS: list[type[BaseModel]] = [
-    *records.RECORD_EVENTS,  # a job's stream (/ws/jobs/{id})
+# Messages sent over WebSockets and Redis, which no route declares (pydantic models, enums): one line each.
+MESSAGE_TYPES: list[type] = [
+    records.JobEventType, *records.RECORD_EVENTS,  # a job's stream (/ws/jobs/{id})
 ]
 
 
-def document_messages(app: FastAPI, models: list[type[BaseModel]] = MESSAGE_MODELS) -> None:
-    """Adds `models` (and the models they refer to) to the document's components.schemas."""
+def document_messages(app: FastAPI, types: list[type] = MESSAGE_TYPES) -> None:
+    """Adds `types` (and the models they refer to) to the document's components.schemas."""
     build = app.openapi
 
     def openapi() -> dict:
         if app.openapi_schema is not None:
             return app.openapi_schema
         document = build()
-        if models:
-            _, found = models_json_schema([(model, "serialization") for model in models],
-                                          ref_template="#/components/schemas/{model}")
+        if types:
+            generator = GenerateJsonSchema(ref_template="#/components/schemas/{model}")
+            _, found = generator.generate_definitions(
+                inputs=[(kind, "serialization", TypeAdapter(kind).core_schema) for kind in types])
             found = jsonable_encoder(found, exclude_none=True)  # as FastAPI writes its own ("default": null goes)
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
-            for name, schema in found.get("$defs", {}).items():
+            for name, schema in found.items():
                 if name in schemas and schemas[name] != schema:
                     raise ValueError(f"two different schemas are named {name} in the OpenAPI document")
                 schemas[name] = schema

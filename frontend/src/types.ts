@@ -55,14 +55,29 @@ export type HubModel = Schemas['HubModel']
 /** The body of POST /api/jobs/{id}/export. */
 export type ExportOptions = Schemas['ExportCreate']
 
-// ---- Not in the OpenAPI document yet: written by hand --------------------
+// ---- A job's stream (/ws/jobs/{id}) ---------------------------------------
 
-/** One message of a WebSocket stream: {"id": stream id, "type": …, "data": …}. */
-export interface StreamEvent {
+/** One entry: its stream id, its type, and the fields of the event that its publisher set. */
+interface Entry<Type extends Schemas['JobEventType'], Data> {
   id: string
-  type: string
-  data: Record<string, unknown>
+  type: Type
+  data: Partial<Data>
 }
+
+/** The events of lanner.core.messages.records, one type of entry each. */
+export type StreamEvent =
+  | Entry<'metric', Schemas['StepMetrics']>
+  | Entry<'device', Schemas['DeviceReading']>
+  | Entry<'log', Schemas['LogLine']>
+  | Entry<'status', Schemas['StatusChange']>
+  | Entry<'cancel_requested', Schemas['CancelRequested']>
+  | Entry<'dataset', Schemas['DatasetChecked']>
+  | Entry<'checkpoint', Schemas['CheckpointSaved']>
+  | Entry<'evaluation', Schemas['EvaluationResult']>
+  | Entry<'progress', Schemas['ExportProgress']>
+  | Entry<'verification', Schemas['ExportVerification']>
+
+// ---- Not in the OpenAPI document yet: written by hand --------------------
 
 /** GET /api/jobs/{id}/evaluation: the trained model against its base on held-out prompts. */
 export interface EvaluationSample {

@@ -1350,6 +1350,11 @@ export interface components {
     ExportVerification: {
       [key: string]: unknown;
     };
+    /**
+     * JobEventType
+     * @enum {string}
+     */
+    JobEventType: "metric" | "device" | "log" | "status" | "cancel_requested" | "dataset" | "checkpoint" | "evaluation" | "progress" | "verification";
     /** LogLine */
     LogLine: {
       /**

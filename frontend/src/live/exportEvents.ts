@@ -70,22 +70,21 @@ export function applyExportEvents(state: ExportLive, events: StreamEvent[]): Exp
   if (fresh.length === 0) return state
   const next = { ...state, stages: [...state.stages] }
   for (const event of fresh) {
-    const data = event.data ?? {}
-    if (event.type === 'progress' && typeof data.stage === 'string') {
-      if (!next.stages.includes(data.stage)) next.stages.splice(Math.max(next.stages.length - 1, 0), 0, data.stage)
-      next.stage = data.stage
-      next.stageFraction = typeof data.fraction === 'number' ? Math.min(Math.max(data.fraction, 0), 1) : 0
-      const index = next.stages.indexOf(data.stage)
-      const overall = data.stage === 'done' ? 1 : (index + next.stageFraction) / next.stages.length
+    if (event.type === 'progress' && typeof event.data.stage === 'string') {
+      if (!next.stages.includes(event.data.stage)) next.stages.splice(Math.max(next.stages.length - 1, 0), 0, event.data.stage)
+      next.stage = event.data.stage
+      next.stageFraction = typeof event.data.fraction === 'number' ? Math.min(Math.max(event.data.fraction, 0), 1) : 0
+      const index = next.stages.indexOf(event.data.stage)
+      const overall = event.data.stage === 'done' ? 1 : (index + next.stageFraction) / next.stages.length
       next.overall = Math.max(next.overall, overall)
     } else if (event.type === 'verification') {
-      next.verification = data
+      next.verification = event.data
     } else if (event.type === 'status') {
-      next.status = typeof data.status === 'string' ? data.status : next.status
-      next.error = typeof data.error === 'string' ? data.error : null
+      next.status = typeof event.data.status === 'string' ? event.data.status : next.status
+      next.error = typeof event.data.error === 'string' ? event.data.error : null
       if (next.status === 'succeeded') next.overall = 1
-    } else if (event.type === 'log' && typeof data.message === 'string') {
-      next.lastLog = data.message
+    } else if (event.type === 'log' && typeof event.data.message === 'string') {
+      next.lastLog = event.data.message
     }
   }
   next.lastId = fresh.at(-1)!.id

@@ -131,23 +131,22 @@ export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
     const at = streamIdTime(event.id) ?? 0
     if (t0 == null) t0 = at
     const t = (at - t0) / 1000
-    const data = event.data ?? {}
     if (event.type === 'metric') {
-      const point = metricPoint(data)
+      const point = metricPoint(event.data)
       metrics.t.push(t)
-      metrics.step.push(num(data.step) ?? (metrics.step.at(-1) ?? 0))
+      metrics.step.push(num(event.data.step) ?? (metrics.step.at(-1) ?? 0))
       metrics.loss.push(point.loss)
       metrics.evalLoss.push(point.evalLoss)
       metrics.learningRate.push(point.learningRate)
       metrics.gradNorm.push(point.gradNorm)
       metrics.tokensPerSecond.push(point.tokensPerSecond)
-      if (!point.isEval) lastMetric = data
+      if (!point.isEval) lastMetric = event.data
     } else if (event.type === 'device') {
-      const kind = typeof data.kind === 'string' ? data.kind : null
+      const kind = typeof event.data.kind === 'string' ? event.data.kind : null
       deviceKind = kind ?? deviceKind
-      const total = num(data.memory_total_bytes)
+      const total = num(event.data.memory_total_bytes)
       if (total != null) memoryTotalBytes = total
-      const point = devicePoint(data)
+      const point = devicePoint(event.data)
       device.t.push(t)
       device.utilisation.push(point.utilisation)
       device.memoryUsedGiB.push(point.memoryUsedGiB)
@@ -156,13 +155,13 @@ export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
     } else if (event.type === 'log') {
       newLogs.push({
         id: event.id,
-        level: typeof data.level === 'string' ? data.level : 'info',
-        message: typeof data.message === 'string' ? data.message : JSON.stringify(data),
-        time: typeof data.time === 'string' ? data.time : null,
+        level: typeof event.data.level === 'string' ? event.data.level : 'info',
+        message: typeof event.data.message === 'string' ? event.data.message : JSON.stringify(event.data),
+        time: typeof event.data.time === 'string' ? event.data.time : null,
       })
     } else if (event.type === 'status') {
-      status = typeof data.status === 'string' ? data.status : status
-      error = typeof data.error === 'string' ? data.error : null
+      status = typeof event.data.status === 'string' ? event.data.status : status
+      error = typeof event.data.error === 'string' ? event.data.error : null
     }
   }
   if (newLogs.length > 0) logs = [...logs, ...newLogs].slice(-MAX_LOG_LINES)

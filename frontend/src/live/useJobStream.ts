@@ -21,7 +21,7 @@ export function useJobStream(jobId: string, onStatus?: (status: string) => void)
       onEvents: (events) => {
         setLive((current) => applyJobEvents(current, events))
         const status = [...events].reverse().find((e) => e.type === 'status' || e.type === 'cancel_requested')
-        if (status) statusRef.current?.(String(status.data.status ?? status.type))
+        if (status) statusRef.current?.(status.type === 'status' ? (status.data.status ?? status.type) : status.type)
       },
       onState: (s, why) => {
         setState(s)
