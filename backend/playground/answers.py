@@ -28,6 +28,7 @@ from lanner.inference.generation import (add_context, chat_template, context_byt
 
 log = logging.getLogger(__name__)
 _cache_lock = threading.Lock()
+REFUSED = "refused"  # the code of a UserError raised without one
 
 
 def model_cache(app) -> ModelCache:
@@ -105,7 +106,7 @@ class Answers:
                     return
                 self._generate(llama, side, template, started)
         except UserError as error:
-            self.emit(side, AnswerError(code=error.code, message=error.message))
+            self.emit(side, AnswerError(code=error.code or REFUSED, message=error.message))
         except NotEnoughMemory as error:
             self.emit(side, AnswerError(code="not_enough_memory", message=str(error)))
         except Exception as error:

@@ -27,7 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db, per_user, redis_client, websocket_user
-from lanner.backend.playground.answers import Answers, model_cache, resolve
+from lanner.backend.playground.answers import REFUSED, Answers, model_cache, resolve
 from lanner.backend.playground import evaluation
 from lanner.backend.playground.gpu_session import close_session, start_session
 from lanner.backend.playground.settings import PlaygroundSettings
@@ -158,7 +158,7 @@ async def playground_socket(websocket: WebSocket) -> None:
                     refuse("bad_request", _problem(error), message.get("id"))
                     continue
                 except UserError as error:
-                    refuse(error.code, error.message, message.get("id"))
+                    refuse(error.code or REFUSED, error.message, message.get("id"))
                     continue
                 current = Answers(request, emit)
                 current.start(cache, files, template, settings)
