@@ -17,11 +17,13 @@ from fastapi.encoders import jsonable_encoder
 from pydantic import TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema
 
+from lanner.backend.schemas import playground
 from lanner.core.messages import records
 
 # Messages sent over WebSockets and Redis, which no route declares (pydantic models, enums): one line each.
 MESSAGE_TYPES: list[type] = [
     records.JobEventType, *records.RECORD_EVENTS,  # a job's stream (/ws/jobs/{id})
+    playground.GenerateRequest,  # what the playground socket (/ws/playground) is asked
 ]
 
 

@@ -1350,6 +1350,49 @@ export interface components {
     ExportVerification: {
       [key: string]: unknown;
     };
+    /** GenerateRequest */
+    GenerateRequest: {
+      /**
+       * Type
+       * @constant
+       */
+      type: "generate";
+      /** Id */
+      id?: string | number | null;
+      /** Job Id */
+      job_id: number;
+      /**
+       * Chats
+       * @description tuned, base or both (side by side)
+       */
+      chats: {
+        [key: string]: components["schemas"]["Message"][];
+      };
+      /** System */
+      system?: string | null;
+      /**
+       * Temperature
+       * @default 0.7
+       */
+      temperature: number;
+      /**
+       * Top P
+       * @default 0.95
+       */
+      top_p: number;
+      /**
+       * Max Tokens
+       * @default 256
+       */
+      max_tokens: number;
+      /** Stop */
+      stop?: string[];
+      /**
+       * Gpu Session
+       * @description Answer on this GPU session (a chat job) instead of the CPU
+       */
+      gpu_session?: number | null;
+    };
     /**
      * JobEventType
      * @enum {string}
@@ -1366,6 +1409,16 @@ export interface components {
       message: string;
       /** Time */
       time: string;
+    };
+    /** Message */
+    Message: {
+      /**
+       * Role
+       * @enum {string}
+       */
+      role: "user" | "assistant";
+      /** Content */
+      content: string;
     };
     /**
      * Placement

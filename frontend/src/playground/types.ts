@@ -1,6 +1,7 @@
 // Shapes of the playground's API (lanner.backend.routers.playground). Those the OpenAPI document does not
-// describe yet (the playground's job list answers untyped dicts, the socket's messages are no models) are
-// written by hand here.
+// describe yet (the playground's job list answers untyped dicts; what the socket sends back is no model)
+// are written by hand here.
+import type { components } from '../api/schema'
 import type { Job } from '../types'
 
 export type Side = 'tuned' | 'base'
@@ -37,10 +38,10 @@ export interface Sampling {
   stop: string[]
 }
 
-export interface ChatMessage {
-  role: 'user' | 'assistant'
-  content: string
-}
+export type ChatMessage = components['schemas']['Message']
+
+/** What /ws/playground is asked: an answer, or to stop the answers coming. */
+export type PlaygroundRequest = components['schemas']['GenerateRequest'] | { type: 'stop' }
 
 /** What /ws/playground sends. */
 export type ServerMessage =

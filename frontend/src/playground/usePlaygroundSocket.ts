@@ -1,6 +1,6 @@
 import { useCallback, useEffect, useRef, useState } from 'react'
 import { wsUrl } from '../api'
-import type { ServerMessage } from './types'
+import type { PlaygroundRequest, ServerMessage } from './types'
 
 export type SocketState = 'connecting' | 'open' | 'closed'
 
@@ -53,7 +53,7 @@ export function usePlaygroundSocket(onMessage: (message: ServerMessage) => void)
   }, [connect])
 
   const send = useCallback(
-    (payload: unknown) => {
+    (payload: PlaygroundRequest) => {
       const ws = connect()
       const text = JSON.stringify(payload)
       if (ws.readyState === WebSocket.OPEN) ws.send(text)
