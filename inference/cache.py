@@ -6,8 +6,8 @@ llama.cpp contexts on its one copy of the weights (`contexts_per_model`): an ans
 context, or a new one while the pool is below its size and the memory bound has room for its KV
 cache, or else waits for the next context freed. So several people stream from one model at once.
 Idle models are evicted least recently used first when a new one needs room; a model someone is
-using is never evicted, so when the room is held by models in use the new one is refused with
-NotEnoughMemory instead of waiting unboundedly. Every method blocks (loading takes seconds): call
+using is never evicted, so when the room is held by models in use the new one is refused (a UserError
+with the code NOT_ENOUGH_MEMORY) instead of waiting unboundedly. Every method blocks (loading takes seconds): call
 them off the event loop."""
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lanner.core.errors import UserError
 
-class NotEnoughMemory(Exception):
-    """The model does not fit in the playground's memory bound (message in words for the user)."""
+
+NOT_ENOUGH_MEMORY = "not_enough_memory"  # the model does not fit in the playground's memory bound
 
 
 @dataclass(eq=False)
@@ -149,7 +150,7 @@ class ModelCache:
                 with self._lock:
                     try:
                         evicted = self._make_room(extra, entry)
-                    except NotEnoughMemory:
+                    except UserError:  # _make_room's refusal
                         evicted = None  # no room for another KV cache: wait for a context instead
                     else:
                         entry.size += extra
@@ -175,10 +176,10 @@ class ModelCache:
     def _make_room(self, size: int, keep: CachedModel) -> list[CachedModel]:
         """Evicts idle models, least recently used first, until `size` fits; the caller holds _lock."""
         if size > self.capacity_bytes:
-            raise NotEnoughMemory(
-                f"Not enough memory: this model needs about {_gib(size)} and the playground may use "
-                f"{_gib(self.capacity_bytes)} (LANNER_PLAYGROUND_CACHE_BYTES). Use a smaller GGUF (q8_0 or a "
-                f"q4 type) or ask an admin to raise the limit.")
+            raise UserError(
+                507, f"Not enough memory: this model needs about {_gib(size)} and the playground may use "
+                     f"{_gib(self.capacity_bytes)} (LANNER_PLAYGROUND_CACHE_BYTES). Use a smaller GGUF (q8_0 or a "
+                     f"q4 type) or ask an admin to raise the limit.", code=NOT_ENOUGH_MEMORY)
         used = sum(entry.size for entry in self._entries.values())
         evicted = []
         for entry in self._entries.values():
@@ -192,7 +193,8 @@ class ModelCache:
                 del self._entries[entry.path]
         else:
             busy = sum(1 for entry in self._entries.values() if entry.users and entry is not keep)
-            raise NotEnoughMemory(
-                f"Not enough memory right now: {busy} other model(s) are answering other people and fill "
-                f"the playground's {_gib(self.capacity_bytes)}. Try again when they are done.")
+            raise UserError(
+                503, f"Not enough memory right now: {busy} other model(s) are answering other people and fill "
+                     f"the playground's {_gib(self.capacity_bytes)}. Try again when they are done.",
+                code=NOT_ENOUGH_MEMORY)
         return evicted

@@ -22,7 +22,7 @@ from lanner.core.messages.chat import (FINAL_EVENTS, AnswerDone, AnswerError, An
 from lanner.core.models import User
 from lanner.core.settings import Settings
 from lanner.core.spec import load_spec
-from lanner.inference.cache import ModelCache, NotEnoughMemory
+from lanner.inference.cache import ModelCache
 from lanner.inference.generation import (add_context, chat_template, context_bytes, estimate_bytes, load_llama,
                                          render_prompt, stream_answer)
 
@@ -107,8 +107,6 @@ class Answers:
                 self._generate(llama, side, template, started)
         except UserError as error:
             self.emit(side, AnswerError(code=error.code or REFUSED, message=error.message))
-        except NotEnoughMemory as error:
-            self.emit(side, AnswerError(code="not_enough_memory", message=str(error)))
         except Exception as error:
             log.exception("Playground generation failed")
             self.emit(side, AnswerError(code="failed",

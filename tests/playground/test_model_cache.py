@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from lanner.inference.cache import ModelCache, NotEnoughMemory
+from lanner.core.errors import UserError
+from lanner.inference.cache import NOT_ENOUGH_MEMORY, ModelCache
 from lanner.inference.generation import estimate_bytes, load_llama
 
 pytestmark = pytest.mark.timeout(300)
@@ -55,9 +56,10 @@ def test_a_model_in_use_is_never_evicted_and_the_refusal_says_why(ggufs):
     a, b, c = ggufs
     cache = ModelCache(int(estimate_bytes(a) * 2.5), load_llama, estimate_bytes)
     with cache.use(a), cache.use(b):
-        with pytest.raises(NotEnoughMemory, match="2 other model\\(s\\) are answering other people"):
+        with pytest.raises(UserError, match="2 other model\\(s\\) are answering other people") as refused:
             with cache.use(c):
                 pass
+        assert refused.value.code == NOT_ENOUGH_MEMORY
         assert cache.loaded() == [a, b]
     assert cache.loads == 2
     with cache.use(c):  # once they are idle, the least recently used makes room
@@ -65,9 +67,10 @@ def test_a_model_in_use_is_never_evicted_and_the_refusal_says_why(ggufs):
     assert cache.loaded() == [b, c]
 
     small = ModelCache(estimate_bytes(a) // 2, load_llama, estimate_bytes)
-    with pytest.raises(NotEnoughMemory, match="LANNER_PLAYGROUND_CACHE_BYTES"):
+    with pytest.raises(UserError, match="LANNER_PLAYGROUND_CACHE_BYTES") as refused:
         with small.use(a):
             pass
+    assert refused.value.code == NOT_ENOUGH_MEMORY
     assert small.loads == 0 and small.used_bytes() == 0
     cache.clear()
 
