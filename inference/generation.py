@@ -75,7 +75,7 @@ def add_context(llama):
     """Another llama.cpp context (KV cache, batch, sampler state) on `llama`'s loaded weights, so two
     answers of one model run at once without a second copy of the model. llama-cpp-python 0.3 has no
     public way to share a model between Llama objects: this copies the object and replaces what
-    belongs to its context (tests/playground/test_model_cache.py checks it on the installed version).
+    belongs to its context (tests/inference/test_model_cache.py checks it on the installed version).
     Close it before `llama`, which owns the weights."""
     import contextlib
     import ctypes

@@ -15,6 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 TEST_CACHE = Path(os.environ.get("LANNER_TEST_CACHE", Path.home() / ".cache" / "lanner-tests"))
 POSTGRES_ADMIN_URL = os.environ.get("LANNER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 SYSTEM_REDIS_URL = os.environ.get("LANNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# A Redis database of the worker tests' own, emptied before each test (other suites use 11, 13, 14;
+# 12 turned out to be written by other tests on this machine).
+WORKER_REDIS_URL = SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/" + os.environ.get("LANNER_TEST_WORKER_REDIS_DB", "15")
 LANNER_BIN = str(Path(sys.executable).with_name("lanner"))
 
 

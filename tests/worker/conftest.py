@@ -6,7 +6,8 @@ import uuid
 import pytest
 from redis import Redis
 
-from worker_helpers import WORKER_REDIS_URL, CeleryWorker, Studio
+from support import WORKER_REDIS_URL
+from worker_helpers import CeleryWorker, Studio
 
 
 def _clean_redis() -> Redis:

@@ -23,7 +23,8 @@ from lanner.worker import runner
 from lanner.worker.runner import DeviceLease, _claim, idle_devices
 
 from test_queue import GIB, add_job, make_db
-from worker_helpers import WORKER_REDIS_URL, qa_rows
+from support import WORKER_REDIS_URL
+from worker_helpers import qa_rows
 
 FAST = {"hyperparameters": {"max_steps": 2, "before_after_eval": False}}
 GPU = Device(kind="cuda", name="test gpu", memory_total_bytes=80 * GIB, index=0, id="GPU-a", host="box")

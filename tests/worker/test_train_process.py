@@ -80,7 +80,7 @@ def test_a_sweep_fails_running_jobs_whose_worker_has_no_heartbeat(studio):
     from lanner.worker.devices import cpu_device
     from lanner.worker.runner import sweep_orphans
 
-    from worker_helpers import WORKER_REDIS_URL
+    from support import WORKER_REDIS_URL
 
     dataset = studio.dataset("qa.jsonl", qa_rows(2))
     alive = studio.job(dataset, status=JobStatus.running, worker="cpu0@alive")

@@ -13,7 +13,8 @@ from lanner.core.queue.claim import wake_workers
 from lanner.core.settings import Settings
 from lanner.core.streams import QUEUE_STREAM, job_stream, read_after
 
-from worker_helpers import WORKER_REDIS_URL, pid_gone, qa_rows, training_pid
+from support import WORKER_REDIS_URL
+from worker_helpers import pid_gone, qa_rows, training_pid
 
 FINAL = (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
 

@@ -1,5 +1,5 @@
 """Helpers for the worker's tests: a studio (data dir with the built-in model, migrated database,
-Redis database /12 of their own), jobs made directly in the database, and a real Celery worker."""
+Redis database of their own: support.WORKER_REDIS_URL), jobs made directly in the database, and a real Celery worker."""
 from __future__ import annotations
 
 import json
@@ -13,13 +13,9 @@ from pathlib import Path
 from redis import Redis
 
 from job_specs import BUILTIN, stored_spec
+from support import WORKER_REDIS_URL
 
 REPO = Path(__file__).resolve().parents[2]
-SYSTEM_REDIS_URL = os.environ.get("LANNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-
-# A Redis database of the worker tests' own, emptied before each test (other suites use 11, 13, 14;
-# 12 turned out to be written by other tests on this machine).
-WORKER_REDIS_URL = SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/" + os.environ.get("LANNER_TEST_WORKER_REDIS_DB", "15")
 
 # Small enough for two shared CPU cores: a few steps of SmolLM2-135M at sequence length 64, a linear
 # schedule without warmup and a tenth of the rows for validation (from 20 rows on).

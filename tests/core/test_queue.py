@@ -14,7 +14,7 @@ from lanner.core.models import Job, JobKind, JobStatus, Role, User
 from lanner.core.queue.claim import DISPATCH_TASK, claim_next_job, has_runnable_job, sweep_orphaned_jobs, wake_workers
 from lanner.core.settings import Settings
 
-from worker_helpers import WORKER_REDIS_URL
+from support import WORKER_REDIS_URL
 
 GIB = 1024 ** 3
 CPU = Device(kind="cpu", name="test cpu", memory_total_bytes=8 * GIB)
