@@ -11,6 +11,16 @@ Prints one JSON line: mode, model, tokens/s, step ms (median), peak GiB, loss.
 """
 import argparse, json, os, statistics, sys, time
 
+STARTED = time.perf_counter()
+if os.environ.get("BENCH_STACKS_AFTER"):  # a process that may be stopped by a timeout: where it was, on stderr
+    import faulthandler
+    faulthandler.dump_traceback_later(float(os.environ["BENCH_STACKS_AFTER"]), exit=False)
+
+
+def progress(message):
+    """Where the time goes, on stderr (run.py --stream passes it through, also when a process times out)."""
+    print(f"[{time.perf_counter() - STARTED:7.1f} s] {message}", file=sys.stderr, flush=True)
+
 CONFIGS = {
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
@@ -67,15 +77,20 @@ def model_class(name):
     return getattr(transformers, ARCHES[CONFIGS[name].get("arch", "llama")][1])
 
 
+def random_model(name):
+    """The random weights that saved_dir writes (float32 init under seed 0, then bf16), on the GPU."""
+    import torch
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        return model_class(name)(llama_config(name)).to(torch.bfloat16)
+
+
 def saved_dir(name):
     """Random weights saved once, for loaders that need a path (unsloth, 4-bit)."""
     import torch
-    LlamaForCausalLM = model_class(name)
     d = f"/tmp/rand-{name}"
     if not os.path.exists(os.path.join(d, "tokenizer.json")):
-        torch.manual_seed(0)
-        with torch.device("cuda"):
-            m = LlamaForCausalLM(llama_config(name)).to(torch.bfloat16)
+        m = random_model(name)
         m.save_pretrained(d)
         del m
         from tokenizers import Tokenizer, models
@@ -109,6 +124,9 @@ def main():
                     help="instead of timing: one batch-1 step at each length (ascending) with the allocator capped "
                          "at GIB (after one step at 8,192 tokens), reporting its peak, up to the first that runs "
                          "out of memory")
+    ap.add_argument("--same-weights", action="store_true",
+                    help="lanner, hf, liger: start from exactly the weights saved_dir writes (the loaders' "
+                         "weights), so that losses compare with unsloth's step for step")
     a = ap.parse_args()
     if a.fits:
         cap, lengths = a.fits.split(":")
@@ -124,6 +142,7 @@ def main():
     from transformers import BitsAndBytesConfig
     LlamaForCausalLM = model_class(a.model)
     from peft import LoraConfig, get_peft_model
+    progress(f"{a.mode} {a.model} seq {a.seq} x {a.bs}: imports done")
 
     if a.mode == "liger":
         import liger_kernel.transformers as liger
@@ -145,9 +164,12 @@ def main():
             target_modules=TARGETS, use_gradient_checkpointing="unsloth")
     elif a.mode == "lanner":
         from lanner.kernels import get_lora_model
-        with torch.device("cuda"):
-            model = LlamaForCausalLM._from_config(llama_config(a.model), dtype=torch.bfloat16,
-                                                  attn_implementation="sdpa")
+        if a.same_weights:
+            model = random_model(a.model)  # patch_model switches its attention to "lanner" whatever it was
+        else:
+            with torch.device("cuda"):
+                model = LlamaForCausalLM._from_config(llama_config(a.model), dtype=torch.bfloat16,
+                                                      attn_implementation="sdpa")
         offload = {"on": True, "off": False, "auto": None}[a.offload]
         model = get_lora_model(model, r=a.rank, lora_alpha=a.rank, target_modules=TARGETS,
                                lora_dropout=0.0, gradient_checkpointing=gc, bias="none",
@@ -164,6 +186,12 @@ def main():
             model = LlamaForCausalLM.from_pretrained(saved_dir(a.model), quantization_config=q,
                                                      dtype=torch.bfloat16, device_map={"": 0},
                                                      attn_implementation="sdpa")
+        elif a.same_weights:
+            model = random_model(a.model)
+            try:
+                model.set_attn_implementation("sdpa")
+            except (AttributeError, ValueError):
+                pass
         else:
             with torch.device("cuda"):
                 model = LlamaForCausalLM._from_config(llama_config(a.model), dtype=torch.bfloat16,
@@ -175,6 +203,7 @@ def main():
                                                  bias="none", target_modules=TARGETS,
                                                  task_type="CAUSAL_LM"))
     model.train()
+    progress("model ready (created or loaded, LoRA attached)")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
     vocab = CONFIGS[a.model]["vocab_size"]
@@ -186,7 +215,7 @@ def main():
         from memory_profile import MARKER_BYTES, PhasePeaks, analyse
         phases = PhasePeaks(model)
     torch.cuda.reset_peak_memory_stats()
-    times, loss = [], None
+    times, loss, losses = [], None, []
     held_by_step, peak_by_step = [], []  # GiB allocated as each step starts; the peak so far after it
     for i in range(a.warmup + a.steps):
         ids = batches[i % len(batches)]
@@ -222,6 +251,9 @@ def main():
         if i >= a.warmup:
             times.append(time.perf_counter() - t)
         loss = out.loss.item()
+        losses.append(round(loss, 4))
+        progress(f"step {i} ({'warm-up' if i < a.warmup else 'timed'}): {time.perf_counter() - t:.2f} s, "
+                 f"loss {loss:.4f}, peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     ms = statistics.median(times) * 1000
     if a.kernel_profile:
         kernel_profiler.__exit__(None, None, None)
@@ -243,7 +275,8 @@ def main():
     print(json.dumps(dict(**extra, mode=a.mode, model=a.model, seq=a.seq, bs=a.bs, rank=a.rank,
                           step_ms=round(ms, 1), tok_s=round(a.bs * a.seq / ms * 1000),
                           peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2),
-                          loss=round(loss, 4), gpu=torch.cuda.get_device_name(),
+                          loss=round(loss, 4), losses=losses, same_weights=a.same_weights,
+                          process_s=round(time.perf_counter() - STARTED, 1), gpu=torch.cuda.get_device_name(),
                           held_by_step=held_by_step, peak_by_step=peak_by_step)), flush=True)
 
 

@@ -54,10 +54,17 @@ def variant_args(variant: str) -> list[str]:
 def run_one(system: str, model: str, args, env: dict, extra: list[str] = ()) -> dict:
     command = [sys.executable, str(BENCH), system, model, "--seq", str(args.seq), "--bs", str(args.bs),
                "--steps", str(args.steps), "--warmup", str(args.warmup), "--rank", str(args.rank), *extra]
+    if args.same_weights:
+        command.append("--same-weights")
+    if args.kernel_profile_dir:
+        command += ["--kernel-profile", str(args.kernel_profile_dir / f"kernels-{system}-{model}-{args.seq}x{args.bs}.txt")]
     try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+        # --stream: the process's stderr (its progress lines, the peers' logs) goes straight through, so
+        # that a process that times out still shows where its time went
+        done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=None if args.stream else subprocess.PIPE,
+                              text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        return dict(mode=system, model=model, error=f"timed out after {args.timeout} s")
+        return dict(mode=system, model=model, seq=args.seq, bs=args.bs, error=f"timed out after {args.timeout} s")
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
@@ -111,6 +118,11 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--timeout", type=int, default=400, help="seconds per (shape, system) process")
+    parser.add_argument("--kernel-profile-dir", type=Path, default=None,
+                        help="write each process's GPU time by kernel (peer_bench --kernel-profile) into this folder")
+    parser.add_argument("--stream", action="store_true", help="pass each process's stderr through as it runs")
+    parser.add_argument("--same-weights", action="store_true",
+                        help="lanner/hf/liger start from the weights the loaders read (peer_bench --same-weights)")
     parser.add_argument("--out", type=Path, default=None, help="write every result as one JSON line here")
     parser.add_argument("--lanner-variants", nargs="*", default=[],
                         help="extra Lanner runs per shape, each e.g. budget=19.4,offload=on (memory engine)")

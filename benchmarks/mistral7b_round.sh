@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 21's open Mistral-7B rows in one device call (docs/benchmarks.md, ninth round):
+#   (a) Lanner, mistral-7b, 8192 x 1 (the window 4096 < sequence: FlexAttention), progress on stderr
+#   (b) the random weights saved once to /tmp/rand-mistral-7b, timed; then Unsloth at 8192 x 1
+#   (c) Lanner and Unsloth at 4096 x 2, then a kernel profile of Lanner on mistral-1b 4096 x 2, while time remains
+# Every process starts from the same weights (--same-weights) and data, so the per-step losses compare.
+# Usage, from the repository root, with .peers carried:  OUT=dir bash benchmarks/mistral7b_round.sh [SECONDS]
+set -o pipefail
+budget=${1:-540}; out=${OUT:?}; start=$SECONDS
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.peers/site:${PYTHONPATH:-}
+left() { echo $(( budget - (SECONDS - start) )); }
+cd benchmarks
+python3 - <<'PY' | tee -a "$out/results.jsonl"
+import json, importlib.metadata as m, torch
+def version(p):
+    try:
+        return m.version(p)
+    except Exception as e:
+        return repr(e)
+print(json.dumps({"versions": {p: version(p) for p in ("torch", "triton", "transformers", "peft", "unsloth", "unsloth_zoo")},
+                  "gpu": torch.cuda.get_device_name()}))
+PY
+one() {  # one() TIMEOUT ARGS...: one run.py process, capped by the time left
+  local t=$1; shift; local l; l=$(( $(left) - 5 )); (( l < t )) && t=$l
+  if (( t < 40 )); then echo "skipped (only $l s left): $*"; echo "{\"skipped\": \"$*\"}" >> "$out/results.jsonl"; return; fi
+  echo "=== $(date -u +%T) run.py $* --timeout $t ($(left) s left)"
+  BENCH_STACKS_AFTER=$(( t - 8 )) python3 run.py "$@" --steps 4 --warmup 2 --same-weights --stream --timeout "$t" --out "$out/results.jsonl"
+}
+one 150 --models mistral-7b --systems lanner --seq 8192 --bs 1
+echo "=== $(date -u +%T) saving the random weights ($(left) s left)"
+t0=$SECONDS
+timeout 200 python3 -c "import peer_bench, json; print(json.dumps(dict(saved=peer_bench.saved_dir('mistral-7b'))))" \
+  && echo "{\"saved_weights_s\": $(( SECONDS - t0 ))}" | tee -a "$out/results.jsonl"
+du -sh /tmp/rand-mistral-7b
+one 240 --models mistral-7b --systems unsloth --seq 8192 --bs 1
+one 110 --models mistral-7b --systems lanner --seq 4096 --bs 2
+one 200 --models mistral-7b --systems unsloth --seq 4096 --bs 2
+if (( $(left) > 60 )); then
+  echo "=== $(date -u +%T) kernel profile, Lanner mistral-1b 4096 x 2"
+  python3 run.py --models mistral-1b --systems lanner --seq 4096 --bs 2 --steps 4 --warmup 2 \
+    --kernel-profile-dir "$out" --timeout $(( $(left) - 5 )) --out "$out/results.jsonl"
+fi
+echo "=== done, $(( SECONDS - start )) s"
