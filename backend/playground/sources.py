@@ -115,7 +115,7 @@ def describe(session: Session, settings: Settings, job: Job) -> dict[str, Any]:
     """What the Playground page shows for a job: both sides and the export to call when needed."""
     export = pending_export(session, job)
     return {"job_id": job.id, "name": job.name, "model": job.model, "status": job.status.value,
-            "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+            "finished_at": job.finished_at,
             "custom_chat_template": load_spec(job.config).chat_template is not None,
             "tuned": tuned_model(session, settings, job).public(), "base": base_model(settings, job.model).public(),
             "export_url": f"/api/jobs/{job.id}/export",
