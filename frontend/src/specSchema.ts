@@ -39,8 +39,9 @@ export interface SpecField {
   nullable: boolean
 }
 
-export function specField(path: string): SpecField {
-  let parent = resolved(SCHEMAS.JobCreate ?? {})
+/** A field of one of the API's request bodies, by its path ("hyperparameters.epochs"); the job spec's by default. */
+export function specField(path: string, body: 'JobCreate' | 'ExportCreate' = 'JobCreate'): SpecField {
+  let parent = resolved(SCHEMAS[body] ?? {})
   let field: SpecField | null = null
   for (const key of path.split('.')) {
     const property = parent.properties?.[key]

@@ -568,7 +568,6 @@ export interface components {
        * Gguf Types
        * @description GGUF files for llama.cpp and Ollama, one per type
        * @default [
-       *   "f16",
        *   "q8_0"
        * ]
        */
