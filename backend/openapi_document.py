@@ -23,7 +23,8 @@ from lanner.core.messages import records
 # Messages sent over WebSockets and Redis, which no route declares (pydantic models, enums): one line each.
 MESSAGE_TYPES: list[type] = [
     records.JobEventType, *records.RECORD_EVENTS,  # a job's stream (/ws/jobs/{id})
-    playground.GenerateRequest,  # what the playground socket (/ws/playground) is asked
+    playground.GenerateRequest, playground.StopAnswers,  # what the playground socket (/ws/playground) is asked
+    playground.SocketStatus, playground.SocketToken, playground.SocketDone, playground.SocketError,  # and sends
 ]
 
 

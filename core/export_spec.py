@@ -24,6 +24,6 @@ class ExportSpec(BaseModel):
     adapter: bool = Field(default=True, description="The LoRA adapter in PEFT's layout")
     merged: bool = Field(default=True, description="The base model with the adapter merged in, 16-bit safetensors")
     merged_dtype: MergedDtype = "bfloat16"
-    gguf_types: list[GgufType] = Field(default=["f16", "q8_0"], max_length=len(GGUF_TYPES),
+    gguf_types: list[GgufType] = Field(default=["q8_0"], max_length=len(GGUF_TYPES),
                                        description="GGUF files for llama.cpp and Ollama, one per type")
     verify: bool = Field(default=True, description="Check every file against the trained model")

@@ -100,7 +100,9 @@ class JobSpec(BaseModel):
     """Fields are checked in order, so the later checks can read `method` and `hyperparameters`."""
     model_config = ConfigDict(extra="forbid")
 
-    method: Method
+    method: Method = Field(json_schema_extra={"x-method-groups": {
+        "adapter": sorted(ADAPTER_METHODS), "preference": sorted(PREFERENCE_METHODS),
+        "whole_model": sorted(WHOLE_MODEL_METHODS)}})
     model: str = Field(min_length=1, max_length=1024,
                        description="builtin/SmolLM2-135M-Instruct, a hub id (org/name) or an absolute local path")
     dataset_id: int = Field(ge=1, le=2**31 - 1)

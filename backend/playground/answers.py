@@ -14,7 +14,7 @@ from lanner.backend.playground import gpu_relay
 from lanner.backend.playground.gpu_session import usable_session
 from lanner.backend.playground.settings import PlaygroundSettings
 from lanner.backend.playground.sources import ModelFile, model_file, training_job
-from lanner.backend.schemas.playground import GenerateRequest
+from lanner.backend.schemas.playground import GenerateRequest, socket_message
 from lanner.core import db
 from lanner.core.errors import UserError
 from lanner.core.messages.chat import (FINAL_EVENTS, AnswerDone, AnswerError, AnswerStatus, AnswerToken, ChatEvent,
@@ -68,7 +68,7 @@ class Answers:
     def emit(self, side: Side, event: ChatEvent, **extra: Any) -> None:
         if isinstance(event, FINAL_EVENTS):
             self.unanswered.discard(side)
-        self._emit({**event.model_dump(), "model": side, **extra, "id": self.request.id})
+        self._emit(socket_message(event, model=side, id=self.request.id, **extra))
 
     def done(self, side: Side, finish_reason: str, chunks: int, started: float) -> None:
         self.emit(side, AnswerDone(finish_reason=finish_reason, chunks=chunks,

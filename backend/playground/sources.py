@@ -2,41 +2,30 @@
 the model it started from. When there is none, `reason` says so in words, with what to do."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from lanner.backend.paths import inside
+from lanner.backend.schemas.playground import ModelFileOut
+from lanner.core.default_model import DEFAULT_MODEL_ID, DefaultModelMissing, gguf_path
 from lanner.core.errors import UserError
 from lanner.core.messages.chat import Side
 from lanner.core.models import Artifact, ArtifactKind, Job, JobKind, JobStatus
-from lanner.backend.paths import inside
 from lanner.core.settings import Settings
 from lanner.core.spec import load_spec
-from lanner.core.default_model import DEFAULT_MODEL_ID, DefaultModelMissing, gguf_path
 
 # On a CPU, q8_0 answers about twice as fast as f16 and its output is nearly the same (export checks
 # its KL against the trained model); f16 next; then whatever other type was exported.
 PREFERRED_TYPES = ("q8_0", "f16", "bf16")
 
 
-@dataclass
-class ModelFile:
-    """A side of the chat: the GGUF that answers, or why there is none."""
-    available: bool
-    gguf: str | None = None
-    path: Path | None = None
-    artifact_id: int | None = None
-    size_bytes: int | None = None
-    code: str | None = None
-    reason: str | None = None
-
-    def public(self) -> dict[str, Any]:
-        out = asdict(self)
-        del out["path"]  # the server's paths are not the browser's business
-        return out
+class ModelFile(ModelFileOut):
+    """A side of the chat: the GGUF that answers, or why there is none; its path stays on the server."""
+    path: Path | None = Field(default=None, exclude=True)
 
 
 def training_job(session: Session, job_id: int) -> Job:
@@ -67,8 +56,9 @@ def pending_export(session: Session, job: Job) -> Job | None:
 def tuned_model(session: Session, settings: Settings, job: Job) -> ModelFile:
     """The job's exported GGUF (from its newest export that made one)."""
     if job.status != JobStatus.succeeded:
-        return ModelFile(False, code="not_finished", reason=f"Job {job.id} is {job.status.value}; its fine-tuned "
-                                                            "model can be chatted with once it has succeeded.")
+        return ModelFile(available=False, code="not_finished",
+                         reason=f"Job {job.id} is {job.status.value}; its fine-tuned model can be chatted with "
+                                "once it has succeeded.")
     found = session.execute(
         select(Artifact).join(Job, Artifact.job_id == Job.id)
         .where(Job.parent_job_id == job.id, Job.kind == JobKind.export, Job.status == JobStatus.succeeded,
@@ -76,13 +66,14 @@ def tuned_model(session: Session, settings: Settings, job: Job) -> ModelFile:
     for artifact in sorted(found, key=lambda a: _type_rank(a.name)):  # stable: newest first within a type
         if inside(settings.data_dir, artifact.path) and (settings.data_dir / artifact.path).is_file():
             path = (settings.data_dir / artifact.path).resolve()
-            return ModelFile(True, artifact.name, path, artifact.id, path.stat().st_size)
+            return ModelFile(available=True, gguf=artifact.name, path=path, artifact_id=artifact.id,
+                             size_bytes=path.stat().st_size)
     export = pending_export(session, job)
     if export is not None:
-        return ModelFile(False, code="export_running",
+        return ModelFile(available=False, code="export_running",
                          reason=f"Job {job.id}'s export (job {export.id}) is {export.status.value}; "
                                 "chat with the fine-tuned model when it has finished.")
-    return ModelFile(False, code="not_exported",
+    return ModelFile(available=False, code="not_exported",
                      reason=f"Job {job.id} has no GGUF yet: export a GGUF first (POST /api/jobs/{job.id}/export "
                             "with gguf_types [\"q8_0\"] or [\"f16\"], or the Export button).")
 
@@ -94,15 +85,16 @@ def base_model(settings: Settings, model: str) -> ModelFile:
         try:
             path = gguf_path()
         except DefaultModelMissing as error:
-            return ModelFile(False, code="no_base_gguf", reason=str(error))
-        return ModelFile(True, path.name, path, size_bytes=path.stat().st_size)
+            return ModelFile(available=False, code="no_base_gguf", reason=str(error))
+        return ModelFile(available=True, gguf=path.name, path=path, size_bytes=path.stat().st_size)
     folder = Path(model).expanduser()
     if not folder.is_absolute():
         folder = settings.models_dir / model
     files = sorted(folder.glob("*.gguf"), key=lambda path: (_type_rank(path.name), path.name)) if folder.is_dir() else []
     if files:
-        return ModelFile(True, files[0].name, files[0].resolve(), size_bytes=files[0].stat().st_size)
-    return ModelFile(False, code="no_base_gguf",
+        return ModelFile(available=True, gguf=files[0].name, path=files[0].resolve(),
+                         size_bytes=files[0].stat().st_size)
+    return ModelFile(available=False, code="no_base_gguf",
                      reason=f"There is no GGUF of the base model {model} on this machine: put one (for example "
                             f"made with llama.cpp's convert_hf_to_gguf.py) in {folder}.")
 
@@ -115,8 +107,8 @@ def describe(session: Session, settings: Settings, job: Job) -> dict[str, Any]:
     """What the Playground page shows for a job: both sides and the export to call when needed."""
     export = pending_export(session, job)
     return {"job_id": job.id, "name": job.name, "model": job.model, "status": job.status.value,
-            "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+            "finished_at": job.finished_at,
             "custom_chat_template": load_spec(job.config).chat_template is not None,
-            "tuned": tuned_model(session, settings, job).public(), "base": base_model(settings, job.model).public(),
+            "tuned": tuned_model(session, settings, job), "base": base_model(settings, job.model),
             "export_url": f"/api/jobs/{job.id}/export",
             "pending_export": {"job_id": export.id, "status": export.status.value} if export else None}

@@ -35,9 +35,11 @@ from lanner.backend.playground.sources import describe, training_job
 from lanner.backend.routers.jobs import job_out
 from lanner.backend.schemas.common import PathId, errors
 from lanner.backend.schemas.jobs import JobOut
-from lanner.backend.schemas.playground import GenerateRequest, GpuSessionCreate
+from lanner.backend.schemas.playground import (EvaluationOut, GenerateRequest, GpuSessionCreate, PlaygroundJobOut,
+                                               socket_message)
 from lanner.core import db
 from lanner.core.errors import UserError
+from lanner.core.messages.chat import AnswerError
 from lanner.core.models import Job, JobKind, JobStatus, User
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import Settings, get_settings
@@ -49,7 +51,7 @@ LISTED_JOBS = 100
 
 # ---- REST -------------------------------------------------------------------------------------
 
-@router.get("/api/playground/jobs")
+@router.get("/api/playground/jobs", response_model=list[PlaygroundJobOut])
 def playground_jobs(_: User = Depends(current_user), session: Session = Depends(get_db),
                     settings: Settings = Depends(get_settings)) -> list[dict[str, Any]]:
     """The finished training jobs, newest first, each with the GGUF of both sides or why there is none."""
@@ -58,13 +60,13 @@ def playground_jobs(_: User = Depends(current_user), session: Session = Depends(
     return [describe(session, settings, job) for job in jobs]
 
 
-@router.get("/api/playground/jobs/{job_id}")
+@router.get("/api/playground/jobs/{job_id}", response_model=PlaygroundJobOut)
 def playground_job(job_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db),
                    settings: Settings = Depends(get_settings)) -> dict[str, Any]:
     return describe(session, settings, training_job(session, job_id))
 
 
-@router.get("/api/jobs/{job_id}/evaluation")
+@router.get("/api/jobs/{job_id}/evaluation", response_model=EvaluationOut)
 def job_evaluation(job_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db),
                    settings: Settings = Depends(get_settings)) -> dict[str, Any]:
     """The before/after evaluation written at the end of an SFT job (404 when it made none)."""
@@ -131,7 +133,7 @@ async def playground_socket(websocket: WebSocket) -> None:
             pass
 
     def refuse(code: str, message: str, request_id: Any = None) -> None:
-        emit({"type": "error", "model": None, "code": code, "id": request_id, "message": message})
+        emit(socket_message(AnswerError(code=code, message=message), model=None, id=request_id))
 
     sender = asyncio.ensure_future(_send_all(websocket, outgoing))
     current: Answers | None = None

@@ -39,9 +39,10 @@ export interface FieldDef extends FieldText {
   initial: string
 }
 
-export const ADAPTER_METHODS: Method[] = ['lora', 'qlora']
-export const PREFERENCE_METHODS: Method[] = ['dpo', 'orpo', 'kto']
-export const WHOLE_MODEL_METHODS: Method[] = ['full', 'pretrain']
+const METHOD_GROUPS = specExtension('method', 'x-method-groups') as Record<'adapter' | 'preference' | 'whole_model', Method[]>
+export const ADAPTER_METHODS: Method[] = METHOD_GROUPS.adapter
+export const PREFERENCE_METHODS: Method[] = METHOD_GROUPS.preference
+export const WHOLE_MODEL_METHODS: Method[] = METHOD_GROUPS.whole_model
 
 export const METHODS: { value: Method; label: string; help: string }[] = [
   { value: 'lora', label: 'LoRA', help: 'Trains small adapter matrices; the base model stays frozen. Fast, light, the usual choice.' },

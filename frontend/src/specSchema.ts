@@ -21,6 +21,7 @@ export interface JsonSchema {
   'x-default-by-method'?: Record<string, number>
   /** Each preset's hyperparameters. */
   'x-presets'?: Record<string, Record<string, string | number | boolean>>
+  'x-method-groups'?: Record<'adapter' | 'preference' | 'whole_model', string[]>
 }
 
 const SCHEMAS = components.schemas as unknown as Record<string, JsonSchema>
@@ -38,8 +39,9 @@ export interface SpecField {
   nullable: boolean
 }
 
-export function specField(path: string): SpecField {
-  let parent = resolved(SCHEMAS.JobCreate ?? {})
+/** A field of one of the API's request bodies, by its path ("hyperparameters.epochs"); the job spec's by default. */
+export function specField(path: string, body: 'JobCreate' | 'ExportCreate' = 'JobCreate'): SpecField {
+  let parent = resolved(SCHEMAS[body] ?? {})
   let field: SpecField | null = null
   for (const key of path.split('.')) {
     const property = parent.properties?.[key]
@@ -54,8 +56,9 @@ export function specField(path: string): SpecField {
   return field!
 }
 
-/** What lanner.core.spec adds to a field's schema (json_schema_extra): each method's learning rate, the presets. */
-export function specExtension<K extends 'x-default-by-method' | 'x-presets'>(path: string, key: K): NonNullable<JsonSchema[K]> {
+/** What lanner.core.spec adds to a field's schema (json_schema_extra): each method's learning rate, the presets,
+ * the methods that train an adapter, learn from preferences or train every weight. */
+export function specExtension<K extends 'x-default-by-method' | 'x-presets' | 'x-method-groups'>(path: string, key: K): NonNullable<JsonSchema[K]> {
   const value = specField(path).schema[key]
   if (value == null) throw new Error(`the API's job spec field ${path} has no ${key}`)
   return value

@@ -77,23 +77,8 @@ export type StreamEvent =
   | Entry<'progress', Schemas['ExportProgress']>
   | Entry<'verification', Schemas['ExportVerification']>
 
-// ---- Not in the OpenAPI document yet: written by hand --------------------
+// ---- Evaluation ------------------------------------------------------------
 
 /** GET /api/jobs/{id}/evaluation: the trained model against its base on held-out prompts. */
-export interface EvaluationSample {
-  prompt: string
-  reference: string
-  base_answer: string
-  tuned_answer: string
-  base_overlap: number
-  tuned_overlap: number
-}
-
-export interface Evaluation {
-  status: 'done' | 'running' | 'failed'
-  error: string | null
-  base_eval_loss: number | null
-  tuned_eval_loss: number | null
-  samples: EvaluationSample[]
-  scores: { base_overlap: number; tuned_overlap: number } | null
-}
+export type Evaluation = Schemas['EvaluationOut']
+export type EvaluationSample = Schemas['EvaluationSample']

@@ -500,6 +500,50 @@ export interface components {
         [key: string]: unknown;
       } | null;
     };
+    /**
+     * EvaluationOut
+     * @description The trained model against its base on held-out prompts (written at the end of an SFT job).
+     */
+    EvaluationOut: {
+      /**
+       * Status
+       * @enum {string}
+       */
+      status: "running" | "done" | "failed";
+      /** Error */
+      error: string | null;
+      /** Prompts From */
+      prompts_from: string | null;
+      /** Base Eval Loss */
+      base_eval_loss: number | null;
+      /** Tuned Eval Loss */
+      tuned_eval_loss: number | null;
+      /** Samples */
+      samples: components["schemas"]["EvaluationSample"][];
+      scores: components["schemas"]["EvaluationScores"];
+    };
+    /** EvaluationSample */
+    EvaluationSample: {
+      /** Prompt */
+      prompt: string | null;
+      /** Reference */
+      reference: string | null;
+      /** Base Answer */
+      base_answer: string | null;
+      /** Tuned Answer */
+      tuned_answer: string | null;
+      /** Base Overlap */
+      base_overlap: number | null;
+      /** Tuned Overlap */
+      tuned_overlap: number | null;
+    };
+    /** EvaluationScores */
+    EvaluationScores: {
+      /** Base Overlap */
+      base_overlap: number;
+      /** Tuned Overlap */
+      tuned_overlap: number;
+    };
     /** ExportCreate */
     ExportCreate: {
       /**
@@ -524,7 +568,6 @@ export interface components {
        * Gguf Types
        * @description GGUF files for llama.cpp and Ollama, one per type
        * @default [
-       *   "f16",
        *   "q8_0"
        * ]
        */
@@ -954,6 +997,24 @@ export interface components {
        */
       path?: string | null;
     };
+    /**
+     * ModelFileOut
+     * @description A side of the chat: the GGUF that answers, or why there is none (`code`, `reason`).
+     */
+    ModelFileOut: {
+      /** Available */
+      available: boolean;
+      /** Gguf */
+      gguf?: string | null;
+      /** Artifact Id */
+      artifact_id?: number | null;
+      /** Size Bytes */
+      size_bytes?: number | null;
+      /** Code */
+      code?: string | null;
+      /** Reason */
+      reason?: string | null;
+    };
     /** NewTeamUser */
     NewTeamUser: {
       /** Email */
@@ -1002,6 +1063,34 @@ export interface components {
       url: string;
       /** Detail */
       detail?: string | null;
+    };
+    /** PendingExport */
+    PendingExport: {
+      /** Job Id */
+      job_id: number;
+      status: components["schemas"]["JobStatus"];
+    };
+    /**
+     * PlaygroundJobOut
+     * @description A finished training job as the Playground page shows it: both sides and the export to ask for.
+     */
+    PlaygroundJobOut: {
+      /** Job Id */
+      job_id: number;
+      /** Name */
+      name: string;
+      /** Model */
+      model: string;
+      status: components["schemas"]["JobStatus"];
+      /** Finished At */
+      finished_at: string | null;
+      /** Custom Chat Template */
+      custom_chat_template: boolean;
+      tuned: components["schemas"]["ModelFileOut"];
+      base: components["schemas"]["ModelFileOut"];
+      /** Export Url */
+      export_url: string;
+      pending_export: components["schemas"]["PendingExport"] | null;
     };
     /** PreferenceSettings */
     PreferenceSettings: {
@@ -1453,6 +1542,101 @@ export interface components {
        */
       strategy: "ddp" | "fsdp";
     };
+    /** SocketDone */
+    SocketDone: {
+      /**
+       * Type
+       * @constant
+       */
+      type: "done";
+      /**
+       * Finish Reason
+       * @enum {string}
+       */
+      finish_reason: "stop" | "length" | "stopped";
+      /** Chunks */
+      chunks: number;
+      /** Seconds */
+      seconds: number;
+      /** Id */
+      id: unknown;
+      /**
+       * Model
+       * @enum {string}
+       */
+      model: "base" | "tuned";
+    };
+    /** SocketError */
+    SocketError: {
+      /**
+       * Type
+       * @constant
+       */
+      type: "error";
+      /** Code */
+      code: string;
+      /** Message */
+      message: string;
+      /** Id */
+      id: unknown;
+      /**
+       * Model
+       * @description None: the request as a whole was refused
+       */
+      model: ("base" | "tuned") | null;
+      /**
+       * Export Url
+       * @description With not_exported: where to ask for the GGUF
+       */
+      export_url?: string | null;
+    };
+    /** SocketStatus */
+    SocketStatus: {
+      /**
+       * Type
+       * @constant
+       */
+      type: "status";
+      /**
+       * State
+       * @enum {string}
+       */
+      state: "queued" | "loading" | "waiting" | "generating";
+      /** Id */
+      id: unknown;
+      /**
+       * Model
+       * @enum {string}
+       */
+      model: "base" | "tuned";
+      /**
+       * Queue Position
+       * @description With queued: the GPU session's place (1 runs next)
+       */
+      queue_position?: number | null;
+      /**
+       * Gpu Session
+       * @description The GPU session (a chat job) that will answer
+       */
+      gpu_session?: number | null;
+    };
+    /** SocketToken */
+    SocketToken: {
+      /**
+       * Type
+       * @constant
+       */
+      type: "token";
+      /** Text */
+      text: string;
+      /** Id */
+      id: unknown;
+      /**
+       * Model
+       * @enum {string}
+       */
+      model: "base" | "tuned";
+    };
     /** StatusChange */
     StatusChange: {
       status: components["schemas"]["JobStatus"];
@@ -1490,6 +1674,17 @@ export interface components {
       /** Step */
       step: number;
       [key: string]: unknown;
+    };
+    /**
+     * StopAnswers
+     * @description Asks the playground socket to stop the answers that are coming.
+     */
+    StopAnswers: {
+      /**
+       * Type
+       * @constant
+       */
+      type: "stop";
     };
   };
   responses: never;
@@ -3364,9 +3559,7 @@ export interface operations {
       /** @description Successful Response */
       200: {
         content: {
-          "application/json": {
-              [key: string]: unknown;
-            }[];
+          "application/json": components["schemas"]["PlaygroundJobOut"][];
         };
       };
     };
@@ -3382,9 +3575,7 @@ export interface operations {
       /** @description Successful Response */
       200: {
         content: {
-          "application/json": {
-            [key: string]: unknown;
-          };
+          "application/json": components["schemas"]["PlaygroundJobOut"];
         };
       };
       /** @description No such resource */
@@ -3415,9 +3606,7 @@ export interface operations {
       /** @description Successful Response */
       200: {
         content: {
-          "application/json": {
-            [key: string]: unknown;
-          };
+          "application/json": components["schemas"]["EvaluationOut"];
         };
       };
       /** @description No such resource */

@@ -2,6 +2,7 @@ import { useCallback, useEffect, useState } from 'react'
 import { getJson, postJson } from '../api'
 import { formatTime } from '../format'
 import { stageName } from '../live/exportEvents'
+import { specField } from '../specSchema'
 import { useExportStream } from '../live/useExportStream'
 import type { Artifact, ExportOptions, Job, JobPage } from '../types'
 import { ArtifactList } from './ArtifactList'
@@ -9,6 +10,17 @@ import { errorText } from './Field'
 import { JobStatusBadge } from './JobStatusBadge'
 
 type GgufType = ExportOptions['gguf_types'][number]
+type MergedDtype = ExportOptions['merged_dtype']
+
+/** What the API exports when it is not told otherwise (lanner.core.export_spec), read from its OpenAPI document. */
+const DEFAULTS = {
+  adapter: specField('adapter', 'ExportCreate').schema.default as boolean,
+  merged: specField('merged', 'ExportCreate').schema.default as boolean,
+  merged_dtype: specField('merged_dtype', 'ExportCreate').schema.default as MergedDtype,
+  gguf_types: specField('gguf_types', 'ExportCreate').schema.default as GgufType[],
+  verify: specField('verify', 'ExportCreate').schema.default as boolean,
+}
+const MERGED_DTYPES = specField('merged_dtype', 'ExportCreate').schema.enum as MergedDtype[]
 
 /** The GGUF types offered up front; the API knows more (ExportCreate.gguf_types). */
 const GGUF_CHOICES: { type: GgufType; help: string }[] = [
@@ -33,8 +45,8 @@ function exportOptionsOf(job: Job): Partial<ExportOptions> {
 
 function outputsLabel(options: Partial<ExportOptions>): string {
   const parts: string[] = []
-  if (options.adapter ?? true) parts.push('adapter')
-  if (options.merged ?? true) parts.push(`merged (${options.merged_dtype ?? 'bfloat16'})`)
+  if (options.adapter ?? DEFAULTS.adapter) parts.push('adapter')
+  if (options.merged ?? DEFAULTS.merged) parts.push(`merged (${options.merged_dtype ?? DEFAULTS.merged_dtype})`)
   if (options.gguf_types?.length) parts.push(`GGUF ${options.gguf_types.join(', ')}`)
   return parts.join(' · ')
 }
@@ -120,11 +132,11 @@ export function savedWeights(artifacts: { kind: string }[] | null | undefined): 
 
 /** Start an export of a finished training job, and follow each export with its own progress. */
 export function ExportPanel({ job, exports, saved, onExported }: ExportPanelProps) {
-  const [adapter, setAdapter] = useState(true)
-  const [merged, setMerged] = useState(true)
-  const [dtype, setDtype] = useState<'bfloat16' | 'float16'>('bfloat16')
-  const [gguf, setGguf] = useState<GgufType[]>(['q8_0'])
-  const [verify, setVerify] = useState(true)
+  const [adapter, setAdapter] = useState(DEFAULTS.adapter)
+  const [merged, setMerged] = useState(DEFAULTS.merged)
+  const [dtype, setDtype] = useState<MergedDtype>(DEFAULTS.merged_dtype)
+  const [gguf, setGguf] = useState<GgufType[]>(DEFAULTS.gguf_types)
+  const [verify, setVerify] = useState(DEFAULTS.verify)
   const [busy, setBusy] = useState(false)
   const [error, setError] = useState<string | null>(null)
   const exportable = job.kind === 'train' && job.status === 'succeeded' && saved !== null
@@ -157,9 +169,8 @@ export function ExportPanel({ job, exports, saved, onExported }: ExportPanelProp
             <label className="check"><input type="checkbox" checked={merged} onChange={(e) => setMerged(e.target.checked)} /> {saved === 'adapter' ? 'Merged model' : '16-bit model'}</label>
             <label className="check">
               <span className="visually-hidden">Merged model precision</span>
-              <select value={dtype} onChange={(e) => setDtype(e.target.value as 'bfloat16' | 'float16')} disabled={!merged} aria-label="Merged model precision">
-                <option value="bfloat16">bfloat16</option>
-                <option value="float16">float16</option>
+              <select value={dtype} onChange={(e) => setDtype(e.target.value as MergedDtype)} disabled={!merged} aria-label="Merged model precision">
+                {MERGED_DTYPES.map((name) => <option key={name} value={name}>{name}</option>)}
               </select>
             </label>
           </div>
