@@ -5,9 +5,13 @@ import re
 from pathlib import Path
 
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+# The longest file name (bytes) Linux file systems hold; a longer one makes stat fail, not answer "no".
+NAME_MAX = 255
 
 
 def inside(root: Path, candidate: Path | str) -> bool:
+    if any(len(part.encode("utf-8", "surrogateescape")) > NAME_MAX for part in Path(candidate).parts):
+        return False
     root = Path(root).resolve()
     resolved = (root / candidate).resolve()
     return resolved != root and resolved.is_relative_to(root)

@@ -16,6 +16,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from lanner.core import db
 from lanner.backend.deps import websocket_user
+from lanner.backend.schemas.common import MAX_ID
 from lanner.core.models import Job
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import get_settings
@@ -37,6 +38,8 @@ def _signed_in(websocket: WebSocket) -> bool:
 
 
 def _job_exists(job_id: int) -> bool:
+    if not 1 <= job_id <= MAX_ID:  # no such row, and a database would refuse to compare with it
+        return False
     with db.session_factory(get_settings().database_url)() as session:
         return session.get(Job, job_id) is not None
 
