@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from redis.asyncio import Redis as AsyncRedis
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 STREAM_ID = re.compile(r"^(\d+(-\d+)?|\$)$")
 BLOCK_MS = 1000
 BATCH = 500
+# How often an open socket asks again whether its user is still signed in (signed out, deactivated,
+# password changed): the stream stops within this many seconds.
+SESSION_RECHECK_S = 2.0
 # WebSocket close codes: 4401 not signed in, 4404 no such job, 4422 bad `after` id.
 UNAUTHORISED, NOT_FOUND, BAD_REQUEST = 4401, 4404, 4422
 
@@ -53,8 +57,14 @@ async def _relay(websocket: WebSocket, stream: str, after: str) -> None:
     redis = AsyncRedis.from_url(get_settings().redis_url, decode_responses=True, socket_connect_timeout=2)
     # Reading the client's side at the same time is how a disconnect is noticed between events.
     closed = asyncio.ensure_future(_until_disconnect(websocket))
+    checked_at = time.monotonic()
     try:
         while not closed.done():
+            if time.monotonic() - checked_at >= SESSION_RECHECK_S:
+                if not await asyncio.to_thread(_signed_in, websocket):
+                    await websocket.close(UNAUTHORISED, "The session ended: sign in again")
+                    return
+                checked_at = time.monotonic()
             answer = await redis.xread({stream: after}, count=BATCH, block=BLOCK_MS)
             for _, entries in answer or []:
                 for event_id, fields in entries:

@@ -7,7 +7,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from lanner.backend.schemas.accounts import NewTeamUser, NewUser, OwnUpdate, UserUpdate
-from lanner.backend.security import hash_password, verify_password
+from lanner.backend.security import close_sessions_of, hash_password, verify_password
 from lanner.core.errors import UserError
 from lanner.core.models import Role, User
 
@@ -65,8 +65,9 @@ def check_password(session: Session, redis: Redis, email: str, password: str) ->
     return user
 
 
-def update_own(session: Session, user: User, body: OwnUpdate) -> User:
-    """One's own display name or password (the current password is needed for the latter)."""
+def update_own(session: Session, redis: Redis, user: User, body: OwnUpdate, own_session: str | None) -> User:
+    """One's own display name or password (the current password is needed for the latter). A new
+    password ends every other session of the user: `own_session`, the token it came with, stays."""
     if body.role is not None or body.is_active is not None:
         raise UserError(403, "Only an admin may change roles or deactivate accounts (PATCH /api/users/{id})")
     if body.password is not None:
@@ -76,6 +77,8 @@ def update_own(session: Session, user: User, body: OwnUpdate) -> User:
     if body.display_name is not None:
         user.display_name = body.display_name
     session.commit()
+    if body.password is not None:
+        close_sessions_of(redis, user.id, keep=own_session)
     return user
 
 
@@ -89,8 +92,9 @@ def create_user(session: Session, body: NewTeamUser) -> User:
     return user
 
 
-def update_user(session: Session, user_id: int, body: UserUpdate) -> User:
-    """An admin's change of a user; the last active admin is neither demoted nor deactivated."""
+def update_user(session: Session, redis: Redis, user_id: int, body: UserUpdate) -> User:
+    """An admin's change of a user; the last active admin is neither demoted nor deactivated. A reset
+    password or a deactivation ends the user's sessions."""
     user = session.get(User, user_id)
     if user is None:
         raise UserError(404, f"No user {user_id}")
@@ -106,4 +110,6 @@ def update_user(session: Session, user_id: int, body: UserUpdate) -> User:
     if body.password is not None:
         user.password_hash = hash_password(body.password)
     session.commit()
+    if body.password is not None or body.is_active is False:
+        close_sessions_of(redis, user.id)
     return user
