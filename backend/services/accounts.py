@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from redis import Redis
-from sqlalchemy import func, select
+from sqlalchemy import false, func, select, update
 from sqlalchemy.orm import Session
 
 from lanner.backend.schemas.accounts import NewTeamUser, NewUser, OwnUpdate, UserUpdate
@@ -82,6 +82,13 @@ def update_own(session: Session, redis: Redis, user: User, body: OwnUpdate, own_
     return user
 
 
+def user_by_email(session: Session, email: str) -> User:
+    user = session.scalar(select(User).where(User.email == email.strip().lower()))
+    if user is None:
+        raise UserError(404, f"No user with the email {email}")
+    return user
+
+
 def create_user(session: Session, body: NewTeamUser) -> User:
     if session.scalar(select(User).where(User.email == body.email)) is not None:
         raise UserError(409, f"A user with the email {body.email} exists already")
@@ -92,18 +99,27 @@ def create_user(session: Session, body: NewTeamUser) -> User:
     return user
 
 
+def _active_admins_locked(session: Session) -> list[int]:
+    """The active admins' ids, read so that two changes at once cannot both take the last-but-one
+    admin: on PostgreSQL the rows stay locked (FOR UPDATE) until commit, so a second change waits
+    and then sees what the first left; SQLite has one writer at a time, and a write that changes
+    nothing takes that turn before the count is read."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(update(User).where(false()).values(role=User.role))
+    return list(session.scalars(select(User.id).where(User.role == Role.admin, User.is_active.is_(True))
+                                .with_for_update()))
+
+
 def update_user(session: Session, redis: Redis, user_id: int, body: UserUpdate) -> User:
     """An admin's change of a user; the last active admin is neither demoted nor deactivated. A reset
     password or a deactivation ends the user's sessions."""
-    user = session.get(User, user_id)
+    loses_admin = body.role == Role.member or body.is_active is False
+    admins = _active_admins_locked(session) if loses_admin else []
+    user = session.get(User, user_id, populate_existing=True)
     if user is None:
         raise UserError(404, f"No user {user_id}")
-    loses_admin = user.role == Role.admin and (body.role == Role.member or body.is_active is False)
-    if loses_admin:
-        admins = session.scalar(select(func.count()).select_from(User).where(
-            User.role == Role.admin, User.is_active.is_(True)))
-        if admins <= 1:
-            raise UserError(409, "This is the last active admin: make another admin first")
+    if loses_admin and user.id in admins and len(admins) <= 1:
+        raise UserError(409, "This is the last active admin: make another admin first")
     for field in ("display_name", "role", "is_active"):
         if getattr(body, field) is not None:
             setattr(user, field, getattr(body, field))
