@@ -14,7 +14,7 @@ from lanner.core.errors import UserError
 from lanner.core.models import ApiToken, Role, User
 from lanner.backend.rate_limits import charge
 from lanner.core.redis_client import get_redis
-from lanner.backend.security import API_TOKEN_PREFIX, SESSION_COOKIE, session_user_id, sha256_hex
+from lanner.backend.security import API_TOKEN_PREFIX, SESSION_COOKIE, is_same_origin, session_user_id, sha256_hex
 from lanner.core.settings import Settings, get_settings
 
 
@@ -95,10 +95,8 @@ def websocket_user(websocket: WebSocket, session: Session, redis: Redis) -> User
     bearer = websocket.query_params.get("token") or _bearer(websocket.headers.get("authorization"))
     cookie = websocket.cookies.get(SESSION_COOKIE)
     origin = websocket.headers.get("origin")
-    if cookie and not bearer and origin:
-        host = websocket.headers.get("host", "")
-        if origin.split("://", 1)[-1].rstrip("/") != host:
-            return None
+    if cookie and not bearer and origin and not is_same_origin(origin, websocket.headers.get("host", "")):
+        return None
     return authenticate(session, redis, cookie, bearer)
 
 

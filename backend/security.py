@@ -49,6 +49,11 @@ def verify_password(password: str, stored: str) -> bool:
     return hmac.compare_digest(actual, base64.b64decode(digest))
 
 
+def is_same_origin(origin: str, host: str) -> bool:
+    """Whether a browser's Origin header names the host the request was sent to (scheme aside)."""
+    return origin.split("://", 1)[-1].rstrip("/") == host
+
+
 def sha256_hex(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
