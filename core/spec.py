@@ -11,6 +11,8 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from lanner.core.errors import UserError
+from lanner.core.model_paths import NOT_ALLOWED, allowed_model_folder
+from lanner.core.settings import get_settings
 
 # Bumped when a stored spec would mean something else to this code: a field renamed or removed, a
 # default changed; each bump comes with an Alembic data migration of the stored jobs.
@@ -134,8 +136,11 @@ class JobSpec(BaseModel):
                 raise ValueError("a local model path may not contain '..'")
             if (info.context or {}).get(STORED):
                 return value
+            folder = allowed_model_folder(value, get_settings())
+            if folder is None:
+                raise ValueError(NOT_ALLOWED)
             try:
-                found = path.is_dir()
+                found = folder.is_dir()
             except OSError:  # a name too long for the file system
                 found = False
             if not found:
