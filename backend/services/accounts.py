@@ -13,7 +13,9 @@ from lanner.core.models import Role, User
 
 SETUP_LOCK = "lanner:setup-lock"
 SETUP_DONE = "Setup is already done: sign in, or ask an admin for an account"
-# Password guessing: after this many failures for one email, sign-in waits out the window.
+# Password guessing: after this many failures for one email from one client address, sign-in from
+# that address waits out the window. Per address too, so a stranger's guesses cannot lock the owner
+# out; guessing from many addresses is slowed by the per-address rate limit on sign-in.
 FAILURES_ALLOWED = 10
 FAILURE_WINDOW_SECONDS = 15 * 60
 _FAILURES = "lanner:sign-in-failures:"
@@ -42,16 +44,23 @@ def create_first_admin(session: Session, redis: Redis, body: NewUser) -> User:
         redis.delete(SETUP_LOCK)
 
 
-def sign_in_wait(redis: Redis, email: str) -> int | None:
-    """Seconds until `email` may try again, once it failed FAILURES_ALLOWED times; None while it may."""
-    key = _FAILURES + email
+def _failures_key(client: str, email: str) -> str:
+    return f"{_FAILURES}{client}:{email}"
+
+
+def sign_in_wait(redis: Redis, client: str, email: str) -> int | None:
+    """Seconds until `email` may try again from `client`, once it failed FAILURES_ALLOWED times from
+    there; None while it may."""
+    key = _failures_key(client, email)
     if int(redis.get(key) or 0) < FAILURES_ALLOWED:
         return None
     return max(redis.ttl(key), 1)
 
 
-def check_password(session: Session, redis: Redis, email: str, password: str) -> User:
-    """The active user with this email and password; a failure counts towards the lockout."""
+def check_password(session: Session, redis: Redis, client: str, email: str, password: str) -> User:
+    """The active user with this email and password; a failure counts towards the lockout of this
+    email from this client address."""
+    failures = _failures_key(client, email)
     user = session.scalar(select(User).where(User.email == email))
     if user is None:
         if not _DUMMY_HASH:
@@ -59,9 +68,9 @@ def check_password(session: Session, redis: Redis, email: str, password: str) ->
         verify_password(password, _DUMMY_HASH[0])
     if user is None or not verify_password(password, user.password_hash) or not user.is_active:
         with redis.pipeline() as pipe:
-            pipe.incr(_FAILURES + email).expire(_FAILURES + email, FAILURE_WINDOW_SECONDS).execute()
+            pipe.incr(failures).expire(failures, FAILURE_WINDOW_SECONDS).execute()
         raise UserError(401, "Wrong email or password")
-    redis.delete(_FAILURES + email)
+    redis.delete(failures)
     return user
 
 
