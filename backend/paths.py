@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+SAFE_NAME_LENGTH = 200
 # The longest file name (bytes) Linux file systems hold; a longer one makes stat fail, not answer "no".
 NAME_MAX = 255
 
@@ -19,5 +20,6 @@ def inside(root: Path, candidate: Path | str) -> bool:
 
 def safe_filename(name: str, default: str = "file") -> str:
     """A file name with no directories, no leading dots and only plain characters."""
-    base = SAFE_NAME.sub("_", Path(name.replace("\\", "/")).name).lstrip("._")
-    return base[:200] or default
+    base = Path(SAFE_NAME.sub("_", Path(name.replace("\\", "/")).name).lstrip("._"))
+    suffix = base.suffix if len(base.suffix) <= 16 else ""  # a long name keeps its extension, which says its format
+    return (base.stem[:SAFE_NAME_LENGTH - len(suffix)] + suffix) if base.name else default

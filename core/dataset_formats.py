@@ -171,7 +171,9 @@ def _read_parquet(path: Path) -> tuple[list[tuple[int, Any]], list[dict]]:
     try:
         rows = pq.read_table(path).to_pylist()
     except Exception as error:  # pyarrow raises several types for a damaged file
-        raise DatasetError(f"{path.name} is not a readable Parquet file: {error}") from None
+        # pyarrow's message names the file by its path on the server: only the reason is shown
+        reason = str(error).replace(str(path), path.name).replace(str(path.parent), "")
+        raise DatasetError(f"{path.name} is not a readable Parquet file: {reason}") from None
     return list(enumerate(rows, start=1)), []
 
 

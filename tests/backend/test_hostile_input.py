@@ -120,3 +120,14 @@ def test_percent_and_underscore_in_a_search_are_letters(team_on_each_database, w
     names = lambda q: sorted(job["name"] for job in team.alice.get("/api/jobs", params={"q": q}).json()["items"])  # noqa: E731
     assert names("%") == ["50% off"]
     assert names("_") == ["a_b"]
+
+
+def test_a_long_file_name_keeps_its_extension(team):
+    response = upload(team.alice, "a" * 240 + ".jsonl", CHAT_ROWS)
+    assert response.status_code == 201, response.text
+
+
+def test_a_damaged_parquet_file_is_refused_without_the_servers_path(team):
+    response = upload(team.alice, "broken.parquet", b"PAR1 not really parquet PAR1")
+    assert response.status_code == 422
+    assert str(team.api.settings.data_dir) not in response.text and "broken.parquet" in response.text
