@@ -5,11 +5,15 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lanner.backend.input_guard import body_refusal, send_refusal, url_refusal
 from lanner.core.errors import UserError
 
 log = logging.getLogger(__name__)
+REDIS_AWAY = ("The studio's Redis is not answering (sign-in sessions, the queue's events and live streams "
+              "live there): try again in a moment; jobs and data in the database are safe")
 
 
 _ANY_ROUTE_ERRORS = {
@@ -49,6 +53,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(UserError)
     async def user_error(request: Request, exc: UserError) -> JSONResponse:
         return JSONResponse({"detail": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def redis_away(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("Redis did not answer on %s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": REDIS_AWAY}, status_code=503, headers={"Retry-After": "5"})
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

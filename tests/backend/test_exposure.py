@@ -38,3 +38,18 @@ def test_wrong_passwords_from_one_client_do_not_lock_the_owner_out_elsewhere(tea
     assert stranger.post("/api/auth/sign-in", json={"email": "bob@example.com", "password": PASSWORD}).status_code == 429
     owner = TestClient(team.api.app, client=("198.51.100.9", 40000))
     assert owner.post("/api/auth/sign-in", json={"email": "bob@example.com", "password": PASSWORD}).status_code == 200
+
+
+def test_while_redis_is_away_a_cookie_request_is_a_503_in_words(team, monkeypatch):
+    from lanner.backend.app import create_app
+    from lanner.backend.errors import REDIS_AWAY
+    from lanner.core.settings import get_settings
+
+    from support import free_port
+
+    monkeypatch.setenv("LANNER_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    get_settings.cache_clear()
+    browser = TestClient(create_app(), cookies=dict(team.alice.cookies))
+    response = browser.get("/api/me")
+    assert response.status_code == 503 and response.json()["detail"] == REDIS_AWAY
+    assert response.headers["retry-after"] == "5"
