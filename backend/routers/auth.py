@@ -70,6 +70,5 @@ def me(user: User = Depends(current_user)) -> User:
 @router.patch("/api/me", response_model=UserOut, responses={**SIGNED_IN_ERRORS, **errors(403)})
 def update_me(body: OwnUpdate, request: Request, user: User = Depends(current_user),
               session: Session = Depends(get_db), redis: Redis = Depends(redis_client)) -> User:
-    """Changes one's own display name or password (the current password is needed for the latter); a
-    new password signs out every other session."""
+    """Changes one's own display name or password (the current password is needed for the latter)."""
     return accounts.update_own(session, redis, user, body, own_session=request.cookies.get(SESSION_COOKIE))
