@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
+from starlette.requests import HTTPConnection
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -12,6 +13,7 @@ from lanner.backend.input_guard import body_refusal, send_refusal, url_refusal
 from lanner.core.errors import UserError
 
 log = logging.getLogger(__name__)
+TRY_AGAIN_LATER = 1013  # the WebSocket close code for a service that is briefly unavailable
 REDIS_AWAY = ("The studio's Redis is not answering (sign-in sessions, the queue's events and live streams "
               "live there): try again in a moment; jobs and data in the database are safe")
 
@@ -56,8 +58,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RedisConnectionError)
     @app.exception_handler(RedisTimeoutError)
-    async def redis_away(request: Request, exc: Exception) -> JSONResponse:
-        log.warning("Redis did not answer on %s %s: %s", request.method, request.url.path, exc)
+    async def redis_away(connection: HTTPConnection, exc: Exception) -> JSONResponse | None:
+        log.warning("Redis did not answer on %s: %s", connection.url.path, exc)
+        if isinstance(connection, WebSocket):
+            await connection.close(TRY_AGAIN_LATER, "Redis is not answering: connect again in a moment")
+            return None
         return JSONResponse({"detail": REDIS_AWAY}, status_code=503, headers={"Retry-After": "5"})
 
     @app.exception_handler(Exception)

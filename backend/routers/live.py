@@ -14,6 +14,7 @@ import time
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import RedisError
 
 from lanner.core import db
 from lanner.backend.deps import websocket_user
@@ -31,6 +32,7 @@ BATCH = 500
 # How often an open socket asks again whether its user is still signed in (signed out, deactivated,
 # password changed): the stream stops within this many seconds.
 SESSION_RECHECK_S = 2.0
+REDIS_RETRY_S = 1.0
 # WebSocket close codes: 4401 not signed in, 4404 no such job, 4422 bad `after` id.
 UNAUTHORISED, NOT_FOUND, BAD_REQUEST = 4401, 4404, 4422
 
@@ -60,12 +62,16 @@ async def _relay(websocket: WebSocket, stream: str, after: str) -> None:
     checked_at = time.monotonic()
     try:
         while not closed.done():
-            if time.monotonic() - checked_at >= SESSION_RECHECK_S:
-                if not await asyncio.to_thread(_signed_in, websocket):
-                    await websocket.close(UNAUTHORISED, "The session ended: sign in again")
-                    return
-                checked_at = time.monotonic()
-            answer = await redis.xread({stream: after}, count=BATCH, block=BLOCK_MS)
+            try:
+                if time.monotonic() - checked_at >= SESSION_RECHECK_S:
+                    if not await asyncio.to_thread(_signed_in, websocket):
+                        await websocket.close(UNAUTHORISED, "The session ended: sign in again")
+                        return
+                    checked_at = time.monotonic()
+                answer = await redis.xread({stream: after}, count=BATCH, block=BLOCK_MS)
+            except RedisError:  # Redis restarting: the socket stays open and reads on after `after`
+                await asyncio.sleep(REDIS_RETRY_S)
+                continue
             for _, entries in answer or []:
                 for event_id, fields in entries:
                     # data is JSON already, as the publisher wrote it: passed on without a re-parse
