@@ -4,10 +4,10 @@ from __future__ import annotations
 import logging
 
 from fastapi import FastAPI, Request, WebSocket
-from starlette.requests import HTTPConnection
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.requests import HTTPConnection
 
 from lanner.backend.input_guard import body_refusal, send_refusal, url_refusal
 from lanner.core.errors import UserError
