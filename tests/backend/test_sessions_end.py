@@ -52,3 +52,12 @@ def test_an_open_stream_stops_when_the_session_ends(team, how):
         else:
             assert team.admin.patch(f"/api/users/{team.ids['bob']}", json={"is_active": False}).status_code == 200
         assert _closed_within(socket, SESSION_RECHECK_S + 5) == UNAUTHORISED
+
+
+def test_the_playground_answers_no_question_after_sign_out(team):
+    with team.bob.websocket_connect("/ws/playground") as socket:
+        assert team.bob.post("/api/auth/sign-out").status_code == 204
+        socket.send_json({"type": "generate", "id": 1, "job_id": 1, "messages": [{"role": "user", "content": "hi"}]})
+        with pytest.raises(WebSocketDisconnect) as closed:
+            socket.receive_json()
+    assert closed.value.code == UNAUTHORISED
