@@ -138,7 +138,7 @@ class JobSpec(BaseModel):
                 return value
             folder = allowed_model_folder(value, get_settings())
             if folder is None:
-                raise ValueError(NOT_ALLOWED)
+                raise ValueError(f"no model folder at {value} that this studio may read: {NOT_ALLOWED}")
             try:
                 found = folder.is_dir()
             except OSError:  # a name too long for the file system
