@@ -8,6 +8,8 @@ from fastapi import FastAPI
 from lanner.backend.errors import BodyLimit, document_common_errors, install_error_handlers
 from lanner.backend.frontend_files import mount_frontend
 from lanner.backend.openapi_document import document_messages
+from lanner.backend.origin_check import SameOriginWrites
+from lanner.backend.security_headers import SecurityHeaders
 from lanner.backend.routers import artifacts, auth, catalog, datasets, health, jobs, live, metrics, playground, tokens, users
 from lanner.core.settings import get_settings
 
@@ -37,6 +39,8 @@ def create_app() -> FastAPI:
     for router in ROUTERS:
         app.include_router(router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, exempt=STREAMING_UPLOAD_PATHS)
+    app.add_middleware(SameOriginWrites)  # a forged request is refused before its body is read
+    app.add_middleware(SecurityHeaders)  # outermost: refusals carry the headers too
     mount_frontend(app, settings.frontend_dir)
     document_common_errors(app)
     document_messages(app)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import statistics
 import threading
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
+from lanner.core.model_paths import NOT_ALLOWED, allowed_model_folder
 from lanner.core.settings import Settings
 from lanner.core.default_model import DEFAULT_MODEL_ID
 
@@ -30,9 +30,9 @@ def tokenizer_dir(model: str, settings: Settings) -> str:
             raise TokenizerUnavailable("the built-in model is not imported yet: run `lanner import-default-model` "
                                        "(the first job does it too)")
         return str(folder)
-    path = Path(model)
-    if not path.is_absolute():
-        path = settings.models_dir / model
+    path = allowed_model_folder(model, settings)
+    if path is None:
+        raise TokenizerUnavailable(NOT_ALLOWED)
     try:
         if (path / "tokenizer.json").is_file():
             return str(path)

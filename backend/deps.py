@@ -14,7 +14,7 @@ from lanner.core.errors import UserError
 from lanner.core.models import ApiToken, Role, User
 from lanner.backend.rate_limits import charge
 from lanner.core.redis_client import get_redis
-from lanner.backend.security import API_TOKEN_PREFIX, SESSION_COOKIE, session_user_id, sha256_hex
+from lanner.backend.security import API_TOKEN_PREFIX, SESSION_COOKIE, is_same_origin, session_user_id, sha256_hex
 from lanner.core.settings import Settings, get_settings
 
 
@@ -73,6 +73,17 @@ def current_user(request: Request, session: Session = Depends(get_db), redis: Re
     return user
 
 
+def signed_in_or_none(request: Request, settings: Settings) -> User | None:
+    """The signed-in user, or None when the request is anonymous or the database or Redis cannot
+    tell (for routes that answer everyone, in more detail to a signed-in user)."""
+    try:
+        with db.session_factory(settings.database_url)() as session:
+            return authenticate(session, get_redis(settings.redis_url), request.cookies.get(SESSION_COOKIE),
+                                _bearer(request.headers.get("authorization")))
+    except Exception:  # a part that is down makes the request anonymous, which health then reports
+        return None
+
+
 def require_admin(user: User = Depends(current_user)) -> User:
     if user.role != Role.admin:
         raise HTTPException(403, "Only an admin may do this")
@@ -95,10 +106,8 @@ def websocket_user(websocket: WebSocket, session: Session, redis: Redis) -> User
     bearer = websocket.query_params.get("token") or _bearer(websocket.headers.get("authorization"))
     cookie = websocket.cookies.get(SESSION_COOKIE)
     origin = websocket.headers.get("origin")
-    if cookie and not bearer and origin:
-        host = websocket.headers.get("host", "")
-        if origin.split("://", 1)[-1].rstrip("/") != host:
-            return None
+    if cookie and not bearer and origin and not is_same_origin(origin, websocket.headers.get("host", "")):
+        return None
     return authenticate(session, redis, cookie, bearer)
 
 
@@ -111,10 +120,13 @@ def per_user(bucket: str):
     return Depends(limit)
 
 
+def client_address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
 def per_client(bucket: str):
     """A rate limit for routes used before sign-in, counted per client address."""
     def limit(request: Request, redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> None:
-        address = request.client.host if request.client else "unknown"
-        charge(redis, bucket, f"client:{address}", getattr(settings, f"{bucket}_per_minute"))
+        charge(redis, bucket, f"client:{client_address(request)}", getattr(settings, f"{bucket}_per_minute"))
 
     return Depends(limit)

@@ -1,15 +1,21 @@
 """Every error is JSON {"detail": …}; request bodies are capped before any route reads them."""
 from __future__ import annotations
 
-import json
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.requests import HTTPConnection
 
+from lanner.backend.input_guard import body_refusal, send_refusal, url_refusal
 from lanner.core.errors import UserError
 
 log = logging.getLogger(__name__)
+TRY_AGAIN_LATER = 1013  # the WebSocket close code for a service that is briefly unavailable
+REDIS_AWAY = ("The studio's Redis is not answering (sign-in sessions, the queue's events and live streams "
+              "live there): try again in a moment; jobs and data in the database are safe")
 
 
 _ANY_ROUTE_ERRORS = {
@@ -50,6 +56,15 @@ def install_error_handlers(app: FastAPI) -> None:
     async def user_error(request: Request, exc: UserError) -> JSONResponse:
         return JSONResponse({"detail": exc.message}, status_code=exc.status)
 
+    @app.exception_handler(RedisConnectionError)
+    @app.exception_handler(RedisTimeoutError)
+    async def redis_away(connection: HTTPConnection, exc: Exception) -> JSONResponse | None:
+        log.warning("Redis did not answer on %s: %s", connection.url.path, exc)
+        if isinstance(connection, WebSocket):
+            await connection.close(TRY_AGAIN_LATER, "Redis is not answering: connect again in a moment")
+            return None
+        return JSONResponse({"detail": REDIS_AWAY}, status_code=503, headers={"Retry-After": "5"})
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -58,13 +73,19 @@ def install_error_handlers(app: FastAPI) -> None:
 
 class BodyLimit:
     """Refuses request bodies over `limit` bytes with 413, whether the size is announced
-    (Content-Length) or not (chunked). Streaming uploads (`exempt` paths) enforce their own limit."""
+    (Content-Length) or not (chunked). Streaming uploads (`exempt` paths) enforce their own limit.
+    Then refuses with 422 what no route could store or answer (lanner.backend.input_guard)."""
 
     def __init__(self, app, limit: int, exempt: tuple[str, ...] = ()):
         self.app, self.limit, self.exempt = app, limit, exempt
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in self.exempt:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        refusal = url_refusal(scope)
+        if refusal:
+            return await send_refusal(send, 422, refusal)
+        if scope["path"] in self.exempt:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         length = headers.get(b"content-length")
@@ -82,6 +103,9 @@ class BodyLimit:
             if not message.get("more_body"):
                 break
         body = b"".join(chunks)
+        refusal = body_refusal(scope, body)
+        if refusal:
+            return await send_refusal(send, 422, refusal)
         replayed = False
 
         async def replay():
@@ -94,7 +118,4 @@ class BodyLimit:
         return await self.app(scope, replay, send)
 
     async def _too_large(self, send):
-        payload = json.dumps({"detail": f"Request body over {self.limit} bytes"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
-        await send({"type": "http.response.body", "body": payload})
+        await send_refusal(send, 413, f"Request body over {self.limit} bytes")

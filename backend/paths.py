@@ -5,9 +5,14 @@ import re
 from pathlib import Path
 
 SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+SAFE_NAME_LENGTH = 200
+# The longest file name (bytes) Linux file systems hold; a longer one makes stat fail, not answer "no".
+NAME_MAX = 255
 
 
 def inside(root: Path, candidate: Path | str) -> bool:
+    if any(len(part.encode("utf-8", "surrogateescape")) > NAME_MAX for part in Path(candidate).parts):
+        return False
     root = Path(root).resolve()
     resolved = (root / candidate).resolve()
     return resolved != root and resolved.is_relative_to(root)
@@ -15,5 +20,6 @@ def inside(root: Path, candidate: Path | str) -> bool:
 
 def safe_filename(name: str, default: str = "file") -> str:
     """A file name with no directories, no leading dots and only plain characters."""
-    base = SAFE_NAME.sub("_", Path(name.replace("\\", "/")).name).lstrip("._")
-    return base[:200] or default
+    base = Path(SAFE_NAME.sub("_", Path(name.replace("\\", "/")).name).lstrip("._"))
+    suffix = base.suffix if len(base.suffix) <= 16 else ""  # a long name keeps its extension, which says its format
+    return (base.stem[:SAFE_NAME_LENGTH - len(suffix)] + suffix) if base.name else default

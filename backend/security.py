@@ -22,6 +22,8 @@ MIN_PASSWORD_LENGTH = 8
 
 SESSION_COOKIE = "lanner_session"
 SESSION_PREFIX = "lanner:session:"
+# Per user, the keys of their sessions, so a password change, a reset or a deactivation ends them all.
+USER_SESSIONS_PREFIX = "lanner:user-sessions:"
 API_TOKEN_PREFIX = "lnr_"
 
 
@@ -47,6 +49,11 @@ def verify_password(password: str, stored: str) -> bool:
     return hmac.compare_digest(actual, base64.b64decode(digest))
 
 
+def is_same_origin(origin: str, host: str) -> bool:
+    """Whether a browser's Origin header names the host the request was sent to (scheme aside)."""
+    return origin.split("://", 1)[-1].rstrip("/") == host
+
+
 def sha256_hex(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -55,16 +62,36 @@ def new_api_token() -> str:
     return API_TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
+def _session_key(token: str) -> str:
+    return SESSION_PREFIX + sha256_hex(token)
+
+
 def open_session(redis: Redis, user_id: int, days: int) -> str:
     token = secrets.token_urlsafe(32)
-    redis.set(SESSION_PREFIX + sha256_hex(token), str(user_id), ex=days * 86400)
+    index = USER_SESSIONS_PREFIX + str(user_id)
+    with redis.pipeline() as pipe:  # the index lives as long as the newest session it lists
+        pipe.set(_session_key(token), str(user_id), ex=days * 86400)
+        pipe.sadd(index, _session_key(token)).expire(index, days * 86400).execute()
     return token
 
 
 def session_user_id(redis: Redis, token: str) -> int | None:
-    value = redis.get(SESSION_PREFIX + sha256_hex(token))
+    value = redis.get(_session_key(token))
     return int(value) if value else None
 
 
 def close_session(redis: Redis, token: str) -> None:
-    redis.delete(SESSION_PREFIX + sha256_hex(token))
+    user_id = session_user_id(redis, token)
+    redis.delete(_session_key(token))
+    if user_id is not None:
+        redis.srem(USER_SESSIONS_PREFIX + str(user_id), _session_key(token))
+
+
+def close_sessions_of(redis: Redis, user_id: int, keep: str | None = None) -> None:
+    """Ends every browser session of a user but `keep` (the token of the session that asked)."""
+    index = USER_SESSIONS_PREFIX + str(user_id)
+    kept = _session_key(keep) if keep else None
+    ended = [key for key in redis.smembers(index) if (key.decode() if isinstance(key, bytes) else key) != kept]
+    if ended:
+        with redis.pipeline() as pipe:
+            pipe.delete(*ended).srem(index, *ended).execute()

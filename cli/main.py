@@ -1,4 +1,4 @@
-"""The `lanner` command: up (the whole studio), api, worker, migrate, import-default-model."""
+"""The `lanner` command: up (the whole studio), api, worker, migrate, import-default-model, admin."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +20,11 @@ def main(argv: list[str] | None = None) -> None:
                              "(default: what CUDA_VISIBLE_DEVICES says)")
     commands.add_parser("migrate", help="bring the database schema to the latest version")
     commands.add_parser("import-default-model", help="import the built-in SmolLM2 into the data dir")
+    admin = commands.add_parser("admin", help="recover access without the API: promote a user, reset a password")
+    admin_actions = admin.add_subparsers(dest="action", required=True)
+    admin_actions.add_parser("promote", help="make EMAIL an active admin").add_argument("email")
+    admin_actions.add_parser("reset-password", help="set EMAIL's password (asked for, or the first line of "
+                                                    "standard input) and end their sessions").add_argument("email")
     args = parser.parse_args(argv)
     settings = get_settings()
 
@@ -55,6 +60,10 @@ def main(argv: list[str] | None = None) -> None:
 
         settings.ensure_dirs()
         print(imported_model_dir(settings.models_dir))
+    elif args.command == "admin":
+        from lanner.cli.admin import run
+
+        run(settings, args.action, args.email)
 
 
 def _claim_a_gpu(settings) -> str:

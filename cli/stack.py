@@ -69,6 +69,9 @@ def worker_envs() -> list[tuple[str, dict]]:
     return [(f"gpu{number}", {"CUDA_VISIBLE_DEVICES": gpu}) for number, gpu in enumerate(gpus)]
 
 
+REDIS_CHILD = "redis"
+
+
 class Stack:
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -104,8 +107,7 @@ class Stack:
             print(f"Redis: using {settings.redis_url}", flush=True)
         else:
             print(f"Redis: nothing answers at {settings.redis_url}; starting a local redis-server.", flush=True)
-            process = start_local_redis(settings.redis_url, settings.data_dir / "redis", settings.logs_dir / "redis.log")
-            self.children.append(Child("redis", process, settings.logs_dir / "redis.log"))
+            self._start_redis()
 
         self._spawn("api", [sys.executable, "-m", "uvicorn", "lanner.backend.app:create_app", "--factory",
                             "--host", settings.host, "--port", str(settings.port), "--log-level", settings.log_level])
@@ -127,17 +129,26 @@ class Stack:
         raise SystemExit(f"Lanner did not come up within {READY_TIMEOUT_SECONDS} s; last health: {state}. "
                          f"Logs: {self.settings.logs_dir}")
 
+    def _start_redis(self) -> None:
+        settings = self.settings
+        process = start_local_redis(settings.redis_url, settings.data_dir / "redis", settings.logs_dir / "redis.log")
+        self.children.append(Child(REDIS_CHILD, process, settings.logs_dir / "redis.log"))
+
     def check_children(self, restart_workers: bool = False) -> None:
-        """A dead worker is started again (its job goes back to the queue through late acks);
-        a dead API or Redis stops the studio, since nothing works without them."""
+        """A dead worker is started again (its job goes back to the queue through late acks), and so
+        is the Redis `up` started (from its snapshot: the API answers 503 and streams wait meanwhile);
+        a dead API stops the studio, since nothing works without it."""
         for index, child in enumerate(self.children):
             code = child.process.poll()
             if code is None:
                 continue
-            if restart_workers and child.name.startswith("worker-"):
+            if restart_workers and (child.name.startswith("worker-") or child.name == REDIS_CHILD):
                 print(f"{child.name} stopped (exit code {code}); starting it again.", flush=True)
                 self.children.pop(index)
-                self._spawn(child.name, child.command, child.extra_env)
+                if child.name == REDIS_CHILD:
+                    self._start_redis()
+                else:
+                    self._spawn(child.name, child.command, child.extra_env)
                 return
             tail = child.log.read_text(errors="replace")[-2000:] if child.log.exists() else ""
             raise SystemExit(f"{child.name} stopped (exit code {code}). End of {child.log}:\n{tail}")

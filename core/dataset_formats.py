@@ -29,6 +29,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from lanner.core import strict_json
+
 BAD_ROWS_REPORTED = 100
 ROLES = ("system", "user", "assistant")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
@@ -90,9 +92,11 @@ def _read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], list[dict]]:
         if not line:
             continue
         try:
-            records.append((number, json.loads(line)))
+            records.append((number, strict_json.loads(line)))
         except json.JSONDecodeError as error:
             bad.append({"line": number, "reason": f"malformed JSON: {error.msg} at column {error.colno}"})
+        except strict_json.UnstorableJson as error:
+            bad.append({"line": number, "reason": str(error)})
     return records, bad
 
 
@@ -101,10 +105,12 @@ def _read_json(path: Path) -> tuple[list[tuple[int, Any]], list[dict]]:
     if not text.strip():
         return [], []
     try:
-        value = json.loads(text)
+        value = strict_json.loads(text)
     except json.JSONDecodeError as error:
         raise DatasetError(f"{path.name} is not valid JSON: {error.msg} on line {error.lineno}, "
                            f"column {error.colno}.") from None
+    except strict_json.UnstorableJson as error:
+        raise DatasetError(f"{path.name}: {error}") from None
     if isinstance(value, dict):
         lists = [key for key, item in value.items() if isinstance(item, list)]
         if len(lists) != 1:
@@ -153,8 +159,8 @@ def _cell(value: str) -> Any:
     stripped = value.strip()
     if stripped[:1] in ("[", "{"):
         try:
-            return json.loads(stripped)
-        except json.JSONDecodeError:
+            return strict_json.loads(stripped)
+        except ValueError:  # not JSON, or JSON that cannot be kept: the cell stays text
             pass
     return value
 
@@ -165,7 +171,9 @@ def _read_parquet(path: Path) -> tuple[list[tuple[int, Any]], list[dict]]:
     try:
         rows = pq.read_table(path).to_pylist()
     except Exception as error:  # pyarrow raises several types for a damaged file
-        raise DatasetError(f"{path.name} is not a readable Parquet file: {error}") from None
+        # pyarrow's message names the file by its path on the server: only the reason is shown
+        reason = str(error).replace(str(path), path.name).replace(str(path.parent), "")
+        raise DatasetError(f"{path.name} is not a readable Parquet file: {reason}") from None
     return list(enumerate(rows, start=1)), []
 
 

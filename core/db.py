@@ -64,3 +64,12 @@ def current_revision(url: str) -> str | None:
     with get_engine(url).connect() as connection:
         connection.execute(text("SELECT 1"))
         return MigrationContext.configure(connection).get_current_revision()
+
+
+# `%` and `_` typed by a person are letters to search for, not LIKE wildcards.
+LIKE_ESCAPE = "\\"
+
+
+def like_literal(text: str) -> str:
+    """`text` escaped for a LIKE pattern with ESCAPE LIKE_ESCAPE."""
+    return text.replace(LIKE_ESCAPE, LIKE_ESCAPE * 2).replace("%", LIKE_ESCAPE + "%").replace("_", LIKE_ESCAPE + "_")

@@ -27,6 +27,8 @@ class Settings(BaseSettings):
     hub_url: str = Field(default="https://huggingface.co", description="Model hub searched by /api/models/search")
     hub_timeout_s: float = Field(default=5.0, gt=0, description="How long a hub request waits before answering offline")
     hub_token: str = Field(default="", description="Hugging Face access token, for gated and private models")
+    local_model_dirs: str = Field(default="", description="Folders (separated by ':') local models may be read "
+                                                          "from; empty: DATA_DIR/models")
     min_free_bytes: int = Field(default=1024**3, ge=0,
                                 description="Disk space uploads and model downloads leave free (for checkpoints)")
     # Requests per minute, per user (per client address for sign-in), as a token bucket: bursts up
@@ -48,6 +50,12 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return self.data_dir / "models"
+
+    @property
+    def allowed_model_dirs(self) -> list[Path]:
+        """LANNER_LOCAL_MODEL_DIRS resolved (symlinks too, so a path is compared with where it leads)."""
+        given = [Path(folder).expanduser() for folder in self.local_model_dirs.split(":") if folder.strip()]
+        return [folder.resolve() for folder in given or [self.models_dir]]
 
     @property
     def datasets_dir(self) -> Path:

@@ -11,6 +11,8 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from lanner.core.errors import UserError
+from lanner.core.model_paths import NOT_ALLOWED, allowed_model_folder
+from lanner.core.settings import get_settings
 
 # Bumped when a stored spec would mean something else to this code: a field renamed or removed, a
 # default changed; each bump comes with an Alembic data migration of the stored jobs.
@@ -23,6 +25,8 @@ Method = Literal["lora", "qlora", "full", "pretrain", "dpo", "orpo", "kto"]
 ADAPTER_METHODS = {"lora", "qlora"}
 PREFERENCE_METHODS = {"dpo", "orpo", "kto"}
 WHOLE_MODEL_METHODS = {"full", "pretrain"}
+# NaN and Infinity pass every bound check (comparisons with NaN are all false) and cannot be stored as JSON.
+SPEC_MODEL_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[A-Za-z0-9][\w.\-]{0,95}$")
 
 # Learning rates that work for each method when the user gives none: adapters take large steps,
@@ -40,7 +44,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 class Hyperparameters(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = SPEC_MODEL_CONFIG
 
     learning_rate: float | None = Field(default=None, gt=0, le=1, description="Defaults per method",
                                         json_schema_extra={"x-default-by-method": DEFAULT_LEARNING_RATE})
@@ -81,7 +85,7 @@ class Hyperparameters(BaseModel):
 
 
 class LoraSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = SPEC_MODEL_CONFIG
 
     rank: int = Field(default=16, ge=1, le=1024)
     alpha: float = Field(default=32, gt=0, le=4096)
@@ -90,7 +94,7 @@ class LoraSettings(BaseModel):
 
 
 class PreferenceSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = SPEC_MODEL_CONFIG
 
     beta: float = Field(default=0.1, gt=0, le=10)
     max_prompt_len: int | None = Field(default=None, ge=8, le=131_072)
@@ -98,14 +102,14 @@ class PreferenceSettings(BaseModel):
 
 class JobSpec(BaseModel):
     """Fields are checked in order, so the later checks can read `method` and `hyperparameters`."""
-    model_config = ConfigDict(extra="forbid")
+    model_config = SPEC_MODEL_CONFIG
 
     method: Method = Field(json_schema_extra={"x-method-groups": {
         "adapter": sorted(ADAPTER_METHODS), "preference": sorted(PREFERENCE_METHODS),
         "whole_model": sorted(WHOLE_MODEL_METHODS)}})
     model: str = Field(min_length=1, max_length=1024,
                        description="builtin/SmolLM2-135M-Instruct, a hub id (org/name) or an absolute local path")
-    dataset_id: int = Field(ge=1, le=2**31 - 1)
+    dataset_id: int = Field(ge=1, le=2**31 - 1, strict=True)
     name: str | None = Field(default=None, max_length=200)
     preset: Literal["quick", "balanced", "thorough"] | None = Field(
         default=None, description="Fills hyperparameters the spec leaves out", json_schema_extra={"x-presets": PRESETS})
@@ -134,14 +138,24 @@ class JobSpec(BaseModel):
                 raise ValueError("a local model path may not contain '..'")
             if (info.context or {}).get(STORED):
                 return value
+            folder = allowed_model_folder(value, get_settings())
+            if folder is None:
+                raise ValueError(f"no model folder at {value} that this studio may read: {NOT_ALLOWED}")
             try:
-                found = path.is_dir()
+                found = folder.is_dir()
             except OSError:  # a name too long for the file system
                 found = False
             if not found:
                 raise ValueError(f"no model folder at {value} on this machine")
             return value
         raise ValueError("give builtin/SmolLM2-135M-Instruct, a hub id like Qwen/Qwen2.5-0.5B, or an absolute path")
+
+    @field_validator("resume_from")
+    @classmethod
+    def _checkpoint_name(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip("."):
+            raise ValueError("a checkpoint name, not '.' or '..'")
+        return value
 
     @model_validator(mode="before")
     @classmethod

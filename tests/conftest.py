@@ -2,12 +2,11 @@
 whole studio started the way `./lanner up` starts it."""
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
 
-from support import POSTGRES_ADMIN_URL, TEST_CACHE, RunningStack, free_port, stack_env
+from support import TEST_CACHE, RunningStack, fresh_postgres_database, free_port, stack_env
 
 
 @pytest.fixture(scope="session")
@@ -21,23 +20,8 @@ def smollm2_dir() -> Path:
 @pytest.fixture
 def postgres_url():
     """A fresh PostgreSQL database for one test, dropped at its end."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    name = f"lanner_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:
-        pytest.fail(f"PostgreSQL is needed at {POSTGRES_ADMIN_URL} (set LANNER_TEST_POSTGRES_URL): {exc}")
-    yield make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    from lanner.core.db import get_engine
-
-    get_engine.cache_clear()
-    with admin.connect() as connection:
-        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with fresh_postgres_database() as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 import urllib.request
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,6 +21,31 @@ SYSTEM_REDIS_URL = os.environ.get("LANNER_TEST_REDIS_URL", "redis://127.0.0.1:63
 # 12 turned out to be written by other tests on this machine).
 WORKER_REDIS_URL = SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/" + os.environ.get("LANNER_TEST_WORKER_REDIS_DB", "15")
 LANNER_BIN = str(Path(sys.executable).with_name("lanner"))
+
+
+@contextmanager
+def fresh_postgres_database():
+    """The URL of a new PostgreSQL database, dropped when the block ends."""
+    import pytest
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"lanner_test_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        pytest.fail(f"PostgreSQL is needed at {POSTGRES_ADMIN_URL} (set LANNER_TEST_POSTGRES_URL): {exc}")
+    try:
+        yield make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        from lanner.core.db import get_engine
+
+        get_engine.cache_clear()
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 def free_port() -> int:

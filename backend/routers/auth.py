@@ -5,7 +5,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from redis import Redis
 from sqlalchemy.orm import Session
 
-from lanner.backend.deps import current_user, get_db, per_client, redis_client
+from lanner.backend.deps import client_address, current_user, get_db, per_client, redis_client
 from lanner.backend.services import accounts
 from lanner.core.models import User
 from lanner.backend.schemas.accounts import NewUser, OwnUpdate, SetupState, SignIn, UserOut
@@ -41,12 +41,12 @@ def setup(body: NewUser, request: Request, response: Response, session: Session 
              responses={**errors(422, 429), 401: {**errors(401)[401], "description": "Wrong email or password"}})
 def sign_in(body: SignIn, request: Request, response: Response, session: Session = Depends(get_db),
             redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> User:
-    email = body.email.strip().lower()
-    wait = accounts.sign_in_wait(redis, email)
+    email, client = body.email.strip().lower(), client_address(request)
+    wait = accounts.sign_in_wait(redis, client, email)
     if wait is not None:
-        raise HTTPException(429, f"Too many failed sign-ins for {email}: try again in {wait} s",
+        raise HTTPException(429, f"Too many failed sign-ins for {email} from here: try again in {wait} s",
                             headers={"Retry-After": str(wait)})
-    user = accounts.check_password(session, redis, email, body.password)
+    user = accounts.check_password(session, redis, client, email, body.password)
     _sign_in(response, request, redis, user, settings)
     return user
 
@@ -68,6 +68,7 @@ def me(user: User = Depends(current_user)) -> User:
 
 
 @router.patch("/api/me", response_model=UserOut, responses={**SIGNED_IN_ERRORS, **errors(403)})
-def update_me(body: OwnUpdate, user: User = Depends(current_user), session: Session = Depends(get_db)) -> User:
+def update_me(body: OwnUpdate, request: Request, user: User = Depends(current_user),
+              session: Session = Depends(get_db), redis: Redis = Depends(redis_client)) -> User:
     """Changes one's own display name or password (the current password is needed for the latter)."""
-    return accounts.update_own(session, user, body)
+    return accounts.update_own(session, redis, user, body, own_session=request.cookies.get(SESSION_COOKIE))

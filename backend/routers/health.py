@@ -1,12 +1,15 @@
-"""GET /api/health: the state of the database, Redis and the workers, for people and monitors."""
+"""GET /api/health: the state of the database, Redis and the workers, for people and monitors.
+Anyone may ask (monitors and `lanner up` are not signed in); only a signed-in user sees where the
+database and Redis are, why a part is down, and the workers' host and device names."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 from sqlalchemy.engine import make_url
 
+from lanner.backend.deps import signed_in_or_none
 from lanner.core import db
-from lanner.core.messages.device import WorkerRecord
+from lanner.core.messages.device import Device, WorkerRecord
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import Settings, get_settings
 from lanner.core.worker_registry import live_workers
@@ -51,9 +54,26 @@ def _redis_health(url: str) -> tuple[PartHealth, list[WorkerRecord]]:
         return PartHealth(ok=False, url=shown, detail=f"cannot connect: {exc}"), []
 
 
+def _anonymous_part(part: PartHealth) -> PartHealth:
+    """The part's URL without its host, port, path or database name; the reason without what follows
+    `cannot connect` (a driver's message names files and hosts)."""
+    detail = "cannot connect" if part.detail and part.detail.startswith("cannot connect") else part.detail
+    return PartHealth(ok=part.ok, url=part.url.split("://", 1)[0] + ":///", detail=detail)
+
+
+def _anonymous_worker(worker: WorkerRecord) -> WorkerRecord:
+    device = Device(kind=worker.device.kind, name=worker.device.kind, memory_total_bytes=worker.device.memory_total_bytes,
+                    memory_free_bytes=worker.device.memory_free_bytes)
+    return WorkerRecord(name=worker.name.split("@", 1)[0], device=device, last_seen=worker.last_seen,
+                        reserved_by=worker.reserved_by.split("@", 1)[0] if worker.reserved_by else None)
+
+
 @router.get("/api/health", response_model=Health)
-def health(settings: Settings = Depends(get_settings)) -> Health:
+def health(request: Request, settings: Settings = Depends(get_settings)) -> Health:
     database = _database_health(settings.database_url)
     redis, workers = _redis_health(settings.redis_url)
     status = "ok" if database.ok and redis.ok and workers else "degraded"
+    if not database.ok or signed_in_or_none(request, settings) is None:
+        database, redis = _anonymous_part(database), _anonymous_part(redis)
+        workers = [_anonymous_worker(worker) for worker in workers]
     return Health(status=status, version=VERSION, database=database, redis=redis, workers=workers)

@@ -10,12 +10,15 @@ import asyncio
 import json
 import logging
 import re
+import time
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import RedisError
 
 from lanner.core import db
 from lanner.backend.deps import websocket_user
+from lanner.backend.schemas.common import MAX_ID
 from lanner.core.models import Job
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import get_settings
@@ -26,6 +29,10 @@ log = logging.getLogger(__name__)
 STREAM_ID = re.compile(r"^(\d+(-\d+)?|\$)$")
 BLOCK_MS = 1000
 BATCH = 500
+# How often an open socket asks again whether its user is still signed in (signed out, deactivated,
+# password changed): the stream stops within this many seconds.
+SESSION_RECHECK_S = 2.0
+REDIS_RETRY_S = 1.0
 # WebSocket close codes: 4401 not signed in, 4404 no such job, 4422 bad `after` id.
 UNAUTHORISED, NOT_FOUND, BAD_REQUEST = 4401, 4404, 4422
 
@@ -37,6 +44,8 @@ def _signed_in(websocket: WebSocket) -> bool:
 
 
 def _job_exists(job_id: int) -> bool:
+    if not 1 <= job_id <= MAX_ID:  # no such row, and a database would refuse to compare with it
+        return False
     with db.session_factory(get_settings().database_url)() as session:
         return session.get(Job, job_id) is not None
 
@@ -50,9 +59,19 @@ async def _relay(websocket: WebSocket, stream: str, after: str) -> None:
     redis = AsyncRedis.from_url(get_settings().redis_url, decode_responses=True, socket_connect_timeout=2)
     # Reading the client's side at the same time is how a disconnect is noticed between events.
     closed = asyncio.ensure_future(_until_disconnect(websocket))
+    checked_at = time.monotonic()
     try:
         while not closed.done():
-            answer = await redis.xread({stream: after}, count=BATCH, block=BLOCK_MS)
+            try:
+                if time.monotonic() - checked_at >= SESSION_RECHECK_S:
+                    if not await asyncio.to_thread(_signed_in, websocket):
+                        await websocket.close(UNAUTHORISED, "The session ended: sign in again")
+                        return
+                    checked_at = time.monotonic()
+                answer = await redis.xread({stream: after}, count=BATCH, block=BLOCK_MS)
+            except RedisError:  # Redis restarting: the socket stays open and reads on after `after`
+                await asyncio.sleep(REDIS_RETRY_S)
+                continue
             for _, entries in answer or []:
                 for event_id, fields in entries:
                     # data is JSON already, as the publisher wrote it: passed on without a re-parse

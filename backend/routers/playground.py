@@ -149,6 +149,9 @@ async def playground_socket(websocket: WebSocket) -> None:
                 if current is not None:
                     current.stop.set()
             elif kind == "generate":
+                if await asyncio.to_thread(_signed_in, websocket, settings) is None:  # signed out since
+                    await websocket.close(UNAUTHORISED, "The session ended: sign in again")
+                    return
                 if current is not None and current.running():
                     refuse("busy", "An answer is still coming: stop it or wait for it before asking again.",
                            message.get("id"))

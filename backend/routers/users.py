@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
+from redis import Redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lanner.backend.deps import current_user, get_db, require_admin
+from lanner.backend.deps import current_user, get_db, redis_client, require_admin
 from lanner.backend.services import accounts
 from lanner.core.models import User
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, PathId, errors
@@ -26,5 +27,5 @@ def create_user(body: NewTeamUser, _: User = Depends(require_admin), session: Se
 
 @router.patch("/api/users/{user_id}", response_model=UserOut, responses=errors(403, 404, 409))
 def update_user(user_id: PathId, body: UserUpdate, admin: User = Depends(require_admin),
-                session: Session = Depends(get_db)) -> User:
-    return accounts.update_user(session, user_id, body)
+                session: Session = Depends(get_db), redis: Redis = Depends(redis_client)) -> User:
+    return accounts.update_user(session, redis, user_id, body)

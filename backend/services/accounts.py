@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from redis import Redis
-from sqlalchemy import func, select
+from sqlalchemy import false, func, select, update
 from sqlalchemy.orm import Session
 
 from lanner.backend.schemas.accounts import NewTeamUser, NewUser, OwnUpdate, UserUpdate
-from lanner.backend.security import hash_password, verify_password
+from lanner.backend.security import close_sessions_of, hash_password, verify_password
 from lanner.core.errors import UserError
 from lanner.core.models import Role, User
 
 SETUP_LOCK = "lanner:setup-lock"
 SETUP_DONE = "Setup is already done: sign in, or ask an admin for an account"
-# Password guessing: after this many failures for one email, sign-in waits out the window.
+# Password guessing: after this many failures for one email from one client address, sign-in from
+# that address waits out the window. Per address too, so a stranger's guesses cannot lock the owner
+# out; guessing from many addresses is slowed by the per-address rate limit on sign-in.
 FAILURES_ALLOWED = 10
 FAILURE_WINDOW_SECONDS = 15 * 60
 _FAILURES = "lanner:sign-in-failures:"
@@ -42,16 +44,23 @@ def create_first_admin(session: Session, redis: Redis, body: NewUser) -> User:
         redis.delete(SETUP_LOCK)
 
 
-def sign_in_wait(redis: Redis, email: str) -> int | None:
-    """Seconds until `email` may try again, once it failed FAILURES_ALLOWED times; None while it may."""
-    key = _FAILURES + email
+def _failures_key(client: str, email: str) -> str:
+    return f"{_FAILURES}{client}:{email}"
+
+
+def sign_in_wait(redis: Redis, client: str, email: str) -> int | None:
+    """Seconds until `email` may try again from `client`, once it failed FAILURES_ALLOWED times from
+    there; None while it may."""
+    key = _failures_key(client, email)
     if int(redis.get(key) or 0) < FAILURES_ALLOWED:
         return None
     return max(redis.ttl(key), 1)
 
 
-def check_password(session: Session, redis: Redis, email: str, password: str) -> User:
-    """The active user with this email and password; a failure counts towards the lockout."""
+def check_password(session: Session, redis: Redis, client: str, email: str, password: str) -> User:
+    """The active user with this email and password; a failure counts towards the lockout of this
+    email from this client address."""
+    failures = _failures_key(client, email)
     user = session.scalar(select(User).where(User.email == email))
     if user is None:
         if not _DUMMY_HASH:
@@ -59,14 +68,15 @@ def check_password(session: Session, redis: Redis, email: str, password: str) ->
         verify_password(password, _DUMMY_HASH[0])
     if user is None or not verify_password(password, user.password_hash) or not user.is_active:
         with redis.pipeline() as pipe:
-            pipe.incr(_FAILURES + email).expire(_FAILURES + email, FAILURE_WINDOW_SECONDS).execute()
+            pipe.incr(failures).expire(failures, FAILURE_WINDOW_SECONDS).execute()
         raise UserError(401, "Wrong email or password")
-    redis.delete(_FAILURES + email)
+    redis.delete(failures)
     return user
 
 
-def update_own(session: Session, user: User, body: OwnUpdate) -> User:
-    """One's own display name or password (the current password is needed for the latter)."""
+def update_own(session: Session, redis: Redis, user: User, body: OwnUpdate, own_session: str | None) -> User:
+    """One's own display name or password (the current password is needed for the latter). A new
+    password ends every other session of the user: `own_session`, the token it came with, stays."""
     if body.role is not None or body.is_active is not None:
         raise UserError(403, "Only an admin may change roles or deactivate accounts (PATCH /api/users/{id})")
     if body.password is not None:
@@ -76,6 +86,15 @@ def update_own(session: Session, user: User, body: OwnUpdate) -> User:
     if body.display_name is not None:
         user.display_name = body.display_name
     session.commit()
+    if body.password is not None:
+        close_sessions_of(redis, user.id, keep=own_session)
+    return user
+
+
+def user_by_email(session: Session, email: str) -> User:
+    user = session.scalar(select(User).where(User.email == email.strip().lower()))
+    if user is None:
+        raise UserError(404, f"No user with the email {email}")
     return user
 
 
@@ -89,21 +108,33 @@ def create_user(session: Session, body: NewTeamUser) -> User:
     return user
 
 
-def update_user(session: Session, user_id: int, body: UserUpdate) -> User:
-    """An admin's change of a user; the last active admin is neither demoted nor deactivated."""
-    user = session.get(User, user_id)
+def _active_admins_locked(session: Session) -> list[int]:
+    """The active admins' ids, read so that two changes at once cannot both take the last-but-one
+    admin: on PostgreSQL the rows stay locked (FOR UPDATE) until commit, so a second change waits
+    and then sees what the first left; SQLite has one writer at a time, and a write that changes
+    nothing takes that turn before the count is read."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(update(User).where(false()).values(role=User.role))
+    return list(session.scalars(select(User.id).where(User.role == Role.admin, User.is_active.is_(True))
+                                .with_for_update()))
+
+
+def update_user(session: Session, redis: Redis, user_id: int, body: UserUpdate) -> User:
+    """An admin's change of a user; the last active admin is neither demoted nor deactivated. A reset
+    password or a deactivation ends the user's sessions."""
+    loses_admin = body.role == Role.member or body.is_active is False
+    admins = _active_admins_locked(session) if loses_admin else []
+    user = session.get(User, user_id, populate_existing=True)
     if user is None:
         raise UserError(404, f"No user {user_id}")
-    loses_admin = user.role == Role.admin and (body.role == Role.member or body.is_active is False)
-    if loses_admin:
-        admins = session.scalar(select(func.count()).select_from(User).where(
-            User.role == Role.admin, User.is_active.is_(True)))
-        if admins <= 1:
-            raise UserError(409, "This is the last active admin: make another admin first")
+    if loses_admin and user.id in admins and len(admins) <= 1:
+        raise UserError(409, "This is the last active admin: make another admin first")
     for field in ("display_name", "role", "is_active"):
         if getattr(body, field) is not None:
             setattr(user, field, getattr(body, field))
     if body.password is not None:
         user.password_hash = hash_password(body.password)
     session.commit()
+    if body.password is not None or body.is_active is False:
+        close_sessions_of(redis, user.id)
     return user

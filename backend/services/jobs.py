@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from lanner.backend.paths import inside
 from lanner.backend.schemas.jobs import QueueMove
+from lanner.core.db import LIKE_ESCAPE, like_literal
 from lanner.core.errors import UserError
 from lanner.core.export_spec import ExportSpec
 from lanner.core.messages.records import CancelRequested
@@ -70,7 +71,7 @@ def page_of_jobs(session: Session, *, statuses: list[JobStatus] | None, owner_id
     if dataset_id is not None:
         query = query.where(Job.dataset_id == dataset_id)
     if name_contains:
-        query = query.where(Job.name.ilike(f"%{name_contains}%"))
+        query = query.where(Job.name.ilike(f"%{like_literal(name_contains)}%", escape=LIKE_ESCAPE))
     total = session.scalar(select(func.count()).select_from(query.subquery()))
     return list(session.scalars(query.order_by(Job.id.desc()).offset(offset).limit(limit))), total
 

@@ -146,3 +146,11 @@ def team_with(api, monkeypatch):
         return make_team(api)
 
     return make
+
+
+@pytest.fixture
+def allowed_smollm2(api, monkeypatch, smollm2_dir):
+    """The test cache's SmolLM2 checkpoint, in a folder the API allows local models from."""
+    monkeypatch.setenv("LANNER_LOCAL_MODEL_DIRS", f"{api.settings.models_dir}:{smollm2_dir.parent}")
+    get_settings.cache_clear()
+    return smollm2_dir

@@ -115,7 +115,8 @@ def test_delete_is_for_the_owner_or_an_admin_and_not_while_a_job_needs_it(team, 
     assert team.admin.delete("/api/datasets/999").status_code == 404
 
 
-def test_preview_marks_the_trained_tokens_and_stats_count_them(team, smollm2_dir):
+def test_preview_marks_the_trained_tokens_and_stats_count_them(team, allowed_smollm2):
+    smollm2_dir = allowed_smollm2
     dataset = upload(team.alice, "chat.jsonl", CHAT_ROWS).json()
     model = str(smollm2_dir)
     shown = team.bob.get(f"/api/datasets/{dataset['id']}/preview", params={"model": model, "rows": 2})
@@ -153,7 +154,8 @@ def test_an_upload_that_would_fill_the_disk_is_refused(team_with):
     assert leftovers(team.api) == [] and team.alice.get("/api/datasets").json()["total"] == 0
 
 
-def test_the_upload_report_has_token_lengths_for_the_chosen_model(team, smollm2_dir):
+def test_the_upload_report_has_token_lengths_for_the_chosen_model(team, allowed_smollm2):
+    smollm2_dir = allowed_smollm2
     measured = upload(team.alice, "chat.jsonl", CHAT_ROWS, model=str(smollm2_dir)).json()["report"]
     stats = measured["token_stats"]
     assert stats["model"] == str(smollm2_dir) and stats["sequences"] == 5 and stats["task"] == "sft"

@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from lanner.core.errors import UserError
+from lanner.core.settings import get_settings
 from lanner.core.spec import SPEC_VERSION, JobSpec, load_spec, shown_config, stored_config
 
 BASE = {"method": "lora", "model": "builtin/SmolLM2-135M-Instruct", "dataset_id": 1}
@@ -20,7 +21,9 @@ def test_a_stored_spec_reads_back_as_it_was_validated():
     assert shown_config({"export": {"adapter": True}}) == {"export": {"adapter": True}}
 
 
-def test_a_stored_local_model_path_is_not_checked_again_on_reading(tmp_path):
+def test_a_stored_local_model_path_is_not_checked_again_on_reading(tmp_path, monkeypatch):
+    monkeypatch.setenv("LANNER_LOCAL_MODEL_DIRS", str(tmp_path.parent))
+    get_settings.cache_clear()
     spec = JobSpec.model_validate({**BASE, "model": str(tmp_path)})
     stored = stored_config(spec)
     tmp_path.rmdir()  # the worker that reads it may be another machine

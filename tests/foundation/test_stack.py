@@ -118,3 +118,24 @@ def test_one_cpu_worker_without_gpus_and_cuda_visible_devices_is_respected(monke
     assert stack_module.visible_gpus() == ["2", "5"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert stack_module.visible_gpus() == []
+
+
+def test_the_redis_up_started_is_started_again_when_it_stops(tmp_path):
+    from lanner.cli.redis_server import answers
+    from lanner.cli.stack import REDIS_CHILD, Stack
+    from lanner.core.settings import Settings
+
+    settings = Settings(data_dir=tmp_path, redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    settings.ensure_dirs()
+    stack = Stack(settings)
+    try:
+        stack._start_redis()
+        Redis.from_url(settings.redis_url).set("kept", "1")
+        [redis] = stack.children
+        os.kill(redis.process.pid, signal.SIGTERM)  # saves its snapshot, as a stopped Redis does
+        redis.process.wait(10)
+        stack.check_children(restart_workers=True)
+        assert answers(settings.redis_url) and [child.name for child in stack.children] == [REDIS_CHILD]
+        assert Redis.from_url(settings.redis_url).get("kept") == b"1"
+    finally:
+        stack.stop()
