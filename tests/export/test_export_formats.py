@@ -183,3 +183,38 @@ def test_several_llama_cpp_types_from_the_one_f16_conversion(full_export, tmp_pa
             llm.close()
     assert sizes["q4_0"] < sizes["q5_k_m"] < sizes["q6_k"] < artifact(full_export, "gguf", "q8_0")["bytes"]
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+# Unlike the check's own prompts (English, code, a short chat turn): German, numbers, markup, SQL.
+OTHER_PROMPTS = ("Die Hauptstadt von Deutschland ist Berlin, und die von Spanien ist",
+                 "1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144,",
+                 "<html><body><h1>Lanner</h1><p>A studio for fine-tuning language models on your own GPU.</p>",
+                 "SELECT name, COUNT(*) FROM jobs WHERE status = 'failed' GROUP BY name ORDER BY 2 DESC;")
+
+
+def test_merged_weights_are_the_float32_merge_rounded_once(full_export, smollm2_dir, trained_adapter):
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    expected = PeftModel.from_pretrained(base, trained_adapter).merge_and_unload().state_dict()
+    exported = load_file(full_export["out"] / "merged" / "model.safetensors")
+    differ = [name for name, tensor in exported.items() if not torch.equal(tensor, expected[name].to(torch.bfloat16))]
+    assert exported and differ == []
+
+
+def test_the_merged_bound_holds_on_prompts_unlike_the_checks(full_export, smollm2_dir, trained_adapter, tmp_path):
+    """The bound is one cast of the float32 merge to the merged dtype (docs/export.md): a right merge
+    sits on it, on any prompts; one rounded twice (the base on load, the sum again) does not."""
+    from lanner.worker.export import export_merged, verify_merged
+
+    merged_dirs = {"bfloat16": full_export["out"] / "merged"}
+    merged_dirs["float16"] = export_merged(smollm2_dir, trained_adapter, tmp_path / "merged-f16", dtype="float16")["path"]
+    for dtype, merged_dir in merged_dirs.items():
+        check = verify_merged(smollm2_dir, trained_adapter, merged_dir, texts=OTHER_PROMPTS)
+        print(f"\n{dtype} on other prompts: max |logit diff| {check['max_abs_logit_diff']:.4f}, one cast "
+              f"{check['noise_floor_max_abs_logit_diff']:.4f}, bound {check['bound_max_abs_logit_diff']:.4f}")
+        assert check["merged_dtype"] == dtype and check["passed"], check
+        assert check["max_abs_logit_diff"] <= check["noise_floor_max_abs_logit_diff"] + 1e-4
