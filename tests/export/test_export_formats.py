@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from export_helpers import BASE_MODEL_NAME
+from export_helpers import BASE_MODEL_HUB_ID
 
 TEMPLATE_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 
@@ -72,7 +72,7 @@ def test_adapter_loads_in_plain_peft_with_base_recorded(full_export, smollm2_dir
 
     adapter_dir = full_export["out"] / artifact(full_export, "adapter")["path"]
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == BASE_MODEL_NAME
+    assert config["base_model_name_or_path"] == BASE_MODEL_HUB_ID  # issue 25: was BASE_MODEL_NAME, Lanner's own name
     assert isinstance(config["target_modules"], list) and not config["use_dora"]
     assert config["bias"] == "none" and not config["modules_to_save"]
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32), adapter_dir)
@@ -218,3 +218,53 @@ def test_the_merged_bound_holds_on_prompts_unlike_the_checks(full_export, smollm
               f"{check['noise_floor_max_abs_logit_diff']:.4f}, bound {check['bound_max_abs_logit_diff']:.4f}")
         assert check["merged_dtype"] == dtype and check["passed"], check
         assert check["max_abs_logit_diff"] <= check["noise_floor_max_abs_logit_diff"] + 1e-4
+
+
+def test_the_adapter_loads_with_peft_alone_by_the_base_it_names(full_export, smollm2_dir, trained_adapter, tmp_path):
+    """As a user outside Lanner loads it: AutoPeftModelForCausalLM finds the base by the name in
+    adapter_config.json. No hub here: the base is put in a Hugging Face cache under its hub id, read
+    offline, in a fresh interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    adapter_dir = full_export["out"] / artifact(full_export, "adapter")["path"]
+    card = (adapter_dir / "README.md").read_text()
+    assert f"base_model: {BASE_MODEL_HUB_ID}" in card and "AutoPeftModelForCausalLM.from_pretrained(adapter)" in card
+    snapshot = tmp_path / "hub" / f"models--{BASE_MODEL_HUB_ID.replace('/', '--')}" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for file in smollm2_dir.iterdir():
+        (snapshot / file.name).symlink_to(file)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    ids = [1, 504, 3575, 282, 4649, 314]
+    script = ("import sys, torch; from peft import AutoPeftModelForCausalLM; "
+              "model = AutoPeftModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32); "
+              f"torch.save(model(torch.tensor([{ids}])).logits, sys.argv[2])")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", script, str(adapter_dir), str(tmp_path / "logits.pt")], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    with torch.no_grad():
+        expected = PeftModel.from_pretrained(base, trained_adapter).eval()(torch.tensor([ids])).logits
+    # the same weights; the other interpreter's thread count may order the float32 sums differently
+    assert torch.allclose(torch.load(tmp_path / "logits.pt"), expected, rtol=0, atol=1e-4)
+
+
+def test_an_adapter_names_a_local_base_by_its_path_and_a_hub_base_by_its_id(tmp_path):
+    from lanner.worker.export import ExportRequest
+    from lanner.worker.export.pipeline import loadable_base_name
+
+    local = tmp_path / "models" / "my-model"
+    local.mkdir(parents=True)
+    named = {model: loadable_base_name(ExportRequest(base_model_dir=path, adapter_dir=None, out_dir=tmp_path,
+                                                     base_model_name=model))
+             for model, path in (("my-model", local), ("org/hub-model", "org/hub-model"),
+                                 ("builtin/SmolLM2-135M-Instruct", local))}
+    assert named == {"my-model": str(local.resolve()), "org/hub-model": "org/hub-model",
+                     "builtin/SmolLM2-135M-Instruct": BASE_MODEL_HUB_ID}

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lanner.core.default_model import DEFAULT_MODEL_HUB_ID, DEFAULT_MODEL_ID
 from lanner.core.export_spec import GGUF_BITS_PER_WEIGHT, GGUF_TYPES, MERGED_DTYPES, ExportSpec, FormatStatus
 
 from .adapter import adapter_weights_size, export_adapter
@@ -49,7 +50,7 @@ class ExportRequest:
     base_model_dir: Path           # the 16/32-bit base checkpoint the job trained from
     adapter_dir: Path | None       # the trainer's PEFT adapter; None for a whole trained model (model_dir)
     out_dir: Path                  # e.g. LANNER_DATA_DIR/artifacts/<job>/export
-    base_model_name: str | None = None   # recorded in adapter_config.json (default: base_model_dir)
+    base_model_name: str | None = None   # the job's model: hub id, local path or DEFAULT_MODEL_ID (see loadable_base_name)
     name: str = "model"            # file stem of the GGUFs
     adapter: bool = DEFAULT.adapter
     merged: bool = DEFAULT.merged
@@ -87,6 +88,16 @@ def _quantization(request: ExportRequest) -> Quantization | None:
     return None if request.base_quantization is None else Quantization.from_config(request.base_quantization)
 
 
+def loadable_base_name(request: ExportRequest) -> str:
+    """The base as loaders outside Lanner find it (adapter_config.json's base_model_name_or_path): the
+    built-in model's hub id, a local checkpoint's absolute path, else the hub id the job named."""
+    if request.base_model_name == DEFAULT_MODEL_ID:
+        return DEFAULT_MODEL_HUB_ID
+    if Path(request.base_model_dir).is_dir():
+        return str(Path(request.base_model_dir).resolve())
+    return request.base_model_name or str(request.base_model_dir)
+
+
 def expected_bytes(request: ExportRequest) -> dict[str, int]:
     """Sizes the export will write, by part (the intermediate merged model and f16 GGUF included)."""
     sizes = {}
@@ -117,7 +128,7 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
     started = time.monotonic()
     validate(request)
     out_dir = Path(request.out_dir)
-    base_name = request.base_model_name or str(request.base_model_dir)
+    base_name = loadable_base_name(request)
     progress("check", 0.0)
     remove_partials(out_dir)  # left by an earlier attempt that was killed
     sizes = expected_bytes(request)
@@ -132,7 +143,8 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
         adapter_dir = request.adapter_dir
         if request.adapter:
             info = export_adapter(request.adapter_dir, work / "adapter", base_model=base_name,
-                                  progress=progress, check_space=False)
+                                  progress=progress, check_space=False,
+                                  built_in_copy=request.base_model_name == DEFAULT_MODEL_ID)
             adapter_dir = work / "adapter"  # verify what we ship
             _keep(manifest, "adapter", _relative(info, work, kind="adapter"), FormatStatus.unchecked)
 
