@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 from lanner.core.export_spec import ExportSpec
@@ -23,12 +24,20 @@ class Cancelled(Exception):
     pass
 
 
+# Within a stage, at most one progress event this often: the converters report every tensor (565 for
+# SmolLM2), far more than a progress bar shows and a job's stream should keep. A stage's first and
+# last reports (0 and 1) always go out.
+PROGRESS_INTERVAL_S = 0.5
+
+
 class ExportProcess(JobProcess):
     failure_prefix = "Export failed"
 
     def __init__(self, job_id: int):
         super().__init__(job_id)
         self.cancel_requested = False
+        self.published_stage: str | None = None
+        self.published_at = 0.0
 
     def on_sigterm(self, _signum, _frame):
         self.cancel_requested = True  # raised from the next progress call; the export cleans up
@@ -36,6 +45,10 @@ class ExportProcess(JobProcess):
     def progress(self, stage: str, fraction: float) -> None:
         if self.cancel_requested:
             raise Cancelled()
+        now = time.monotonic()
+        if stage == self.published_stage and 0.0 < fraction < 1.0 and now - self.published_at < PROGRESS_INTERVAL_S:
+            return
+        self.published_stage, self.published_at = stage, now
         self.events.publish(ExportProgress(stage=stage, fraction=round(fraction, 3)))
 
     def load(self) -> tuple[Job, Job, Artifact, Path]:

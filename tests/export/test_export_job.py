@@ -165,3 +165,23 @@ def test_an_export_job_keeps_what_passed_and_its_final_status_names_what_failed(
     assert verification["gguf"]["q8_0"]["passed"] is False
     assert any(kind == "log" and data["level"] == "warning" and data["message"].startswith("Left out gguf-q8_0")
                for _, kind, data in events)
+
+
+def test_export_progress_is_throttled_within_a_stage_but_keeps_each_stage_start_and_end(settings):
+    from lanner.worker.export_process import ExportProcess
+
+    published = []
+
+    class Events:
+        def publish(self, event):
+            published.append((event.stage, event.fraction))
+
+    process = ExportProcess(1)
+    process.events = Events()
+    process.progress("merge", 0.0)
+    process.progress("merge", 1.0)
+    for tensor in range(565):  # one call a tensor, as the GGUF converter makes them
+        process.progress("gguf-f16", tensor / 565)
+    process.progress("gguf-f16", 1.0)
+    process.progress("verify-gguf", 0.5)
+    assert published == [("merge", 0.0), ("merge", 1.0), ("gguf-f16", 0.0), ("gguf-f16", 1.0), ("verify-gguf", 0.5)]
