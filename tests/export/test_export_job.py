@@ -11,7 +11,7 @@ from redis import Redis
 from lanner.core import db
 from lanner.core.models import Artifact, Job, JobKind, JobStatus
 from lanner.core.queue.claim import claim_next_job
-from lanner.core.settings import Settings
+from lanner.core.settings import Settings, get_settings
 from lanner.core.streams import job_stream, read_after
 from lanner.worker.devices import cpu_device
 from lanner.worker.runner import run_job
@@ -134,6 +134,7 @@ def test_an_export_job_keeps_what_passed_and_its_final_status_names_what_failed(
     from lanner.worker.job_process import EXIT_PARTIAL
 
     monkeypatch.setattr(pipeline, "Q8_0_KL_BOUND", 0.0)  # no q8_0 file is that close: its check fails
+    get_settings.cache_clear()  # the process reads this test's environment
     owner, parent = trained_job(settings, trained_adapter)
     sessions = db.session_factory(settings.database_url)
     with sessions() as session:
@@ -176,6 +177,7 @@ def test_export_progress_is_throttled_within_a_stage_but_keeps_each_stage_start_
         def publish(self, event):
             published.append((event.stage, event.fraction))
 
+    get_settings.cache_clear()  # the process reads this test's environment
     process = ExportProcess(1)
     process.events = Events()
     process.progress("merge", 0.0)
