@@ -176,7 +176,7 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
                     _drop(manifest, "merged", FormatStatus.failed, reason)
                 for qtype in request.gguf_types:
                     _drop(manifest, f"gguf-{qtype}", FormatStatus.not_made,
-                          "Not made: GGUF files are converted from the merged model, which failed its check.")
+                          f"Not made: GGUF files are converted from the merged model. {reason}")
             else:
                 if request.merged:
                     _keep(manifest, "merged", _relative(info, work, kind="merged"), made)
