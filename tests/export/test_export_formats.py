@@ -261,10 +261,12 @@ def test_an_adapter_names_a_local_base_by_its_path_and_a_hub_base_by_its_id(tmp_
     from lanner.worker.export.pipeline import loadable_base_name
 
     local = tmp_path / "models" / "my-model"
-    local.mkdir(parents=True)
-    named = {model: loadable_base_name(ExportRequest(base_model_dir=path, adapter_dir=None, out_dir=tmp_path,
-                                                     base_model_name=model))
-             for model, path in (("my-model", local), ("org/hub-model", "org/hub-model"),
-                                 ("builtin/SmolLM2-135M-Instruct", local))}
-    assert named == {"my-model": str(local.resolve()), "org/hub-model": "org/hub-model",
-                     "builtin/SmolLM2-135M-Instruct": BASE_MODEL_HUB_ID}
+    downloaded = tmp_path / "models" / "org" / "hub-model"  # where the studio downloads a hub model
+    for folder in (local, downloaded):
+        folder.mkdir(parents=True)
+    expected = [("my-model", local, str(local.resolve())), (str(local), local, str(local.resolve())),
+                ("org/hub-model", "org/hub-model", "org/hub-model"), ("org/hub-model", downloaded, "org/hub-model"),
+                ("builtin/SmolLM2-135M-Instruct", local, BASE_MODEL_HUB_ID)]
+    for model, path, name in expected:
+        request = ExportRequest(base_model_dir=path, adapter_dir=None, out_dir=tmp_path, base_model_name=model)
+        assert loadable_base_name(request) == name, model

@@ -18,6 +18,7 @@ Layout of out_dir:
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,6 +39,7 @@ from .verify import (F16_KL_BOUND, Q8_0_KL_BOUND, merged_reference, tokenizer_te
                      verify_whole_model)
 
 MANIFEST = "export.json"
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # the hub's "owner/name"
 # progress(stage, fraction) is called with these stages, in this order, each from 0.0 to 1.0
 # ("gguf-<type>" for f16/bf16/q8_0 from our converter, "quantize-<type>" for llama.cpp's types;
 # "merge" is the 16-bit save of a whole trained model too).
@@ -90,12 +92,16 @@ def _quantization(request: ExportRequest) -> Quantization | None:
 
 def loadable_base_name(request: ExportRequest) -> str:
     """The base as loaders outside Lanner find it (adapter_config.json's base_model_name_or_path): the
-    built-in model's hub id, a local checkpoint's absolute path, else the hub id the job named."""
-    if request.base_model_name == DEFAULT_MODEL_ID:
+    built-in model's hub id; a hub id as the job named it ("org/name", even when the studio downloaded
+    it into its models folder); else the local checkpoint's absolute path."""
+    name = request.base_model_name
+    if name == DEFAULT_MODEL_ID:
         return DEFAULT_MODEL_HUB_ID
+    if name and HUB_ID.match(name) and not Path(name).expanduser().is_absolute():
+        return name
     if Path(request.base_model_dir).is_dir():
         return str(Path(request.base_model_dir).resolve())
-    return request.base_model_name or str(request.base_model_dir)
+    return name or str(request.base_model_dir)
 
 
 def expected_bytes(request: ExportRequest) -> dict[str, int]:
