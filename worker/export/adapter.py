@@ -159,8 +159,9 @@ def model_card(config: dict, base_model: str, *, built_in_copy: bool, has_tokeni
         "```", "",
         "On a base model you have already loaded: `PeftModel.from_pretrained(base, adapter)`; merged into it: "
         "`model.merge_and_unload()`.", "",
-        f"vLLM: `vllm serve {base_model} --enable-lora --max-lora-rank {max(16, config.get('r') or 16)} "
-        "--lora-modules mine=path/to/this/folder` (the adapter is checked for vLLM's LoRA loader).", "",
+        f"vLLM: `vllm serve {base_model} --enable-lora --lora-modules mine=path/to/this/folder`, with "
+        f"`--max-lora-rank` at least {config.get('r')} when that is over vLLM's default of 16 (the adapter is "
+        "checked for vLLM's LoRA loader).", "",
     ]
     return front + "\n".join(lines)
 
