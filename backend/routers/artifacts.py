@@ -1,4 +1,5 @@
-"""Artifacts: list per job, download (one HTTP range at a time, so large files resume), delete.
+"""Artifacts: list per job, download (one HTTP range at a time, so large files resume; HEAD for the
+size and ETag alone; If-None-Match answered 304 when the file is unchanged), delete.
 Every path is resolved (symlinks and '..' included) and must stay inside the data dir."""
 from __future__ import annotations
 
@@ -71,6 +72,15 @@ def _check_range(header: str, size: int) -> None:
         raise unsatisfiable
 
 
+def _unchanged(if_none_match: str | None, etag: str) -> bool:
+    """Whether an If-None-Match header matches the file's ETag (weak comparison, as RFC 9110 asks of GET/HEAD)."""
+    if not if_none_match:
+        return False
+    tags = [tag.strip().removeprefix("W/") for tag in if_none_match.split(",")]
+    return "*" in tags or etag.removeprefix("W/") in tags
+
+
+@router.head("/api/artifacts/{artifact_id}/download", include_in_schema=False)
 @router.get("/api/artifacts/{artifact_id}/download",
             response_class=FileResponse,
             responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
@@ -96,9 +106,13 @@ def download_artifact(artifact_id: PathId, request: Request,
         raise HTTPException(422, f"Artifact {artifact_id} is a single file: leave out ?file=")
     if not location.is_file():
         raise HTTPException(404, f"The file of artifact {artifact_id} is missing")
+    stat = location.stat()
+    response = FileResponse(location, filename=location.name, media_type="application/octet-stream", stat_result=stat)
+    if _unchanged(request.headers.get("if-none-match"), response.headers["etag"]):  # before Range (RFC 9110 13.2.2)
+        return Response(status_code=304, headers={key: response.headers[key] for key in ("etag", "last-modified")})
     if request.headers.get("range"):
-        _check_range(request.headers["range"], location.stat().st_size)
-    return FileResponse(location, filename=location.name, media_type="application/octet-stream")
+        _check_range(request.headers["range"], stat.st_size)
+    return response
 
 
 @router.delete("/api/artifacts/{artifact_id}", status_code=204, responses=errors(403))

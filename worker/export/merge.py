@@ -1,8 +1,9 @@
-"""Merged model: the adapter folded into a freshly loaded 16-bit copy of the base, saved as
-safetensors with tokenizer and chat template. Never into quantised weights: a LoRA adapter is merged
-into the base checkpoint loaded in the target dtype; a QLoRA adapter into the base its training saw,
-quantised to 4 bits and dequantised once (dequantize.py), each layer merged in float32 and rounded
-to 16 bits once. A job that trained every weight has nothing to merge: its model is saved in 16 bits
+"""Merged model: the adapter folded into a freshly loaded copy of the base, saved in 16 bits as
+safetensors with tokenizer and chat template. Never into quantised weights, and every weight rounded
+to 16 bits once: a LoRA adapter is merged into the base checkpoint loaded in float32 (which holds a
+16- or 32-bit checkpoint exactly), then the sum is cast to the target dtype; a QLoRA adapter into the
+base its training saw, quantised to 4 bits and dequantised once (dequantize.py), each layer merged
+in float32 and rounded to 16 bits once. A job that trained every weight has nothing to merge: its model is saved in 16 bits
 with the same files (export_whole_model)."""
 from __future__ import annotations
 
@@ -101,20 +102,24 @@ def _start(source_dir: Path, out_dir: Path, dtype: str, check_space: bool, progr
 def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dtype: str = "bfloat16",
                   device: str = "cpu", quantization: Quantization | None = None,
                   progress: ProgressFn = no_progress, check_space: bool = True) -> dict:
-    """Merge adapter_dir into base_model_dir loaded in `dtype` and save to out_dir (atomically).
-    quantization: how QLoRA training quantised the base (None for a LoRA adapter)."""
+    """Merge adapter_dir into base_model_dir in float32, round to `dtype` once and save to out_dir
+    (atomically). quantization: how QLoRA training quantised the base (None for a LoRA adapter)."""
+    import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     base_model_dir, adapter_dir, out_dir = Path(base_model_dir), Path(adapter_dir), Path(out_dir)
     torch_dtype = _start(base_model_dir, out_dir, dtype, check_space, progress)
     # A QLoRA base is loaded in the dtype its weights were quantised from: the 4-bit codes depend on it.
-    load_dtype = torch_dtype if quantization is None else quantization.source_dtype(base_model_dir)
+    # A LoRA base in float32: merged in the target dtype, each weight would be rounded twice (the base
+    # on load, the sum again), which moves the logits about twice as far as the one rounding that
+    # saving in 16 bits must cost (docs/export.md, "The merged model's bound").
+    load_dtype = torch.float32 if quantization is None else quantization.source_dtype(base_model_dir)
     base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=load_dtype, device_map=device)
     progress("merge", 0.3)
     if quantization is None:
         model = PeftModel.from_pretrained(base, adapter_dir)
-        merged = model.merge_and_unload()
+        merged = model.merge_and_unload().to(torch_dtype)
     else:
         model = merged = _merge_into_dequantised(base, adapter_dir, quantization, torch_dtype)
     merged.config.dtype = torch_dtype

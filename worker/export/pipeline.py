@@ -1,6 +1,9 @@
 """One export job: adapter, merged model, GGUF files (+ Ollama Modelfiles), verification and a
-manifest, built in a temporary directory beside `out_dir` and renamed into place only when all of it
-succeeded. The free disk is checked for the whole export before anything is written. A job that
+manifest, built in a temporary directory beside `out_dir` and renamed into place at the end. Each
+format is kept when its check passes; one that fails its check is removed and reported in the
+manifest's `formats` (with the GGUFs made from a merged model that failed), and the export fails only
+when nothing it was asked for is kept, or on an error (disk, cancel, a bad adapter), which leaves
+nothing. The free disk is checked for the whole export before anything is written. A job that
 trained every weight (model_dir, no adapter) has no adapter to export: its "merged" model is the
 trained model saved in 16 bits, and the GGUF files are converted from that.
 
@@ -9,17 +12,20 @@ Layout of out_dir:
     merged/                       merged (or whole trained) 16-bit safetensors + tokenizer + chat template
     gguf/<name>-<type>.gguf       one per requested type; <name>-<type>.Modelfile beside each,
     gguf/Modelfile                and Modelfile for the smallest type
-    export.json                   the manifest: artifacts (relative paths, bytes) and verification
+    export.json                   the manifest: artifacts (relative paths, bytes, status), each format's
+                                  status (`formats`, FormatStatus), what failed and why (`failed`), verification
 """
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lanner.core.export_spec import GGUF_BITS_PER_WEIGHT, GGUF_TYPES, MERGED_DTYPES, ExportSpec
+from lanner.core.default_model import DEFAULT_MODEL_HUB_ID, DEFAULT_MODEL_ID
+from lanner.core.export_spec import GGUF_BITS_PER_WEIGHT, GGUF_TYPES, MERGED_DTYPES, ExportSpec, FormatStatus
 
 from .adapter import adapter_weights_size, export_adapter
 from .dequantize import Quantization
@@ -33,6 +39,7 @@ from .verify import (F16_KL_BOUND, Q8_0_KL_BOUND, merged_reference, tokenizer_te
                      verify_whole_model)
 
 MANIFEST = "export.json"
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # the hub's "owner/name"
 # progress(stage, fraction) is called with these stages, in this order, each from 0.0 to 1.0
 # ("gguf-<type>" for f16/bf16/q8_0 from our converter, "quantize-<type>" for llama.cpp's types;
 # "merge" is the 16-bit save of a whole trained model too).
@@ -45,7 +52,7 @@ class ExportRequest:
     base_model_dir: Path           # the 16/32-bit base checkpoint the job trained from
     adapter_dir: Path | None       # the trainer's PEFT adapter; None for a whole trained model (model_dir)
     out_dir: Path                  # e.g. LANNER_DATA_DIR/artifacts/<job>/export
-    base_model_name: str | None = None   # recorded in adapter_config.json (default: base_model_dir)
+    base_model_name: str | None = None   # the job's model: hub id, local path or DEFAULT_MODEL_ID (see loadable_base_name)
     name: str = "model"            # file stem of the GGUFs
     adapter: bool = DEFAULT.adapter
     merged: bool = DEFAULT.merged
@@ -83,6 +90,20 @@ def _quantization(request: ExportRequest) -> Quantization | None:
     return None if request.base_quantization is None else Quantization.from_config(request.base_quantization)
 
 
+def loadable_base_name(request: ExportRequest) -> str:
+    """The base as loaders outside Lanner find it (adapter_config.json's base_model_name_or_path): the
+    built-in model's hub id; a hub id as the job named it ("org/name", even when the studio downloaded
+    it into its models folder); else the local checkpoint's absolute path."""
+    name = request.base_model_name
+    if name == DEFAULT_MODEL_ID:
+        return DEFAULT_MODEL_HUB_ID
+    if name and HUB_ID.match(name) and not Path(name).expanduser().is_absolute():
+        return name
+    if Path(request.base_model_dir).is_dir():
+        return str(Path(request.base_model_dir).resolve())
+    return name or str(request.base_model_dir)
+
+
 def expected_bytes(request: ExportRequest) -> dict[str, int]:
     """Sizes the export will write, by part (the intermediate merged model and f16 GGUF included)."""
     sizes = {}
@@ -107,12 +128,13 @@ def expected_bytes(request: ExportRequest) -> dict[str, int]:
 
 def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> dict:
     """Make every artifact the request asks for, verify them, and return the manifest (also written
-    to out_dir/export.json). Raises ExportError (NotEnoughDiskSpace for a short disk); on any failure
-    nothing of this export is left on disk."""
+    to out_dir/export.json). A format that fails its check is left out and reported (manifest
+    `formats` and `failed`); raises ExportError when nothing asked for is kept (NotEnoughDiskSpace
+    for a short disk), and then, as on any error, nothing of this export is left on disk."""
     started = time.monotonic()
     validate(request)
     out_dir = Path(request.out_dir)
-    base_name = request.base_model_name or str(request.base_model_dir)
+    base_name = loadable_base_name(request)
     progress("check", 0.0)
     remove_partials(out_dir)  # left by an earlier attempt that was killed
     sizes = expected_bytes(request)
@@ -121,14 +143,16 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
 
     manifest: dict = {"base_model": base_name, "expected_bytes": sizes, "free_bytes_at_start": free,
                       "request": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(request).items()},
-                      "artifacts": [], "verification": {}}
+                      "artifacts": [], "formats": {}, "failed": {}, "verification": {}}
+    made = FormatStatus.verified if request.verify else FormatStatus.unchecked
     with atomic_dir(out_dir) as work:
         adapter_dir = request.adapter_dir
         if request.adapter:
             info = export_adapter(request.adapter_dir, work / "adapter", base_model=base_name,
-                                  progress=progress, check_space=False)
+                                  progress=progress, check_space=False,
+                                  built_in_copy=request.base_model_name == DEFAULT_MODEL_ID)
             adapter_dir = work / "adapter"  # verify what we ship
-            manifest["artifacts"].append(_relative(info, work, kind="adapter"))
+            _keep(manifest, "adapter", _relative(info, work, kind="adapter"), FormatStatus.unchecked)
 
         if request.merged or request.gguf_types:
             if request.model_dir is None:
@@ -139,9 +163,7 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
                 info = export_whole_model(request.model_dir, work / "merged", base_model_dir=request.base_model_dir,
                                           dtype=request.merged_dtype, device=request.device, progress=progress,
                                           check_space=False)
-            if request.merged:
-                manifest["artifacts"].append(_relative(info, work, kind="merged"))
-            reference = None
+            merged_passed, reference = True, None
             if request.verify:
                 progress("verify-merged", 0.0)
                 if request.model_dir is None:
@@ -152,19 +174,48 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
                     result, reference = verify_whole_model(request.model_dir, work / "merged", device=request.device)
                 manifest["verification"]["merged"] = result
                 progress("verify-merged", 1.0)
-                if not result["passed"]:
-                    trained = "adapter" if request.model_dir is None else "model"
-                    raise ExportError(f"The merged model does not match the trained {trained}: {result}")
-            if request.gguf_types:
-                _export_gguf(request, work, manifest, reference, progress)
-            if not request.merged:
+                merged_passed = result["passed"]
+            if not merged_passed:
+                trained = "adapter" if request.model_dir is None else "model"
+                reason = f"The merged model does not match the trained {trained}: {_figures(result)}"
+                if request.merged:
+                    _drop(manifest, "merged", FormatStatus.failed, reason)
+                for qtype in request.gguf_types:
+                    _drop(manifest, f"gguf-{qtype}", FormatStatus.not_made,
+                          f"Not made: GGUF files are converted from the merged model. {reason}")
+            else:
+                if request.merged:
+                    _keep(manifest, "merged", _relative(info, work, kind="merged"), made)
+                if request.gguf_types:
+                    _export_gguf(request, work, manifest, reference, progress)
+            if not request.merged or not merged_passed:
                 shutil.rmtree(work / "merged")
+        if manifest["failed"] and not manifest["artifacts"]:
+            raise ExportError("Nothing of this export passed its check: " + "; ".join(manifest["failed"].values()))
         manifest["seconds"] = round(time.monotonic() - started, 1)
         manifest["bytes"] = tree_size(work)
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
     progress("done", 1.0)
     manifest["path"] = str(out_dir)
     return manifest
+
+
+def _keep(manifest: dict, format_name: str, artifact: dict, status: FormatStatus) -> None:
+    artifact["status"] = status.value
+    manifest["artifacts"].append(artifact)
+    manifest["formats"][format_name] = {"status": status.value}
+
+
+def _drop(manifest: dict, format_name: str, status: FormatStatus, reason: str) -> None:
+    manifest["formats"][format_name] = {"status": status.value, "reason": reason}
+    manifest["failed"][format_name] = reason
+
+
+def _figures(check: dict) -> str:
+    """The figures a failed check is judged by, for its owner (the whole check stays in the manifest)."""
+    keys = ("max_abs_logit_diff", "bound_max_abs_logit_diff", "mean_kl", "kl_bound", "top1_mismatches",
+            "top1_mismatches_near_ties", "tensors_differing", "tokenization_matches", "generated")
+    return json.dumps({key: check[key] for key in keys if check.get(key) is not None})
 
 
 def _relative(info: dict, work: Path, *, kind: str) -> dict:
@@ -193,11 +244,11 @@ def _export_gguf(request: ExportRequest, work: Path, manifest: dict, reference: 
             infos[qtype] = quantize_gguf(f16_path, path, qtype, progress=progress, check_space=False)
         paths[qtype] = path
 
+    checks = {}
     if request.verify:
         if reference is None:
             reference = merged_reference(merged_dir, device=request.device)
         texts = tokenizer_texts(merged_dir)
-        checks = {}
         for i, (qtype, path) in enumerate(paths.items()):
             progress("verify-gguf", i / len(paths))
             kl_bound = {"f16": F16_KL_BOUND, "bf16": F16_KL_BOUND, "q8_0": Q8_0_KL_BOUND}.get(qtype)
@@ -205,19 +256,24 @@ def _export_gguf(request: ExportRequest, work: Path, manifest: dict, reference: 
                                         tokenizer_texts=texts)
         manifest["verification"]["gguf"] = checks
         progress("verify-gguf", 1.0)
-        failed = [q for q, c in checks.items() if not c["passed"]]
-        if failed:
-            raise ExportError(f"GGUF verification failed for {failed}: " + json.dumps({q: checks[q] for q in failed}))
 
-    if "f16" not in request.gguf_types:
-        f16_path.unlink()
-        del paths["f16"]
+    for qtype in list(paths):
+        failed = qtype in request.gguf_types and not checks.get(qtype, {"passed": True})["passed"]
+        if failed:
+            _drop(manifest, f"gguf-{qtype}", FormatStatus.failed,
+                  f"The GGUF {qtype} does not run like the merged model in llama.cpp: {_figures(checks[qtype])}")
+        if failed or qtype not in request.gguf_types:
+            paths.pop(qtype).unlink()
+    if not paths:
+        gguf_dir.rmdir()
+        return
     chat_template = read_chat_template(merged_dir, json.loads((merged_dir / "tokenizer_config.json").read_text()))
     stops = _stop_tokens(merged_dir)
+    made = FormatStatus.verified if request.verify else FormatStatus.unchecked
     for qtype, path in paths.items():
         info = _relative(infos[qtype], work, kind="gguf")
-        info["verification"] = manifest["verification"].get("gguf", {}).get(qtype, {}).get("passed")
-        manifest["artifacts"].append(info)
+        info["verification"] = checks.get(qtype, {}).get("passed")
+        _keep(manifest, f"gguf-{qtype}", info, made)
         modelfile = write_modelfile(path, chat_template, stops, path.with_suffix(".Modelfile"))
         manifest["artifacts"].append(_relative(modelfile, work, kind="modelfile"))
     smallest = min(paths.values(), key=lambda p: p.stat().st_size)

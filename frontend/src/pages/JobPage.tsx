@@ -175,7 +175,7 @@ export function JobPage() {
       <ErrorNotice error={actionError} />
       {job?.error && (job.status === 'queued'
         ? <p className="notice" role="status">{job.error}</p>  // why it waits (the queue writes it)
-        : <ErrorNotice title="The job failed" error={job.error} />)}
+        : <ErrorNotice title={job.status === 'succeeded' ? 'Finished, with parts left out' : 'The job failed'} error={job.error} />)}
       {job && (
         <section className="panel job-facts" aria-label="Job status">
           <dl className="facts facts--row">
