@@ -3,38 +3,16 @@ Celery wake-up sent by name."""
 from __future__ import annotations
 
 import threading
-import uuid
 
 from redis import Redis
 from sqlalchemy import select
 
-from lanner.core import db
-from lanner.core.messages.device import Device
-from lanner.core.models import Job, JobKind, JobStatus, Role, User
+from lanner.core.models import Job, JobKind, JobStatus
 from lanner.core.queue.claim import DISPATCH_TASK, claim_next_job, has_runnable_job, sweep_orphaned_jobs, wake_workers
 from lanner.core.settings import Settings
 
+from queue_helpers import CPU, GIB, add_job, make_db
 from support import WORKER_REDIS_URL
-
-GIB = 1024 ** 3
-CPU = Device(kind="cpu", name="test cpu", memory_total_bytes=8 * GIB)
-
-
-def make_db(url: str):
-    db.migrate(url)
-    factory = db.session_factory(url)
-    with factory() as session:
-        user = User(email=f"{uuid.uuid4().hex}@example.com", display_name="T", role=Role.member, password_hash="x")
-        session.add(user)
-        session.commit()
-        return factory, user.id
-
-
-def add_job(session, owner_id: int, name: str, **fields) -> int:
-    job = Job(owner_id=owner_id, name=name, method="lora", model="builtin/SmolLM2-135M-Instruct", **fields)
-    session.add(job)
-    session.commit()
-    return job.id
 
 
 def test_claims_in_priority_then_queue_order_and_skips_what_does_not_fit(database_url):

@@ -22,7 +22,7 @@ from lanner.worker.devices import cpu_device
 from lanner.worker import runner
 from lanner.worker.runner import DeviceLease, _claim, idle_devices
 
-from test_queue import GIB, add_job, make_db
+from queue_helpers import GIB, add_job, make_db
 from support import WORKER_REDIS_URL
 from worker_helpers import qa_rows
 
@@ -230,8 +230,13 @@ def test_cpu_workers_standing_in_for_gpus_run_jobs_side_by_side_and_all_show(stu
     get_settings.cache_clear()
     from lanner.backend.app import create_app
 
-    try:
-        health = TestClient(create_app()).get("/api/health").json()
+    from redis import Redis
+
+    from lanner.backend.security import SESSION_COOKIE, open_session
+
+    signed_in = {SESSION_COOKIE: open_session(Redis.from_url(WORKER_REDIS_URL), studio.owner_id, days=1)}
+    try:  # the workers' hosts and devices are shown to a signed-in user only
+        health = TestClient(create_app(), cookies=signed_in).get("/api/health").json()
     finally:
         get_settings.cache_clear()
     devices = {worker["name"]: worker["device"] for worker in health["workers"]}
