@@ -17,6 +17,9 @@ from lanner.core.redis_client import get_redis
 from lanner.backend.security import API_TOKEN_PREFIX, SESSION_COOKIE, is_same_origin, session_user_id, sha256_hex
 from lanner.core.settings import Settings, get_settings
 
+# WebSocket close codes of every socket: 4401 not signed in, 4404 no such job, 4422 bad input.
+WS_UNAUTHORISED, WS_NOT_FOUND, WS_BAD_REQUEST = 4401, 4404, 4422
+
 
 def get_db(settings: Settings = Depends(get_settings)) -> Iterator[Session]:
     yield from db.sessions(settings.database_url)

@@ -17,7 +17,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
 from lanner.core import db
-from lanner.backend.deps import websocket_user
+from lanner.backend.deps import WS_BAD_REQUEST, WS_NOT_FOUND, WS_UNAUTHORISED, websocket_user
 from lanner.backend.schemas.common import MAX_ID
 from lanner.core.models import Job
 from lanner.core.redis_client import get_redis
@@ -33,8 +33,6 @@ BATCH = 500
 # password changed): the stream stops within this many seconds.
 SESSION_RECHECK_S = 2.0
 REDIS_RETRY_S = 1.0
-# WebSocket close codes: 4401 not signed in, 4404 no such job, 4422 bad `after` id.
-UNAUTHORISED, NOT_FOUND, BAD_REQUEST = 4401, 4404, 4422
 
 
 def _signed_in(websocket: WebSocket) -> bool:
@@ -65,7 +63,7 @@ async def _relay(websocket: WebSocket, stream: str, after: str) -> None:
             try:
                 if time.monotonic() - checked_at >= SESSION_RECHECK_S:
                     if not await asyncio.to_thread(_signed_in, websocket):
-                        await websocket.close(UNAUTHORISED, "The session ended: sign in again")
+                        await websocket.close(WS_UNAUTHORISED, "The session ended: sign in again")
                         return
                     checked_at = time.monotonic()
                 answer = await redis.xread({stream: after}, count=BATCH, block=BLOCK_MS)
@@ -102,10 +100,10 @@ async def _start(websocket: WebSocket, stream: str, default_after: str) -> str |
     after = await asyncio.to_thread(_starting_id, websocket, stream, default_after)
     await websocket.accept()
     if not await asyncio.to_thread(_signed_in, websocket):
-        await websocket.close(UNAUTHORISED, "Sign in first (session cookie or ?token=<API token>)")
+        await websocket.close(WS_UNAUTHORISED, "Sign in first (session cookie or ?token=<API token>)")
         return None
     if after is None:
-        await websocket.close(BAD_REQUEST, "after must be a stream id like 1700000000000-0, 0-0 or $")
+        await websocket.close(WS_BAD_REQUEST, "after must be a stream id like 1700000000000-0, 0-0 or $")
     return after
 
 
@@ -116,7 +114,7 @@ async def job_events(websocket: WebSocket, job_id: int) -> None:
     if after is None:
         return
     if not await asyncio.to_thread(_job_exists, job_id):
-        await websocket.close(NOT_FOUND, f"No job {job_id}")
+        await websocket.close(WS_NOT_FOUND, f"No job {job_id}")
         return
     await _relay(websocket, job_stream(job_id), after)
 

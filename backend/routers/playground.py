@@ -26,7 +26,7 @@ from redis import Redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lanner.backend.deps import current_user, get_db, per_user, redis_client, websocket_user
+from lanner.backend.deps import WS_UNAUTHORISED, current_user, get_db, per_user, redis_client, websocket_user
 from lanner.backend.playground.answers import REFUSED, Answers, model_cache, resolve
 from lanner.backend.playground import evaluation
 from lanner.backend.playground.gpu_session import close_session, start_session
@@ -45,7 +45,6 @@ from lanner.core.redis_client import get_redis
 from lanner.core.settings import Settings, get_settings
 
 router = APIRouter(tags=["playground"])
-UNAUTHORISED = 4401
 LISTED_JOBS = 100
 
 
@@ -120,7 +119,7 @@ async def playground_socket(websocket: WebSocket) -> None:
     await websocket.accept()
     user = await asyncio.to_thread(_signed_in, websocket, settings)
     if user is None:
-        await websocket.close(UNAUTHORISED, "Sign in first (session cookie or ?token=<API token>)")
+        await websocket.close(WS_UNAUTHORISED, "Sign in first (session cookie or ?token=<API token>)")
         return
     cache = model_cache(websocket.app)
     loop = asyncio.get_running_loop()
@@ -150,7 +149,7 @@ async def playground_socket(websocket: WebSocket) -> None:
                     current.stop.set()
             elif kind == "generate":
                 if await asyncio.to_thread(_signed_in, websocket, settings) is None:  # signed out since
-                    await websocket.close(UNAUTHORISED, "The session ended: sign in again")
+                    await websocket.close(WS_UNAUTHORISED, "The session ended: sign in again")
                     return
                 if current is not None and current.running():
                     refuse("busy", "An answer is still coming: stop it or wait for it before asking again.",

@@ -6,7 +6,7 @@ import json
 import pytest
 from starlette.websockets import WebSocketDisconnect
 
-from lanner.backend.routers.live import NOT_FOUND
+from lanner.backend.deps import WS_NOT_FOUND
 from lanner.core import db
 from lanner.core.models import Artifact
 
@@ -100,7 +100,7 @@ def test_an_out_of_range_job_id_on_the_job_socket_closes_with_a_code(team):
     with team.alice.websocket_connect(f"/ws/jobs/{2**63}") as socket:
         with pytest.raises(WebSocketDisconnect) as closed:
             socket.receive_text()
-    assert closed.value.code == NOT_FOUND
+    assert closed.value.code == WS_NOT_FOUND
 
 
 def test_resume_from_dots_and_a_boolean_dataset_id_are_refused(team):

@@ -7,7 +7,8 @@ import time
 import pytest
 from starlette.websockets import WebSocketDisconnect
 
-from lanner.backend.routers.live import SESSION_RECHECK_S, UNAUTHORISED
+from lanner.backend.deps import WS_UNAUTHORISED
+from lanner.backend.routers.live import SESSION_RECHECK_S
 
 from backend_helpers import PASSWORD
 
@@ -51,7 +52,7 @@ def test_an_open_stream_stops_when_the_session_ends(team, how):
             assert team.bob.post("/api/auth/sign-out").status_code == 204
         else:
             assert team.admin.patch(f"/api/users/{team.ids['bob']}", json={"is_active": False}).status_code == 200
-        assert _closed_within(socket, SESSION_RECHECK_S + 5) == UNAUTHORISED
+        assert _closed_within(socket, SESSION_RECHECK_S + 5) == WS_UNAUTHORISED
 
 
 def test_the_playground_answers_no_question_after_sign_out(team):
@@ -60,4 +61,4 @@ def test_the_playground_answers_no_question_after_sign_out(team):
         socket.send_json({"type": "generate", "id": 1, "job_id": 1, "messages": [{"role": "user", "content": "hi"}]})
         with pytest.raises(WebSocketDisconnect) as closed:
             socket.receive_json()
-    assert closed.value.code == UNAUTHORISED
+    assert closed.value.code == WS_UNAUTHORISED
