@@ -20,7 +20,8 @@ SYSTEM_REDIS_URL = os.environ.get("LANNER_TEST_REDIS_URL", "redis://127.0.0.1:63
 # A Redis database of the worker tests' own, emptied before each test (other suites use 11, 13, 14;
 # 12 turned out to be written by other tests on this machine).
 WORKER_REDIS_URL = SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/" + os.environ.get("LANNER_TEST_WORKER_REDIS_DB", "15")
-LANNER_BIN = str(Path(sys.executable).with_name("lanner"))
+# the virtualenv's `lanner`; on the lent GPU machine, tools/device/env.sh names its own
+LANNER_BIN = os.environ.get("LANNER_TEST_BIN") or str(Path(sys.executable).with_name("lanner"))
 
 
 @contextmanager
