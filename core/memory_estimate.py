@@ -17,7 +17,10 @@ Deliberately simple (refine it against measured peaks on the GPU box):
 - lanner.kernels' memory engine (lora/qlora on the kernels on a GPU, docs/memory-engine.md): with
   `offload_checkpoints` the layer inputs wait in host memory (two on the GPU while they come back);
   with `memory_budget_gib` the engine keeps activations while the whole step fits the budget, so the
-  activations fill the budget's room above the rest, between the smallest plan and every layer's;
+  activations fill the budget's room above the rest, between the smallest plan and every layer's; a
+  GPU job that sets no budget gets `default_budget_bytes` of the GPU it will run on (all of its
+  memory but the CUDA context is free for the job, which has the GPU to itself), which on a large
+  GPU keeps every layer;
 - overhead: 5% of the rest plus a fixed 512 MiB on a GPU (CUDA context, allocator slack).
 """
 from __future__ import annotations
@@ -30,6 +33,19 @@ PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64
 ADAM_BYTES = 8
 CUDA_OVERHEAD_BYTES = 512 * 2**20
+# A job on a GPU that sets no memory budget plans for what it holds plus this share of what is free
+# (its lease gives it the device alone; the rest is the allocator's and CUDA's headroom), so layers
+# are kept rather than recomputed wherever the memory allows (docs/memory-engine.md).
+DEFAULT_BUDGET_SHARE_OF_FREE = 0.9
+
+
+def default_budget_bytes(allocated_bytes: int, free_bytes: int, memory_limit_mb: int | None) -> int:
+    """The memory engine's budget for a GPU job that sets none: what it holds once its model is
+    loaded, plus most of the free memory, within its memory_limit_mb cap when it has one."""
+    extra = free_bytes * DEFAULT_BUDGET_SHARE_OF_FREE
+    if memory_limit_mb:
+        extra = min(extra, memory_limit_mb * 2**20)
+    return int(allocated_bytes + extra)
 
 
 def _shape(model: dict[str, Any]) -> dict[str, int]:
@@ -72,11 +88,14 @@ def _memory_engine_on(spec: JobSpec, device_kind: str) -> bool:
     return device_kind == "cuda" and spec.method in ADAPTER_METHODS and hp.use_kernels and hp.gradient_checkpointing
 
 
-def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cuda") -> dict[str, int]:
+def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cuda",
+                    device_free_bytes: int | None = None) -> dict[str, int]:
     """Bytes a job of this spec needs. model: the model's config.json as a dict (hidden_size,
     intermediate_size, num_hidden_layers, vocab_size, num_attention_heads, num_key_value_heads,
     head_dim, tie_word_embeddings) or {"parameters": N} when only the count is known (then
-    activations are not estimated). A method that trains every weight (full, pretrain, a preference
+    activations are not estimated). device_free_bytes: what is free for the job on the GPU it will
+    run on (its memory; the CUDA context is taken off here), for the memory engine's default budget
+    (unknown: the smallest plan is assumed). A method that trains every weight (full, pretrain, a preference
     method without LoRA settings) is estimated as a full fine-tune. Returns the parts and "total_bytes"."""
     hp = spec.hyperparameters
     weight_bytes = PRECISION_BYTES.get(hp.precision, 2 if device_kind == "cuda" else 4)
@@ -113,7 +132,11 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
             activations = s["layers"] * per_layer
         if not (hp.use_kernels and device_kind == "cuda"):
             logits = tokens * s["vocab"] * (2 + 4 + 4 + 2)
-        budget = hp.memory_budget_gib
+        budget = None if hp.memory_budget_gib is None else int(float(hp.memory_budget_gib) * 2**30)
+        if budget is None and device_free_bytes is not None and _memory_engine_on(spec, device_kind):
+            loaded = weights + adapter  # what the job holds when the engine picks its budget
+            budget = default_budget_bytes(loaded, max(device_free_bytes - loaded - CUDA_OVERHEAD_BYTES, 0),
+                                          hp.memory_limit_mb)
         if _memory_engine_on(spec, device_kind) and (budget is not None or hp.offload_checkpoints):
             # Offloaded, the layer inputs wait in host memory (two on the GPU while they come back); the
             # engine offloads when asked to, or when a budget needs it.
@@ -121,7 +144,7 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
             if budget is not None:
                 # The budget counts everything allocated: the engine keeps activations in the room the rest
                 # leaves, at most every layer's, never less than its smallest plan (then over budget).
-                room = int(float(budget) * 2**30) - (weights + adapter + gradients + optimizer + logits)
+                room = budget - (weights + adapter + gradients + optimizer + logits)
                 activations = max(activations, min(room, s["layers"] * per_layer))
 
     subtotal = weights + adapter + gradients + optimizer + activations + logits

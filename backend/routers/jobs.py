@@ -43,11 +43,11 @@ def create_job(body: JobCreate, user: User = Depends(current_user), session: Ses
 
 
 @router.post("/api/jobs/estimate", response_model=MemoryEstimate)
-def estimate_job(body: JobCreate, _: User = Depends(current_user),
+def estimate_job(body: JobCreate, _: User = Depends(current_user), redis: Redis = Depends(redis_client),
                  settings: Settings = Depends(get_settings)) -> MemoryEstimate:
     """The device memory a spec would need, without queueing it (the dataset is not checked)."""
     return MemoryEstimate(model=body.model, device="cuda" if body.gpus else "cpu",
-                          estimate=jobs.memory_estimate(body, settings))
+                          estimate=jobs.memory_estimate(body, settings, redis))
 
 
 @router.get("/api/jobs", response_model=JobPage)

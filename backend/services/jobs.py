@@ -12,6 +12,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from redis import Redis
+from redis.exceptions import RedisError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -80,10 +81,20 @@ def running_jobs(session: Session) -> list[Job]:
     return list(session.scalars(select(Job).where(Job.status == JobStatus.running).order_by(Job.started_at)))
 
 
-def memory_estimate(spec: JobSpec, settings: Settings) -> dict[str, int] | None:
+def largest_gpu_bytes(redis: Redis) -> int | None:
+    """The memory of the largest GPU a live worker owns (a job may go to any, and has the one it gets
+    to itself while it runs); None when no GPU worker is live or Redis does not answer."""
+    try:
+        gpus = [record.device.memory_total_bytes for record in live_workers(redis) if record.device.kind == "cuda"]
+    except RedisError:
+        return None
+    return max(gpus, default=None)
+
+
+def memory_estimate(spec: JobSpec, settings: Settings, redis: Redis) -> dict[str, int] | None:
     """The device memory the spec needs, by part; None when it cannot be told."""
     try:
-        return estimate_job_memory(spec, settings.models_dir)
+        return estimate_job_memory(spec, settings.models_dir, largest_gpu_bytes(redis) if spec.gpus else None)
     except Exception:  # an estimate is advice (e.g. a local config.json of an odd shape): never a failure
         log.warning("no memory estimate for %s", spec.model, exc_info=True)
         return None
@@ -135,7 +146,7 @@ def create(session: Session, redis: Redis, settings: Settings, user: User, spec:
     """Queues a training job (a clone or retry names the job it came from)."""
     dataset = _check_against_database(session, spec, user)
     waiting = _check_against_machines(redis, spec)
-    estimate = memory_estimate(spec, settings)
+    estimate = memory_estimate(spec, settings, redis)
     name = spec.name or f"{spec.method} {spec.model.rsplit('/', 1)[-1]} on {dataset.name}"
     return _enqueue(session, redis, settings, user, name, kind=JobKind.train, method=spec.method, model=spec.model, dataset_id=spec.dataset_id,
                     parent_job_id=parent.id if parent else None, config=stored_config(spec),

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lanner.core.memory_estimate import estimate_memory
+from lanner.core.memory_estimate import default_budget_bytes, estimate_memory
 
 from job_specs import unchecked_spec
 
@@ -58,3 +58,28 @@ def test_estimate_is_within_15_percent_of_measured_gpu_peaks(shape, use_kernels,
                           gradient_checkpointing=True, use_kernels=use_kernels)
     estimate = estimate_memory(spec, shape, "cuda")["total_bytes"] / 2**30
     assert abs(estimate - measured_gib) / measured_gib < 0.15, (estimate, measured_gib)
+
+
+def test_a_gpu_job_without_a_budget_plans_for_most_of_the_free_memory():
+    # 16 GiB held, 100 GiB free: 16 + 90; a memory_limit_mb cap of 8 GiB above what is held wins.
+    GIB = 2**30
+    assert default_budget_bytes(16 * GIB, 100 * GIB, None) == 106 * GIB
+    assert default_budget_bytes(16 * GIB, 100 * GIB, 8 * 1024) == 24 * GIB
+    assert default_budget_bytes(16 * GIB, 0, None) == 16 * GIB
+
+
+def test_without_a_budget_the_estimate_follows_the_default_plan_of_the_gpu_it_gets():
+    # What the worker's engine does with no budget: on a large GPU every layer is kept; on a small one,
+    # or under a memory_limit_mb cap, the activations fill what the default budget leaves.
+    spec = unchecked_spec(lora={"rank": 16}, precision="bf16", batch_size=4, max_seq_len=2048)
+    unknown = estimate_memory(spec, LLAMA_8B, "cuda")
+    large = estimate_memory(spec, LLAMA_8B, "cuda", 141 * 2**30)
+    small = estimate_memory(spec, LLAMA_8B, "cuda", 24 * 2**30)
+    capped = estimate_memory(unchecked_spec(lora={"rank": 16}, precision="bf16", batch_size=4, max_seq_len=2048,
+                                            memory_limit_mb=6 * 1024), LLAMA_8B, "cuda", 141 * 2**30)
+    no_checkpointing = estimate_memory(unchecked_spec(lora={"rank": 16}, precision="bf16", batch_size=4, max_seq_len=2048,
+                                                      gradient_checkpointing=False), LLAMA_8B, "cuda")
+    assert large["activations_bytes"] == no_checkpointing["activations_bytes"] > 10 * unknown["activations_bytes"]
+    assert unknown["activations_bytes"] < small["activations_bytes"] < large["activations_bytes"]
+    assert small["total_bytes"] < large["total_bytes"] and capped["total_bytes"] < large["total_bytes"]
+    assert estimate_memory(spec, LLAMA_8B, "cpu", 141 * 2**30) == estimate_memory(spec, LLAMA_8B, "cpu")

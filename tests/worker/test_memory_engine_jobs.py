@@ -20,7 +20,7 @@ from lanner.core.db import session_factory
 from lanner.core.streams import job_stream, read_after
 from lanner.kernels import get_lora_model, memory_engine_of
 from lanner.worker.events import JobEvents
-from lanner.worker.training.model import default_budget_gib, load_model, load_tokenizer
+from lanner.worker.training.model import load_model, load_tokenizer
 
 from job_specs import merged
 from training_run import logs, step_metrics, trained
@@ -35,13 +35,6 @@ SMALL = {"lora": {"rank": 4, "target_modules": ["q_proj", "v_proj"]}, "hyperpara
 def _log_lines(studio, job_id: int) -> list[tuple[str, str]]:
     return [(data["level"], data["message"]) for _, kind, data in read_after(studio.redis, job_stream(job_id))
             if kind == "log"]
-
-
-def test_a_gpu_job_without_a_budget_plans_for_most_of_the_free_memory():
-    # 16 GiB held, 100 GiB free: 16 + 90; a memory_limit_mb cap of 8 GiB above what is held wins.
-    assert default_budget_gib(16 * GIB, 100 * GIB, None) == pytest.approx(106)
-    assert default_budget_gib(16 * GIB, 100 * GIB, 8 * 1024) == pytest.approx(24)
-    assert default_budget_gib(16 * GIB, 0, None) == pytest.approx(16)
 
 
 def test_the_job_builds_the_engine_with_its_budget_and_says_what_it_ignores(studio, smollm2_dir, monkeypatch):

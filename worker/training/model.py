@@ -10,14 +10,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lanner.core.settings import Settings
 from lanner.core.default_model import DEFAULT_MODEL_ID, imported_model_dir
+from lanner.core.memory_estimate import default_budget_bytes
 from lanner.core.spec import ADAPTER_METHODS
 from lanner.worker.events import JobEvents
 from lanner.worker.training.options import TrainingOptions
-
-# A job on a GPU that sets no memory budget plans for what it holds plus this share of what is free
-# (its lease gives it the device alone; the rest is the allocator's and CUDA's headroom), so layers
-# are kept rather than recomputed wherever the memory allows (docs/memory-engine.md).
-DEFAULT_BUDGET_SHARE_OF_FREE = 0.9
 
 
 def resolve_model(model: str, settings: Settings) -> str:
@@ -116,15 +112,6 @@ def _put_on_kernels(model, options: TrainingOptions, events: JobEvents):
     return report
 
 
-def default_budget_gib(allocated_bytes: int, free_bytes: int, memory_limit_mb: int | None) -> float:
-    """The budget of a GPU job that sets none: what it holds, plus most of the free memory, within
-    its memory_limit_mb cap when it has one."""
-    extra = free_bytes * DEFAULT_BUDGET_SHARE_OF_FREE
-    if memory_limit_mb:
-        extra = min(extra, memory_limit_mb * 2**20)
-    return (allocated_bytes + extra) / 2**30
-
-
 def _start_memory_engine(model, options: TrainingOptions, events: JobEvents, report) -> None:
     """lanner.kernels' memory engine on an adapter's decoder layers (docs/memory-engine.md), as
     get_lora_model(use_kernels=True) puts it: whenever the kernels run, or the job sets a budget or
@@ -145,8 +132,8 @@ def _start_memory_engine(model, options: TrainingOptions, events: JobEvents, rep
         offload = None
     budget, picked = options.memory_budget_gib, False
     if budget is None and report.active and on_gpu:
-        budget, picked = default_budget_gib(torch.cuda.memory_allocated(), torch.cuda.mem_get_info()[0],
-                                            options.memory_limit_mb), True
+        budget, picked = default_budget_bytes(torch.cuda.memory_allocated(), torch.cuda.mem_get_info()[0],
+                                              options.memory_limit_mb) / 2**30, True
     if not (report.active or budget is not None or offload):
         return
     engine = install_memory_engine(model, budget, offload)
