@@ -60,7 +60,7 @@ def main() -> int:
             return 1
         steps = [m for m in studio.of_type(job["id"], "metric") if "tokens_per_second" in m]
         timed = steps[args.warmup:]
-        plan = next((line for line in logs if "plan" in line.lower() and "budget" not in line), None)
+        plan = next((line for line in logs if line.startswith("lanner.kernels memory plan")), None)
         budget = next((float(found.group(1)) for line in logs
                        if (found := re.search(r"budget (\d+(?:\.\d+)?) GiB", line))), None)
         started, finished = (datetime.fromisoformat(done[key]) for key in ("started_at", "finished_at"))

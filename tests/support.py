@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 import uuid
 from contextlib import contextmanager
@@ -82,7 +83,10 @@ class RunningStack:
                 self._up.set()
 
     def wait_up(self, timeout: float = 240) -> "RunningStack":
-        if not self._up.wait(timeout):
+        deadline = time.monotonic() + timeout
+        while not self._up.wait(0.5) and self.process.poll() is None and time.monotonic() < deadline:
+            pass  # `up` prints its URL, or stops (a part that did not start), or runs out of time
+        if not self._up.is_set():
             self.stop()
             raise AssertionError("lanner up did not come up:\n" + "".join(self.output))
         return self

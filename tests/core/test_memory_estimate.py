@@ -79,7 +79,7 @@ def test_without_a_budget_the_estimate_follows_the_default_plan_of_the_gpu_it_ge
                                             memory_limit_mb=6 * 1024), LLAMA_8B, "cuda", 141 * 2**30)
     no_checkpointing = estimate_memory(unchecked_spec(lora={"rank": 16}, precision="bf16", batch_size=4, max_seq_len=2048,
                                                       gradient_checkpointing=False), LLAMA_8B, "cuda")
-    assert large["activations_bytes"] == no_checkpointing["activations_bytes"] > 10 * unknown["activations_bytes"]
+    assert large["activations_bytes"] == no_checkpointing["activations_bytes"] > 5 * unknown["activations_bytes"]
     assert unknown["activations_bytes"] < small["activations_bytes"] < large["activations_bytes"]
     assert small["total_bytes"] < large["total_bytes"] and capped["total_bytes"] < large["total_bytes"]
     assert estimate_memory(spec, LLAMA_8B, "cpu", 141 * 2**30) == estimate_memory(spec, LLAMA_8B, "cpu")

@@ -35,7 +35,7 @@ for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manyl
 done
 studio=(fastapi starlette pydantic pydantic_core pydantic-settings python-dotenv annotated-types typing-inspection
         SQLAlchemy greenlet alembic Mako celery kombu billiard vine amqp click-didyoumean click-plugins click-repl
-        prompt_toolkit wcwidth tzlocal redis uvicorn websockets python-multipart gguf)
+        prompt_toolkit wcwidth tzlocal redis uvicorn websockets python-multipart gguf opentelemetry-api diskcache)
 pins=(); for name in "${studio[@]}"; do pins+=("$name==$(version "$name")"); done
 python3 -m pip download -q --no-deps $plat -d "$tmp/wheels" "${pins[@]}" tzdata 2> >(grep -v 'is ignored' >&2)
 for wheel in "$tmp"/wheels/*.whl; do unzip -q -o "$wheel" -d "$site"; done

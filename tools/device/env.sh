@@ -5,18 +5,22 @@
 # worker and pytest find the studio's packages, redis-server, the web UI and the built-in model.
 LANNER_DEVICE=/tmp/lanner-device
 mkdir -p "$LANNER_DEVICE"/{bin,ns/lanner}
-_unpack() {  # _unpack ARCHIVE DEST: once per machine (tar through Python: the image may lack xz)
-  [ -f "$1" ] && [ ! -f "$LANNER_DEVICE/.$(basename "$1")-done" ] || return 0
-  mkdir -p "$2" && python3 -m tarfile -e "$1" "$2" && touch "$LANNER_DEVICE/.$(basename "$1")-done"
+_unpack() {  # _unpack ARCHIVE DEST: each version of it once per machine (tar through Python: the image may lack xz)
+  [ -f "$1" ] || return 0
+  local done="$LANNER_DEVICE/.$(basename "$1")-$(cksum < "$1" | cut -d' ' -f1)"
+  [ -f "$done" ] && return 0
+  mkdir -p "$2" && python3 -m tarfile -e "$1" "$2" && touch "$done"
 }
-[ -f .device/site.tar.xz.0 ] && [ ! -f "$LANNER_DEVICE/site.tar.xz" ] && cat .device/site.tar.xz.* > "$LANNER_DEVICE/site.tar.xz"
+[ -f .device/site.tar.xz.0 ] && cat .device/site.tar.xz.* > "$LANNER_DEVICE/site.tar.xz"
 _unpack "$LANNER_DEVICE/site.tar.xz" "$LANNER_DEVICE/site"
 _unpack .device/llama_cpp.tar.xz "$LANNER_DEVICE/site"
 _unpack .device/redis.tar.xz "$LANNER_DEVICE/redis"
 _unpack .device/ui.tar.xz frontend/dist  # the web UI where `up` serves it by default
 _unpack .device/tokenizer.tar.xz "$LANNER_DEVICE/tokenizer"
 # The built-in model comes in parts carried by several calls: each is kept until the whole is here.
-for part in .device/smollm2.tar.* .device/smollm2.sha256; do [ -e "$part" ] && cp -n "$part" "$LANNER_DEVICE/"; done
+for part in .device/smollm2.tar.* .device/smollm2.sha256; do
+  [ -e "$part" ] && [ ! -e "$LANNER_DEVICE/$(basename "$part")" ] && cp "$part" "$LANNER_DEVICE/"
+done
 if [ ! -f "$LANNER_DEVICE/.smollm2-done" ] && [ -f "$LANNER_DEVICE/smollm2.sha256" ] \
    && [ "$(cat "$LANNER_DEVICE"/smollm2.tar.* | sha256sum | cut -d' ' -f1)" = "$(cat "$LANNER_DEVICE/smollm2.sha256")" ]; then
   cat "$LANNER_DEVICE"/smollm2.tar.* | tar -C "$LANNER_DEVICE/site" -xf - && touch "$LANNER_DEVICE/.smollm2-done" \
