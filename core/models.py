@@ -122,6 +122,8 @@ class Job(Base):
     total_steps: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
     resume_from: Mapped[str | None] = mapped_column(String(255), doc="checkpoint name to resume from")
+    requeues: Mapped[int] = mapped_column(Integer, default=0, server_default="0",
+                                          doc="times it went back to the queue after its worker was lost")
     last_event_id: Mapped[str | None] = mapped_column(String(32), doc="the last Redis Stream id persisted")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -16,7 +16,7 @@ from lanner.core.settings import get_settings
 
 # Bumped when a stored spec would mean something else to this code: a field renamed or removed, a
 # default changed; each bump comes with an Alembic data migration of the stored jobs.
-SPEC_VERSION = 1
+SPEC_VERSION = 2
 # The validation context of a spec read back from the database: checks of this machine (a local
 # model folder) were made when it was queued and belong to the machine that runs it.
 STORED = "stored"
@@ -33,6 +33,9 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[A-Za-z0-9][\w.\-]{0,95}$")
 # whole-model and preference tuning small ones.
 DEFAULT_LEARNING_RATE = {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5, "pretrain": 1e-4,
                          "dpo": 5e-6, "orpo": 8e-6, "kto": 5e-6}
+# Times a job goes back to the queue after losing its worker (requeue_on_worker_loss) before it fails:
+# a job that takes its worker down every time must not loop.
+MAX_REQUEUES = 3
 # A validation split of fewer rows would say nothing: below it eval_fraction is not taken.
 MIN_ROWS_FOR_VALIDATION = 20
 PRESETS: dict[str, dict[str, Any]] = {
@@ -124,8 +127,9 @@ class JobSpec(BaseModel):
                                       description="A Jinja chat template replacing the model's own, for training "
                                                   "and the playground")
     requeue_on_worker_loss: bool = Field(
-        default=False, description="When the worker running it is lost, queue the job again to resume from its "
-                                   "newest checkpoint instead of failing it")
+        default=True, description="When the worker running it is lost, queue the job again to resume from its "
+                                  "newest checkpoint (or from its start, before the first) instead of failing it; "
+                                  f"at most {MAX_REQUEUES} times")
 
     @field_validator("model")
     @classmethod

@@ -90,7 +90,7 @@ def _janitor(name: str, device: Device) -> None:
         try:
             if time.monotonic() - last_sweep >= JANITOR_SECONDS:
                 last_sweep = time.monotonic()
-                sweep_orphans(settings)
+                sweep_orphans(settings, alive=name)
             if not worker_state.busy.is_set() and could_run_a_job(settings, name, device):
                 app.send_task(DISPATCH_TASK, queue=worker_direct(name))
         except Exception:  # database or Redis away: try again next round

@@ -4,6 +4,9 @@ device samples, step counters)."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import deque
 from datetime import datetime, timezone
 from typing import Any
 
@@ -16,11 +19,21 @@ from lanner.core.streams import job_stream, publish
 from lanner.worker.distributed.ranks import is_main_process
 
 log = logging.getLogger(__name__)
+# How long a process that ends waits for Redis to take the events still waiting (JobEvents.flush).
+FLUSH_SECONDS = 10.0
 
 
 class JobEvents:
     """One job's events. In a job spread over several processes (torchrun) only rank 0 speaks: the
-    other ranks' events are dropped here, so the trainer code needs no rank checks of its own."""
+    other ranks' events are dropped here, so the trainer code needs no rank checks of its own.
+
+    While Redis is away (a restart) the events wait here, in order, and go out before the next one
+    once it answers again (flush: before the process ends); the database record is written meanwhile.
+    A stream id is given at publication, so an event that waited is timed on the stream (and on the
+    live charts) when it went out."""
+
+    RETRY_SECONDS = 1.0  # while Redis is away, events are only queued between attempts
+    MAX_WAITING = 100_000  # beyond this many waiting events (a long outage), the oldest are dropped
 
     def __init__(self, job_id: int, redis: Redis, sessions: sessionmaker[Session]):
         self.silent = not is_main_process()
@@ -28,17 +41,52 @@ class JobEvents:
         self.redis = redis
         self.sessions = sessions
         self.stream = job_stream(job_id)
+        self.waiting: deque[RecordEvent] = deque(maxlen=self.MAX_WAITING)
+        self._retry_at = 0.0
+        self._away = False
+        self._lock = threading.Lock()  # the runner's device samplers publish from threads of their own
 
     def publish(self, event: RecordEvent) -> str | None:
-        """Puts the event on the job's stream; alone, for the live view only (dataset report,
-        checkpoint saved, ...). Returns its stream id."""
+        """Puts the event on the job's stream, after those still waiting; alone, for the live view only
+        (dataset report, checkpoint saved, ...). Returns its stream id, None while it waits."""
         if self.silent:
             return None
-        try:
-            return publish(self.redis, self.stream, event.TYPE, event.data())
-        except Exception as error:  # Redis away: the database record still gets written
-            log.warning("Could not publish a %s event of job %s: %s", event.TYPE, self.job_id, error)
+        with self._lock:
+            self.waiting.append(event)
+            return self._publish_waiting()
+
+    def flush(self, wait_seconds: float) -> bool:
+        """Publishes the waiting events, trying for up to wait_seconds while Redis is away. Returns
+        whether none is left."""
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            with self._lock:
+                self._retry_at = 0.0
+                self._publish_waiting()
+                if not self.waiting:
+                    return True
+            if time.monotonic() >= deadline:
+                log.warning("Redis away: %d events of job %s were not published", len(self.waiting), self.job_id)
+                return False
+            time.sleep(self.RETRY_SECONDS)
+
+    def _publish_waiting(self) -> str | None:
+        if time.monotonic() < self._retry_at:
             return None
+        event_id = None
+        while self.waiting:
+            event = self.waiting[0]
+            try:
+                event_id = publish(self.redis, self.stream, event.TYPE, event.data())
+            except Exception as error:  # Redis away: the database record still gets written
+                if not self._away:
+                    self._away = True
+                    log.warning("Redis away: the events of job %s wait to be published (%s)", self.job_id, error)
+                self._retry_at = time.monotonic() + self.RETRY_SECONDS
+                return None
+            self.waiting.popleft()
+        self._away = False
+        return event_id
 
     def log(self, message: str, level: str = "info") -> None:
         line = LogLine(level=level, message=message, time=_now())

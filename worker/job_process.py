@@ -12,7 +12,7 @@ from lanner.core.errors import UserError
 from lanner.core.models import Artifact, Job, trained_weights
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import get_settings
-from lanner.worker.events import JobEvents
+from lanner.worker.events import FLUSH_SECONDS, JobEvents
 
 EXIT_FAILED = 1
 EXIT_CANCELLED = 3
@@ -77,3 +77,5 @@ def main(process_class: type[JobProcess], argv: list[str]) -> int:
     except Exception as error:
         traceback.print_exc()
         return process.fail(f"{process.failure_prefix}: {type(error).__name__}: {error}")
+    finally:
+        process.events.flush(FLUSH_SECONDS)

@@ -32,11 +32,11 @@ from lanner.core.queue.claim import (claim_next_job, has_runnable_job, multi_dev
                                      note_waiting_jobs, sweep_orphaned_jobs, unclaim_job, wake_worker)
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import Settings
-from lanner.core.spec import load_spec
+from lanner.core.spec import MAX_REQUEUES
 from lanner.core.worker_registry import (HEARTBEAT_SECONDS, device_holders, keep_devices, largest_machine,
                                          live_workers, release_devices, reserve_devices)
 from lanner.worker.devices import free_memory, is_local
-from lanner.worker.events import JobEvents, finish_job
+from lanner.worker.events import FLUSH_SECONDS, JobEvents, finish_job
 from lanner.worker.job_process import EXIT_CANCELLED, EXIT_PARTIAL
 from lanner.worker.telemetry import DeviceSampler
 
@@ -251,7 +251,11 @@ def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, j
     if finish_job(sessions, job.id, worker_name, status, error):
         events.status(status, error=error)
         publish_queue_event(redis, "finished", {**job_summary(job), "status": status.value, "error": error})
-    clear_cancel(redis, job.id)
+    events.flush(FLUSH_SECONDS)
+    try:
+        clear_cancel(redis, job.id)
+    except Exception:  # Redis away: the flag expires by itself
+        log.warning("could not clear the cancel flag of job %s", job.id, exc_info=True)
     return status
 
 
@@ -304,24 +308,23 @@ def _tail(path: Path, size: int = 2000) -> str:
         return "(no log)"
 
 
-def sweep_orphans(settings: Settings, worker_name: str | None = None) -> list[int]:
-    """Fails running jobs that nothing runs any more, and publishes their status.
+def sweep_orphans(settings: Settings, worker_name: str | None = None, alive: str | None = None) -> list[int]:
+    """Ends running jobs that nothing runs any more, and publishes their status.
 
     With worker_name: that worker's running jobs. Called when its dispatch task starts, a moment at
     which the worker (one job at a time) runs nothing, so these are left from a previous life of a
     worker of the same name (killed, then restarted). Without: jobs whose worker has no heartbeat,
-    read twice a heartbeat apart so that a Redis restart does not look like every worker dying; and
+    read twice a heartbeat apart so that a Redis restart does not look like every worker dying (and
+    never the jobs of `alive`, the worker that sweeps, whose own heartbeat may not be back yet); and
     the queued jobs on several GPUs are told again why they wait (a machine may have gone).
-    A training job whose spec asks for it (requeue_on_worker_loss) and has a checkpoint is queued again
-    to resume from its latest checkpoint instead of failing. Returns the ids of the jobs swept.
+    A training job goes back to the queue to resume from its newest checkpoint on record, or fails
+    (claim.sweep_orphaned_jobs says when). Returns the ids of the jobs swept.
     """
     sessions = session_factory(settings.database_url)
     redis = get_redis(settings.redis_url)
     with sessions() as session:
-        def resume_point(job: Job) -> str | None:  # only for jobs that asked to be requeued
-            if job.kind == JobKind.train and load_spec(job.config).requeue_on_worker_loss:
-                return checkpoint_on_record(session, settings, job.id)
-            return None
+        def resume_point(job: Job) -> str | None:
+            return checkpoint_on_record(session, settings, job.id)
 
         if worker_name:
             swept = sweep_orphaned_jobs(
@@ -329,23 +332,24 @@ def sweep_orphans(settings: Settings, worker_name: str | None = None) -> list[in
                 reason=f"The worker {worker_name} stopped while running this job (killed or crashed) "
                        f"and has restarted; the job did not finish.")
         else:
-            alive = {record.name for record in live_workers(redis)}
+            seen = {record.name for record in live_workers(redis)}
             time.sleep(HEARTBEAT_SECONDS * 1.5)
-            alive |= {record.name for record in live_workers(redis)}
-            swept = sweep_orphaned_jobs(session, alive, resume_point=resume_point)
-        jobs = {job_id: session.get(Job, job_id) for job_id in swept}
-        summaries = {job_id: job_summary(job) for job_id, job in jobs.items()}
-        errors = {job_id: job.error for job_id, job in jobs.items()}
-        resume = {job_id: job.resume_from for job_id, job in jobs.items() if job.status == JobStatus.queued}
-    for job_id in swept:
+            seen |= {record.name for record in live_workers(redis)}
+            swept = sweep_orphaned_jobs(session, seen | {alive}, resume_point=resume_point)
+        jobs = [session.get(Job, job_id) for job_id in swept]
+        outcomes = [(job.id, job_summary(job), job.status, job.error, job.resume_from, job.requeues, job.step)
+                    for job in jobs]
+    for job_id, summary, status, error, resume_from, requeues, step in outcomes:
         events = JobEvents(job_id, redis, sessions)
-        if job_id in resume:
-            events.status(JobStatus.queued, error=None, resume_from=resume[job_id])
-            events.log(f"Its worker was lost; queued again to resume from {resume[job_id]}", level="warning")
-            publish_queue_event(redis, "requeued", summaries[job_id])
+        if status == JobStatus.queued:
+            events.status(JobStatus.queued, error=None, resume_from=resume_from, requeues=requeues)
+            events.log(f"Its worker was lost at step {step}; queued again ({requeues} of {MAX_REQUEUES} "
+                       f"requeues) to {f'resume from {resume_from}' if resume_from else 'start over: no checkpoint yet'}",
+                       level="warning")
+            publish_queue_event(redis, "requeued", summary)
         else:
-            events.status(JobStatus.failed, error=errors[job_id])
-            publish_queue_event(redis, "finished", {**summaries[job_id], "error": errors[job_id]})
+            events.status(JobStatus.failed, error=error)
+            publish_queue_event(redis, "finished", {**summary, "error": error})
     if not worker_name:
         _note_waiting_jobs(sessions, redis)
     return swept

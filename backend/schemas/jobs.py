@@ -67,6 +67,8 @@ class JobOut(BaseModel):
     total_steps: int | None
     error: str | None
     resume_from: str | None
+    requeues: int = Field(description="Times it went back to the queue after its worker was lost "
+                                      "(requeue_on_worker_loss)")
     created_at: UtcDateTime
     started_at: UtcDateTime | None
     finished_at: UtcDateTime | None

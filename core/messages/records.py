@@ -90,6 +90,7 @@ class StatusChange(RecordEvent):
     worker: str | None = None
     device: Placement | Device | None = None
     resume_from: str | None = None  # queued again to resume from this checkpoint
+    requeues: int | None = None     # the times it was queued again after its worker was lost
     by: int | None = None           # the user who cancelled it
 
 

@@ -15,12 +15,14 @@ from redis import Redis
 from sqlalchemy import and_, or_, select, true, update
 from sqlalchemy.orm import Session
 
+from lanner.core.errors import UserError
 from lanner.core.messages.device import Device
 from lanner.core.messages.records import StatusChange
 from lanner.core.queue import order as queue_order
 from lanner.core.queue.order import QUEUE_ORDER
 from lanner.core.models import Job, JobKind, JobStatus
 from lanner.core.settings import Settings
+from lanner.core.spec import MAX_REQUEUES, load_spec
 
 DISPATCH_TASK = "lanner.dispatch"
 
@@ -233,9 +235,11 @@ def sweep_orphaned_jobs(session: Session, live_workers: set[str], reason: str | 
                         only_worker: str | None = None,
                         resume_point: Callable[[Job], str | None] = lambda job: None) -> list[int]:
     """Ends the running jobs whose worker is not alive (or, with only_worker, the running jobs of that
-    worker, which has just started and so cannot be running them): a job for which resume_point names
-    a checkpoint is queued again to resume from it, any other is marked failed. One commit for all,
-    so that no reader sees a job that goes back to the queue failed on the way. Returns their ids."""
+    worker, which has just started and so cannot be running them). A training job whose spec asks
+    for it (requeue_on_worker_loss, the default) goes back to the queue, at most MAX_REQUEUES times,
+    to resume from the checkpoint resume_point names, or from where it started before it had one;
+    any other is marked failed, `reason` (or a sentence naming its worker) saying why. One commit for
+    all, so that no reader sees a job that goes back to the queue failed on the way. Returns their ids."""
     query = select(Job).where(Job.status == JobStatus.running)
     if only_worker is not None:
         query = query.where(Job.worker == only_worker)
@@ -243,14 +247,33 @@ def sweep_orphaned_jobs(session: Session, live_workers: set[str], reason: str | 
     for job in session.execute(query).scalars().all():  # all first: resume_point may query the session
         if only_worker is None and job.worker in live_workers:
             continue
-        if checkpoint := resume_point(job):
-            job.status, job.resume_from, job.worker, job.error, job.finished_at = (
-                JobStatus.queued, checkpoint, None, None, None)
+        lost = reason or (f"The worker {job.worker} stopped while running this job (killed or crashed); "
+                          "the job did not finish.")
+        if not _requeued_on_worker_loss(job):
+            _fail(job, lost)
+        elif job.requeues >= MAX_REQUEUES:
+            kept = resume_point(job)
+            _fail(job, f"{lost} Its worker was lost {job.requeues + 1} times: after {MAX_REQUEUES} requeues "
+                       f"it is not queued again, in case the job itself takes its worker down. "
+                       + (f"Its newest checkpoint, {kept}, is kept: retry from it once the cause is found."
+                          if kept else "It has no checkpoint yet."))
         else:
-            job.status = JobStatus.failed
-            job.error = reason or (f"The worker {job.worker} stopped while running this job "
-                                   f"(killed or crashed); the job did not finish.")
-            job.finished_at = datetime.now(timezone.utc)
+            job.status, job.resume_from, job.worker, job.error, job.finished_at = (
+                JobStatus.queued, resume_point(job) or job.resume_from, None, None, None)
+            job.requeues += 1
         swept.append(job.id)
     session.commit()
     return swept
+
+
+def _requeued_on_worker_loss(job: Job) -> bool:
+    if job.kind != JobKind.train:
+        return False
+    try:
+        return load_spec(job.config).requeue_on_worker_loss
+    except UserError:  # a spec this Lanner cannot read would fail again when it runs
+        return False
+
+
+def _fail(job: Job, error: str) -> None:
+    job.status, job.error, job.finished_at = JobStatus.failed, error, datetime.now(timezone.utc)

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { formatAge, formatGiB } from './format'
+import { formatAge, formatGiB, requeueSummary } from './format'
 
 describe('formatGiB', () => {
   it('shows binary gigabytes with one decimal', () => {
@@ -76,5 +76,15 @@ describe('account forms', () => {
       'hyperparameters.learning_rate': 'Input should be greater than 0',
       dataset_id: 'no dataset 9',
     })
+  })
+})
+
+describe('requeueSummary', () => {
+  it('says how often the job went back to the queue after losing its worker, and from where', () => {
+    expect(requeueSummary({ requeues: 0, resume_from: null })).toBeNull()
+    expect(requeueSummary({ requeues: 1, resume_from: 'checkpoint-6' }))
+      .toBe('Its worker was lost: queued again once, to resume from checkpoint-6.')
+    expect(requeueSummary({ requeues: 2, resume_from: null }))
+      .toBe('Its worker was lost: queued again 2 times, to resume from the start (no checkpoint yet).')
   })
 })

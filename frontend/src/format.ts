@@ -88,3 +88,13 @@ export function clock(seconds: number): string {
   const m = Math.floor(s / 60)
   return m >= 60 ? `${Math.floor(m / 60)}:${String(m % 60).padStart(2, '0')}:${String(s % 60).padStart(2, '0')}` : `${m}:${String(s % 60).padStart(2, '0')}`
 }
+
+/**
+ * What the job page says of a job queued again after its worker was lost (its `requeues`), with
+ * the checkpoint it resumes from; null when that never happened.
+ */
+export function requeueSummary(job: { requeues: number; resume_from: string | null }): string | null {
+  if (job.requeues < 1) return null
+  const times = job.requeues === 1 ? 'once' : `${job.requeues} times`
+  return `Its worker was lost: queued again ${times}, to resume from ${job.resume_from ?? 'the start (no checkpoint yet)'}.`
+}

@@ -117,7 +117,7 @@ const FIELD_TEXTS: FieldText[] = [
   { path: 'gpus', label: 'GPUs', section: 'run', advanced: true,
     help: '0 runs on a CPU worker (slow, fine for the built-in model). More than 1 is not scheduled yet.' },
   { path: 'requeue_on_worker_loss', label: 'Requeue if the worker is lost', section: 'run', advanced: true,
-    help: 'When the machine running the job dies or loses contact, queue it again to resume from its newest checkpoint instead of failing it.' },
+    help: 'When the machine running the job dies or loses contact, queue it again to resume from its newest checkpoint (from the start before the first) instead of failing it; a job that keeps losing its worker fails after a few tries.' },
   { path: 'priority', label: 'Priority', section: 'run', advanced: true,
     help: 'Higher runs first; above 0 is for admins.' },
 ]

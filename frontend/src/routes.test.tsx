@@ -97,4 +97,18 @@ describe('routes', () => {
     // The stream opens in an effect after the page's first render: wait for it rather than race it.
     await vi.waitFor(() => expect(FakeSocket.instances.some((s) => s.url.endsWith('/ws/jobs/42?after=0-0'))).toBe(true))
   })
+
+  it('says on the job page that the job was queued again after its worker was lost, and from where', async () => {
+    const requeued = {
+      id: 42, owner_id: 1, kind: 'train', name: 'lora run', method: 'lora', model: 'builtin/SmolLM2-135M-Instruct',
+      dataset_id: 1, parent_job_id: null, config: {}, status: 'running', priority: 0, memory_estimate_bytes: null,
+      gpus: 0, worker: 'cpu0@box', device: null, step: 5, total_steps: 8, error: null, resume_from: 'checkpoint-4',
+      requeues: 2, created_at: '2026-11-29T12:00:00Z', started_at: '2026-11-29T12:01:00Z', finished_at: null,
+      queue_position: null, estimated_start: null, cancel_requested: false,
+    }
+    vi.stubGlobal('fetch', vi.fn<typeof fetch>().mockImplementation(apiFetchMock({ '/api/jobs/42': requeued })))
+    renderAt('/jobs/42')
+    expect(await screen.findByTestId('requeues')).toHaveTextContent(
+      'Its worker was lost: queued again 2 times, to resume from checkpoint-4.')
+  })
 })

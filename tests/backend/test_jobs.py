@@ -46,6 +46,11 @@ def test_a_job_is_queued_with_defaults_and_wakes_the_workers(team_on_each_databa
     events = read_after(team.api.redis, QUEUE_STREAM)
     assert [(kind, data["job_id"]) for _, kind, data in events] == [("added", job["id"])]
     assert team.bob.get(f"/api/jobs/{job['id']}").json()["id"] == job["id"]  # the team sees every job
+    # Requeued after a lost worker by default; the option may be turned off (issue 24: it was refused once).
+    assert job["config"]["requeue_on_worker_loss"] is True and job["requeues"] == 0
+    kept = submit(team.alice, dataset_id, requeue_on_worker_loss=False)
+    assert kept.status_code == 201, kept.text
+    assert kept.json()["config"]["requeue_on_worker_loss"] is False
 
 
 def test_the_real_wake_up_never_fails_without_a_worker(team, chat):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import inspect
+from sqlalchemy import MetaData, Table, inspect
 
 from lanner.core import db
 
@@ -55,7 +55,7 @@ FLAT = {"max_steps": 4, "per_device_train_batch_size": 2, "max_seq_length": 64, 
 EXPORT = {"export": {"adapter": True, "merged": False, "gguf_types": ["q8_0"]}}
 
 
-def test_0003_stores_each_training_jobs_spec_under_its_version(database_url):
+def test_0003_and_0004_store_each_training_jobs_spec_under_its_version(database_url):
     from datetime import datetime, timezone
 
     from sqlalchemy import text
@@ -63,6 +63,8 @@ def test_0003_stores_each_training_jobs_spec_under_its_version(database_url):
     from lanner.core.spec import SPEC_VERSION, load_spec
 
     db.migrate(database_url, "0002")
+    # The table as 0002 made it (the model's has later columns).
+    jobs_at_0002 = Table("jobs", MetaData(), autoload_with=db.get_engine(database_url))
     engine = db.get_engine(database_url)
     now = datetime.now(timezone.utc)
     with engine.begin() as connection:
@@ -70,7 +72,7 @@ def test_0003_stores_each_training_jobs_spec_under_its_version(database_url):
                                 "VALUES (1, 'a@example.com', 'A', 'admin', 'x', true, :now)"), {"now": now})
         for job_id, kind, method, config in [(1, "train", "dpo", NESTED_AND_FLAT), (2, "train", "lora", FLAT),
                                              (3, "train", "kto", {"max_steps": 2}), (4, "export", "export", EXPORT)]:
-            connection.execute(db.Base.metadata.tables["jobs"].insert().values(
+            connection.execute(jobs_at_0002.insert().values(
                 id=job_id, owner_id=1, kind=kind, name=f"job {job_id}", method=method,
                 model="builtin/SmolLM2-135M-Instruct", dataset_id=None, config=config, status="succeeded",
                 priority=0, queue_order=job_id, gpus=0, step=0, created_at=now))
@@ -88,6 +90,8 @@ def test_0003_stores_each_training_jobs_spec_under_its_version(database_url):
     assert (nested.method, nested.hyperparameters.learning_rate, nested.lora.rank, nested.preference.beta) == (
         "dpo", 5e-6, 8, 0.2)
     assert (nested.hyperparameters.save_steps, nested.hyperparameters.memory_limit_mb) == (50, 900)
+    # 0004: a job that never said it keeps the old default (off), though version 2 requeues by default.
+    assert nested.requeue_on_worker_loss is False
     flat = load_spec(configs[2])
     hp = flat.hyperparameters
     assert (hp.max_steps, hp.batch_size, hp.max_seq_len, hp.precision) == (4, 2, 64, "fp32")

@@ -10,7 +10,9 @@ from sqlalchemy import select
 from lanner.core.models import Job, JobKind, JobStatus
 from lanner.core.queue.claim import DISPATCH_TASK, claim_next_job, has_runnable_job, sweep_orphaned_jobs, wake_workers
 from lanner.core.settings import Settings
+from lanner.core.spec import MAX_REQUEUES
 
+from job_specs import stored_spec
 from queue_helpers import CPU, GIB, add_job, make_db
 from support import WORKER_REDIS_URL
 
@@ -72,32 +74,47 @@ def test_racing_workers_never_take_the_same_job(database_url):
 
 def test_orphaned_running_jobs_are_failed_or_requeued_in_one_commit(database_url):
     factory, owner = make_db(database_url)
+    lost = {"status": JobStatus.running, "worker": "gpu1@a"}
     with factory() as session:
-        alive = add_job(session, owner, "alive", status=JobStatus.running, worker="gpu0@a")
-        dead = add_job(session, owner, "dead", status=JobStatus.running, worker="gpu1@a")
-        resumable = add_job(session, owner, "resumable", status=JobStatus.running, worker="gpu1@a")
-        restarted = add_job(session, owner, "restarted", status=JobStatus.running, worker="cpu0@b")
-        queued = add_job(session, owner, "queued")
+        alive = add_job(session, owner, "alive", status=JobStatus.running, worker="gpu0@a", config=stored_spec())
+        opted_out = add_job(session, owner, "opted out", config=stored_spec(overrides={"requeue_on_worker_loss": False}),
+                            **lost)
+        resumable = add_job(session, owner, "resumable", config=stored_spec(), **lost)
+        fresh = add_job(session, owner, "no checkpoint yet", config=stored_spec(), resume_from="checkpoint-1", **lost)
+        exhausted = add_job(session, owner, "exhausted", config=stored_spec(), requeues=MAX_REQUEUES, **lost)
+        restarted = add_job(session, owner, "restarted", status=JobStatus.running, worker="cpu0@b",
+                            kind=JobKind.export, config={"export": {}})
+        queued = add_job(session, owner, "queued", config=stored_spec())
     seen = []  # the statuses another connection reads while the sweep decides
 
     def resume_point(job):
         with factory() as other:
-            seen.append({job_id: other.get(Job, job_id).status for job_id in (dead, resumable)})
-        return "checkpoint-3" if job.id == resumable else None
+            seen.append({job_id: other.get(Job, job_id).status for job_id in (opted_out, resumable)})
+        return "checkpoint-3" if job.id in (resumable, exhausted) else None
 
     with factory() as session:
         swept = sweep_orphaned_jobs(session, {"gpu0@a", "cpu0@b"}, resume_point=resume_point)
-        assert sorted(swept) == [dead, resumable]
+        assert sorted(swept) == [opted_out, resumable, fresh, exhausted]
         assert sweep_orphaned_jobs(session, {"gpu0@a", "cpu0@b"}, only_worker="cpu0@b") == [restarted]
     # Nothing was committed before every job was decided: the requeued job was never failed to a reader.
-    assert seen == [{dead: JobStatus.running, resumable: JobStatus.running}] * 2
+    assert seen == [{opted_out: JobStatus.running, resumable: JobStatus.running}] * 3
     with factory() as session:
-        status = {job.id: job.status for job in session.execute(select(Job)).scalars()}
-        assert status == {alive: JobStatus.running, dead: JobStatus.failed, resumable: JobStatus.queued,
-                          restarted: JobStatus.failed, queued: JobStatus.queued}
-        assert "gpu1@a stopped" in session.get(Job, dead).error
-        requeued = session.get(Job, resumable)
-        assert requeued.resume_from == "checkpoint-3" and requeued.error is None and requeued.worker is None
+        jobs = {job.id: job for job in session.execute(select(Job)).scalars()}
+        assert {job_id: job.status for job_id, job in jobs.items()} == {
+            alive: JobStatus.running, opted_out: JobStatus.failed, resumable: JobStatus.queued,
+            fresh: JobStatus.queued, exhausted: JobStatus.failed, restarted: JobStatus.failed,
+            queued: JobStatus.queued}
+        assert "gpu1@a stopped" in jobs[opted_out].error and jobs[opted_out].requeues == 0
+        assert (jobs[resumable].resume_from, jobs[resumable].requeues, jobs[resumable].error,
+                jobs[resumable].worker) == ("checkpoint-3", 1, None, None)
+        # Lost before its first checkpoint: it starts again from where it started (here, a retry's checkpoint).
+        assert (jobs[fresh].resume_from, jobs[fresh].requeues) == ("checkpoint-1", 1)
+        assert jobs[exhausted].error == (
+            "The worker gpu1@a stopped while running this job (killed or crashed); the job did not finish. "
+            f"Its worker was lost {MAX_REQUEUES + 1} times: after {MAX_REQUEUES} requeues it is not queued again, "
+            "in case the job itself takes its worker down. Its newest checkpoint, checkpoint-3, is kept: "
+            "retry from it once the cause is found.")
+        assert jobs[exhausted].finished_at is not None
 
 
 def test_wake_workers_sends_the_dispatch_task_by_name(tmp_path):

@@ -73,26 +73,32 @@ def test_an_exception_in_training_fails_the_job_with_its_reason(studio):
     assert error.startswith("Training failed: ValueError: ") and "r" in error
 
 
-def test_a_sweep_fails_running_jobs_whose_worker_has_no_heartbeat(studio):
+def test_a_sweep_requeues_or_fails_running_jobs_whose_worker_has_no_heartbeat(studio):
     from lanner.core.models import JobStatus
     from lanner.core.settings import Settings
     from lanner.core.worker_registry import announce_worker
     from lanner.worker.devices import cpu_device
     from lanner.worker.runner import sweep_orphans
 
-    from support import WORKER_REDIS_URL
-
     dataset = studio.dataset("qa.jsonl", qa_rows(2))
     alive = studio.job(dataset, status=JobStatus.running, worker="cpu0@alive")
-    dead = studio.job(dataset, status=JobStatus.running, worker="gpu3@gone")
+    sweeping = studio.job(dataset, status=JobStatus.running, worker="cpu1@sweeping")  # its heartbeat is not back yet
+    opted_out = studio.job(dataset, {"requeue_on_worker_loss": False}, status=JobStatus.running, worker="gpu3@gone")
+    fresh = studio.job(dataset, status=JobStatus.running, worker="gpu3@gone", step=3)
     announce_worker(studio.redis, "cpu0@alive", cpu_device("cpu0@alive"))
-    settings = Settings(data_dir=studio.data_dir, database_url=studio.database_url, redis_url=WORKER_REDIS_URL)
-    assert sweep_orphans(settings) == [dead]
-    assert studio.get_job(alive).status == JobStatus.running
-    job = studio.get_job(dead)
+    settings = Settings(data_dir=studio.data_dir, database_url=studio.database_url, redis_url=studio.redis_url)
+    assert sweep_orphans(settings, alive="cpu1@sweeping") == [opted_out, fresh]
+    assert studio.get_job(alive).status == studio.get_job(sweeping).status == JobStatus.running
+    job = studio.get_job(opted_out)
     assert job.status == JobStatus.failed and "gpu3@gone stopped while running this job" in job.error
-    last = read_after(studio.redis, job_stream(dead))[-1]
-    assert last[1:] == ("status", {"status": "failed", "error": job.error})
+    assert read_after(studio.redis, job_stream(opted_out))[-1][1:] == ("status", {"status": "failed", "error": job.error})
+    # Lost before its first checkpoint: queued again to start over.
+    job = studio.get_job(fresh)
+    assert (job.status, job.resume_from, job.requeues, job.worker) == (JobStatus.queued, None, 1, None)
+    events = [event[1:] for event in read_after(studio.redis, job_stream(fresh))]
+    assert events[0] == ("status", {"status": "queued", "error": None, "resume_from": None, "requeues": 1})
+    assert events[1][1]["message"] == ("Its worker was lost at step 3; queued again (1 of 3 requeues) to start over: "
+                                       "no checkpoint yet")
 
 
 def test_dpo_trains_on_preference_pairs(studio):

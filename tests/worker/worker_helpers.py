@@ -46,13 +46,14 @@ class Studio:
     database_url: str
     redis: Redis
     owner_id: int
+    redis_url: str = WORKER_REDIS_URL
 
     @property
     def env(self) -> dict:
         env = {key: value for key, value in os.environ.items()
                if not key.startswith("LANNER_") and key != "TRITON_INTERPRET"}
         env.update(LANNER_DATA_DIR=str(self.data_dir), LANNER_DATABASE_URL=self.database_url,
-                   LANNER_REDIS_URL=WORKER_REDIS_URL, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1",
+                   LANNER_REDIS_URL=self.redis_url, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1",
                    # One thread: the two cores are shared, and competing OpenMP threads cost 3x here.
                    OMP_NUM_THREADS="1")
         return env

@@ -812,8 +812,8 @@ export interface components {
       chat_template?: string | null;
       /**
        * Requeue On Worker Loss
-       * @description When the worker running it is lost, queue the job again to resume from its newest checkpoint instead of failing it
-       * @default false
+       * @description When the worker running it is lost, queue the job again to resume from its newest checkpoint (or from its start, before the first) instead of failing it; at most 3 times
+       * @default true
        */
       requeue_on_worker_loss: boolean;
     };
@@ -867,6 +867,11 @@ export interface components {
       error: string | null;
       /** Resume From */
       resume_from: string | null;
+      /**
+       * Requeues
+       * @description Times it went back to the queue after its worker was lost (requeue_on_worker_loss)
+       */
+      requeues: number;
       /**
        * Created At
        * Format: date-time
@@ -1648,6 +1653,8 @@ export interface components {
       device?: components["schemas"]["Placement"] | components["schemas"]["Device"] | null;
       /** Resume From */
       resume_from?: string | null;
+      /** Requeues */
+      requeues?: number | null;
       /** By */
       by?: number | null;
     };

@@ -19,7 +19,7 @@ function job(id: number, learningRate: number) {
   return {
     id, owner_id: 1, kind: 'train', name: `run ${id}`, method: 'lora', model: 'builtin/SmolLM2-135M-Instruct', dataset_id: 1,
     parent_job_id: null, status: 'succeeded', priority: 0, memory_estimate_bytes: null, gpus: 0, worker: null, device: null,
-    step: 2, total_steps: 2, error: null, resume_from: null, created_at: '2026-11-29T12:00:00Z', started_at: null,
+    step: 2, total_steps: 2, error: null, resume_from: null, requeues: 0, created_at: '2026-11-29T12:00:00Z', started_at: null,
     finished_at: '2026-11-29T12:05:00Z', queue_position: null, estimated_start: null, cancel_requested: false,
     config: { method: 'lora', model: 'builtin/SmolLM2-135M-Instruct', dataset_id: 1, gpus: 0, hyperparameters: { learning_rate: learningRate, epochs: 1 } },
   }

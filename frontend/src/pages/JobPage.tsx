@@ -11,7 +11,7 @@ import { ErrorNotice, errorText } from '../components/Field'
 import { JobStatusBadge, ProgressBar } from '../components/JobStatusBadge'
 import { LiveChart } from '../components/LiveChart'
 import { PageHeader } from '../components/PageHeader'
-import { clock, formatDuration, formatGiB, formatFloat, formatRate, formatTime, parseApiTime } from '../format'
+import { clock, formatDuration, formatGiB, formatFloat, formatRate, formatTime, parseApiTime, requeueSummary } from '../format'
 import { memoryTotalBytes, withHistory } from '../live/history'
 import { remainingSeconds } from '../live/jobEvents'
 import { useJobHistory } from '../live/useJobHistory'
@@ -176,6 +176,7 @@ export function JobPage() {
       {job?.error && (job.status === 'queued'
         ? <p className="notice" role="status">{job.error}</p>  // why it waits (the queue writes it)
         : <ErrorNotice title={job.status === 'succeeded' ? 'Finished, with parts left out' : 'The job failed'} error={job.error} />)}
+      {job && requeueSummary(job) && <p className="notice" role="status" data-testid="requeues">{requeueSummary(job)}</p>}
       {job && (
         <section className="panel job-facts" aria-label="Job status">
           <dl className="facts facts--row">
