@@ -167,7 +167,9 @@ export interface paths {
   "/api/datasets/{dataset_id}/preview": {
     /**
      * Preview Dataset
-     * @description The first rows as the model sees them: segments of text, each marked trained or not.
+     * @description Usable rows as the model sees them, `rows` of them after the first `offset` usable rows (so
+     * every one can be paged to): segments of text, each marked trained or not, each row named by its
+     * line in the file.
      */
     get: operations["preview_dataset_api_datasets__dataset_id__preview_get"];
   };
@@ -292,10 +294,13 @@ export interface components {
     BadRow: {
       /**
        * Line
-       * @description 1-based line (jsonl, csv) or item (json, parquet) number
+       * @description The line of the file the row starts on (1-based); a parquet file's row number
        */
       line: number;
-      /** Reason */
+      /**
+       * Reason
+       * @description Every problem of the row, '; ' apart; 'blank line' for a blank one
+       */
       reason: string;
     };
     /** Catalog */
@@ -401,7 +406,25 @@ export interface components {
        * @description sft, text, preference or kto: how the trainer reads the rows
        */
       task: string;
-      /** Rows */
+      /**
+       * Numbered By
+       * @enum {string}
+       */
+      numbered_by: "line" | "row";
+      /**
+       * Offset
+       * @description Usable rows skipped before these
+       */
+      offset: number;
+      /**
+       * Total
+       * @description Usable rows in the dataset
+       */
+      total: number;
+      /**
+       * Rows
+       * @description Each shown row's sequences (a preference row has two)
+       */
       rows: components["schemas"]["PreviewSequence"][];
     };
     /**
@@ -416,7 +439,17 @@ export interface components {
       format: string | null;
       /** Task */
       task?: string | null;
-      /** Rows */
+      /**
+       * Numbered By
+       * @description What `line` counts: file lines, or parquet rows
+       * @default line
+       * @enum {string}
+       */
+      numbered_by: "line" | "row";
+      /**
+       * Rows
+       * @description Every row of the file (blank lines included): usable_rows + bad_row_count
+       */
       rows: number;
       /** Usable Rows */
       usable_rows: number;
@@ -430,6 +463,23 @@ export interface components {
        * @default 0
        */
       bad_row_count: number;
+      /**
+       * Warnings
+       * @description The first warnings of usable rows (keys ignored)
+       * @default []
+       */
+      warnings: components["schemas"]["RowWarning"][];
+      /**
+       * Warning Count
+       * @default 0
+       */
+      warning_count: number;
+      /**
+       * Notes
+       * @description How the file was read, when not as its extension says
+       * @default []
+       */
+      notes: string[];
       /**
        * Columns
        * @default []
@@ -1105,10 +1155,10 @@ export interface components {
     /** PreviewSequence */
     PreviewSequence: {
       /**
-       * Row
-       * @description 1-based row of the dataset
+       * Line
+       * @description The line of the file the row starts on (1-based); a parquet file's row number
        */
-      row: number;
+      line: number;
       /**
        * Sequence
        * @enum {string}
@@ -1173,6 +1223,16 @@ export interface components {
      * @enum {string}
      */
     Role: "admin" | "member";
+    /** RowWarning */
+    RowWarning: {
+      /**
+       * Line
+       * @description The line of the file the row starts on (1-based); a parquet file's row number
+       */
+      line: number;
+      /** Message */
+      message: string;
+    };
     /** SampleOut */
     SampleOut: {
       /** Id */
@@ -3104,13 +3164,17 @@ export interface operations {
   };
   /**
    * Preview Dataset
-   * @description The first rows as the model sees them: segments of text, each marked trained or not.
+   * @description Usable rows as the model sees them, `rows` of them after the first `offset` usable rows (so
+   * every one can be paged to): segments of text, each marked trained or not, each row named by its
+   * line in the file.
    */
   preview_dataset_api_datasets__dataset_id__preview_get: {
     parameters: {
       query?: {
         /** @description Whose tokenizer and chat template to use */
         model?: string;
+        offset?: number;
+        /** @description Usable rows to show */
         rows?: number;
         max_seq_len?: number;
       };
