@@ -1437,6 +1437,36 @@ export interface components {
       /** By */
       by: number;
     };
+    /**
+     * CheckFigure
+     * @description One figure a format's check judged, as its owner reads it: what was measured, the bound it had
+     * to stay within, what a miss means.
+     */
+    CheckFigure: {
+      /**
+       * Figure
+       * @description What was measured, in words: max |logit diff|, mean KL (nats), …
+       */
+      figure: string;
+      /** Measured */
+      measured: number;
+      /** Bound */
+      bound: number;
+      /**
+       * Within
+       * @description How measured must compare to bound
+       * @default at most
+       * @enum {string}
+       */
+      within: "at most" | "at least";
+      /** Passed */
+      passed: boolean;
+      /**
+       * Meaning
+       * @description What a miss says about the file
+       */
+      meaning: string;
+    };
     /** CheckpointSaved */
     CheckpointSaved: {
       /** Step */
@@ -1495,10 +1525,53 @@ export interface components {
       /** Fraction */
       fraction: number;
     };
-    /** ExportVerification */
+    /**
+     * ExportVerification
+     * @description An export's end: each format asked for, kept or left out with the figures its check judged
+     * (published when the export ends with files, and when every format failed its check), and the
+     * checks themselves as `merged` and `gguf` (the manifest's `verification`).
+     */
     ExportVerification: {
+      /**
+       * Formats
+       * @default {}
+       */
+      formats: {
+        [key: string]: components["schemas"]["FormatOutcome"];
+      };
       [key: string]: unknown;
     };
+    /**
+     * FormatOutcome
+     * @description What became of one format an export was asked for, with the figures its check judged (a failed
+     * one: at least one of them missed its bound) and what to do about a format left out.
+     */
+    FormatOutcome: {
+      status: components["schemas"]["FormatStatus"];
+      /**
+       * Reason
+       * @description Why it was left out, in words
+       */
+      reason?: string | null;
+      /**
+       * Figures
+       * @default []
+       */
+      figures: components["schemas"]["CheckFigure"][];
+      /**
+       * Advice
+       * @description What to do instead
+       */
+      advice?: string | null;
+    };
+    /**
+     * FormatStatus
+     * @description What became of one format an export was asked for (the manifest's `formats`, each artifact's
+     * `status`). An export keeps every format that passed and reports the others; it fails only when
+     * nothing it was asked for is kept.
+     * @enum {string}
+     */
+    FormatStatus: "verified" | "unchecked" | "failed" | "not made";
     /** GenerateRequest */
     GenerateRequest: {
       /**
