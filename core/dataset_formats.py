@@ -133,7 +133,11 @@ def _read_jsonl(path: Path) -> _Read:
 
 def _json_lines(raw: bytes) -> _Read:
     read = _Read()
-    lines = raw.split(b"\n")
+    separator = b"\n"
+    if b"\n" not in raw and b"\r" in raw.strip():
+        separator = b"\r"
+        read.notes.append("Its lines end in a carriage return alone (old Mac style); they were read as lines.")
+    lines = raw.split(separator)
     if lines[-1] == b"":
         lines.pop()  # the newline that ends the last line starts no line of its own
     for number, line_bytes in enumerate(lines, start=1):
@@ -519,7 +523,8 @@ def examine_lines(path: Path) -> tuple[dict, list[tuple[int, dict]]]:
     if total == 0:
         raise DatasetError(f"{path.name} is empty: it has no rows.", report)
     if not records and all(item["reason"] == BLANK_LINE for item in bad):
-        raise DatasetError(f"{path.name} is empty: its {total} line{'s are' if total > 1 else ' is'} blank.", report)
+        raise DatasetError(f"{path.name} is empty: it has no rows, only {total} blank line{'s' if total > 1 else ''}.",
+                           report)
     fmt = _detect(records)
     if fmt is None:
         report.update(bad_row_count=total)

@@ -223,8 +223,13 @@ def test_every_line_of_a_jsonl_file_is_a_usable_row_or_a_reported_one(tmp_path):
     crlf.write_bytes(b"\xef\xbb\xbf" + (ALPACA + "  \r\n\r\n" + ALPACA + "\r\n").encode())
     report = inspect_dataset(crlf)
     assert (report["rows"], report["usable_rows"], report["bad_rows"]) == (3, 2, [{"line": 2, "reason": "blank line"}])
-    with pytest.raises(DatasetError, match="is empty: its 3 lines are blank"):
+    with pytest.raises(DatasetError, match="is empty: it has no rows, only 3 blank lines"):
         inspect_dataset(write_jsonl(tmp_path / "blank.jsonl", ["\r", " ", ""]))
+    old_mac = tmp_path / "mac.jsonl"  # lines that end in a carriage return alone
+    old_mac.write_bytes((ALPACA + "\r\r" + ALPACA + "\r").encode())
+    report = inspect_dataset(old_mac)
+    assert (report["rows"], report["usable_rows"], report["bad_rows"]) == (3, 2, [{"line": 2, "reason": "blank line"}])
+    assert "carriage return alone" in report["notes"][0]
 
 
 def test_a_bad_row_names_every_problem(tmp_path):
