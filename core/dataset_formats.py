@@ -21,13 +21,14 @@ The report accounts for every row of the file: `rows` = `usable_rows` + `bad_row
 a line of a .jsonl file (a blank line, or one holding only whitespace or a carriage return, is a
 row that cannot be used: "blank line"), a record of a .csv file after its header (blank lines
 likewise), an element of a .json file's list, a row of a .parquet file. "line" in the report is the
-file line the row starts on (1-based; `numbered_by` "line"), and the row's number for parquet
-(`numbered_by` "row"). A bad row's reason names every problem found in it, "; " apart. A usable row
+file line the row starts on (1-based; `numbered_by` "line"), and the row's place in the file for
+parquet and for a JSON list with several rows on one line (`numbered_by` "row"). A bad row's reason names every problem found in it, "; " apart. A usable row
 can still carry warnings: a key that differs from a field the format reads only in case or spaces
 ("Input", " output") is never read as that field, and is named (the field names are exact; a row
 that lacks the field then names the look-alike in its reason). `notes` say how the file was read
 when that was not what its extension says (a JSON array in a .jsonl file, JSON Lines in a .json
-file, a repeated CSV column).
+file, lines ended by a carriage return alone, a repeated CSV column, rows numbered by place). A key
+repeated in one JSON object (only its last value is read, as JSON parsers do) is named too.
 """
 from __future__ import annotations
 
@@ -86,11 +87,13 @@ class BadRow(ValueError):
 @dataclass
 class _Read:
     """What a reader found: (line, parsed row) for each row it could read, the rows it could not
-    (blank ones included), and how it read the file when not as the extension says."""
+    (blank ones included), how it read the file when not as the extension says, and notes on rows
+    (a key repeated in one object)."""
     records: list[tuple[int, Any]] = field(default_factory=list)
     bad: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     numbered_by: str = "line"
+    row_notes: dict[int, list[str]] = field(default_factory=dict)  # line -> what reading it noticed
 
 
 # ---------------------------------------------------------------------------------------- reading
@@ -111,6 +114,27 @@ def json_error_text(error: json.JSONDecodeError, *, line: bool = False) -> str:
     string starting at"), which the position given here then completes."""
     message = error.msg.removesuffix(" at")
     return f"{message} at line {error.lineno}, column {error.colno}" if line else f"{message} at column {error.colno}"
+
+
+class _RepeatedKeys:
+    """An object_pairs_hook that builds dicts as json does (the last value of a repeated key wins)
+    and notes each key an object repeats, so that no value is dropped unsaid."""
+
+    def __init__(self):
+        self.keys: list[str] = []
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict:
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                self.keys.append(key)
+            seen.add(key)
+        return dict(pairs)
+
+    def notes(self) -> list[str]:
+        keys, self.keys = self.keys, []
+        return [f"key {key!r} appears more than once in one object: only its last value was read"
+                for key in dict.fromkeys(keys)]
 
 
 def _read_jsonl(path: Path) -> _Read:
@@ -150,8 +174,11 @@ def _json_lines(raw: bytes) -> _Read:
         if not line:
             read.bad.append({"line": number, "reason": BLANK_LINE})
             continue
+        repeated = _RepeatedKeys()
         try:
-            read.records.append((number, strict_json.loads(line)))
+            read.records.append((number, strict_json.loads(line, object_pairs_hook=repeated)))
+            if notes := repeated.notes():
+                read.row_notes[number] = notes
         except json.JSONDecodeError as error:
             read.bad.append({"line": number, "reason": f"malformed JSON: {json_error_text(error)}"})
         except strict_json.UnstorableJson as error:
@@ -185,7 +212,17 @@ def _read_json_text(text: str, name: str) -> _Read:
         key = lists[0]
     elif not isinstance(value, list):
         raise DatasetError(f"{name} holds JSON {_a(value)}; expected a list of rows.")
-    return _Read(records=_element_lines(text, key))
+    elements = _element_lines(text, key)
+    read = _Read()
+    if len({line for line, _, _ in elements}) < len(elements):  # rows share lines: number them by position
+        read.numbered_by = "row"
+        read.notes.append(f"{name} has several rows on one line: rows are numbered by their place in the list.")
+        elements = [(number, item, notes) for number, (_, item, notes) in enumerate(elements, start=1)]
+    for number, item, notes in elements:
+        read.records.append((number, item))
+        if notes:
+            read.row_notes[number] = notes
+    return read
 
 
 def _first_line_is_object(text: str) -> bool:
@@ -202,10 +239,11 @@ def _skip_space(text: str, position: int) -> int:
     return position
 
 
-def _element_lines(text: str, key: str | None) -> list[tuple[int, Any]]:
-    """(line each element starts on, element) of the top-level list, or of the list at `key` of the
-    top-level object, found by decoding the text in place."""
-    decoder = json.JSONDecoder()
+def _element_lines(text: str, key: str | None) -> list[tuple[int, Any, list[str]]]:
+    """(line each element starts on, element, the keys it repeats) of the top-level list, or of the
+    list at `key` of the top-level object, found by decoding the text in place."""
+    repeated = _RepeatedKeys()
+    decoder = json.JSONDecoder(object_pairs_hook=repeated)
     position = _skip_space(text, 0)
     if key is not None:  # walk the object's members up to the list's
         position += 1
@@ -217,6 +255,7 @@ def _element_lines(text: str, key: str | None) -> list[tuple[int, Any]]:
                 break
             _, position = decoder.raw_decode(text, position)
             position = _skip_space(text, position) + 1  # past the comma
+        repeated.notes()  # the wrapper's own members are not a row's
     position += 1  # past the list's "["
     result, counted_to, line = [], 0, 1
     while True:
@@ -226,7 +265,7 @@ def _element_lines(text: str, key: str | None) -> list[tuple[int, Any]]:
         line += text.count("\n", counted_to, position)
         counted_to = position
         item, position = decoder.raw_decode(text, position)
-        result.append((line, item))
+        result.append((line, item, repeated.notes()))
         position = _skip_space(text, position)
         if text[position] == ",":
             position += 1
@@ -534,13 +573,14 @@ def examine_lines(path: Path) -> tuple[dict, list[tuple[int, dict]]]:
                            + _lookalike_hint(columns), report)
     rows, warnings = [], []
     for line, record in records:
+        read_notes = read.row_notes.get(line, [])
         try:
             row, notes = _normalise(fmt, record)
         except BadRow as reason:
-            bad.append({"line": line, "reason": str(reason)})
+            bad.append({"line": line, "reason": str(BadRow(*reason.problems, *read_notes))})
             continue
         rows.append((line, row))
-        warnings.extend({"line": line, "message": note} for note in notes)
+        warnings.extend({"line": line, "message": note} for note in [*read_notes, *notes])
     bad.sort(key=lambda item: item["line"])
     report.update(format=fmt, task=FORMATS[fmt][0], usable_rows=len(rows), bad_rows=bad[:BAD_ROWS_REPORTED],
                   bad_row_count=len(bad), warnings=warnings[:WARNINGS_REPORTED], warning_count=len(warnings))

@@ -9,7 +9,8 @@ from lanner.backend.schemas.common import UtcDateTime
 
 
 NumberedBy = Literal["line", "row"]
-LINE = "The line of the file the row starts on (1-based); a parquet file's row number"
+LINE = ("The line of the file the row starts on (1-based); with numbered_by 'row', the row's place in the file "
+        "(parquet, or a JSON list with several rows on one line)")
 
 
 class BadRow(BaseModel):
@@ -28,7 +29,8 @@ class DatasetReport(BaseModel):
 
     format: str | None = Field(description="messages, sharegpt, alpaca, prompt_completion, text, preference, kto, …")
     task: str | None = None
-    numbered_by: NumberedBy = Field(default="line", description="What `line` counts: file lines, or parquet rows")
+    numbered_by: NumberedBy = Field(default="line", description="What `line` counts: file lines, or rows by their "
+                                                                "place (parquet; a JSON list with rows sharing lines)")
     rows: int = Field(description="Every row of the file (blank lines included): usable_rows + bad_row_count")
     usable_rows: int
     bad_rows: list[BadRow] = Field(description="The first bad rows, each with its line and reason")

@@ -318,3 +318,21 @@ def test_every_csv_record_is_accounted_for(tmp_path):
     repeated.write_text("text,text\na,b\n")
     report, numbered = examine_lines(repeated)
     assert numbered == [(2, {"text": "a"})] and "'text' more than once" in report["notes"][0]
+
+
+def test_a_key_repeated_in_a_row_is_named_and_rows_on_one_line_are_numbered_by_place(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"text": "first", "text": "second"}\n{"prompt": "x", "prompt": "y"}\n')
+    report, numbered = examine_lines(path)
+    assert numbered == [(1, {"text": "second"})]
+    assert report["warnings"] == [
+        {"line": 1, "message": "key 'text' appears more than once in one object: only its last value was read"}]
+    assert report["bad_rows"] == [{"line": 2, "reason": (
+        "missing 'text'; key 'prompt' appears more than once in one object: only its last value was read")}]
+
+    one_line = tmp_path / "one_line.json"
+    one_line.write_text('{"data": [{"text": "a"}, {"text": ""}, {"text": "b", "text": "c"}]}')
+    report, numbered = examine_lines(one_line)
+    assert report["numbered_by"] == "row" and "numbered by their place" in report["notes"][0]
+    assert report["bad_rows"] == [{"line": 2, "reason": "'text' is empty"}]
+    assert [line for line, _ in numbered] == [1, 3] and [item["line"] for item in report["warnings"]] == [3]

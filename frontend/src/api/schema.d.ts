@@ -294,7 +294,7 @@ export interface components {
     BadRow: {
       /**
        * Line
-       * @description The line of the file the row starts on (1-based); a parquet file's row number
+       * @description The line of the file the row starts on (1-based); with numbered_by 'row', the row's place in the file (parquet, or a JSON list with several rows on one line)
        */
       line: number;
       /**
@@ -441,7 +441,7 @@ export interface components {
       task?: string | null;
       /**
        * Numbered By
-       * @description What `line` counts: file lines, or parquet rows
+       * @description What `line` counts: file lines, or rows by their place (parquet; a JSON list with rows sharing lines)
        * @default line
        * @enum {string}
        */
@@ -1156,7 +1156,7 @@ export interface components {
     PreviewSequence: {
       /**
        * Line
-       * @description The line of the file the row starts on (1-based); a parquet file's row number
+       * @description The line of the file the row starts on (1-based); with numbered_by 'row', the row's place in the file (parquet, or a JSON list with several rows on one line)
        */
       line: number;
       /**
@@ -1227,7 +1227,7 @@ export interface components {
     RowWarning: {
       /**
        * Line
-       * @description The line of the file the row starts on (1-based); a parquet file's row number
+       * @description The line of the file the row starts on (1-based); with numbered_by 'row', the row's place in the file (parquet, or a JSON list with several rows on one line)
        */
       line: number;
       /** Message */
