@@ -101,13 +101,14 @@ def _segments(tokenizer, ids: list[int], mask: list[bool]) -> list[dict]:
     return segments
 
 
-def preview(tokenizer, rows: list[dict], task: str, max_seq_len: int) -> list[dict]:
+def preview(tokenizer, rows: list[tuple[int, dict]], task: str, max_seq_len: int) -> list[dict]:
+    """Each (line, row)'s sequences rendered, named by the row's line in the file."""
     shown = []
-    for number, row in enumerate(rows, start=1):
+    for line, row in rows:
         for label, prompt, answer, text in _sequences(row, task):
             ids, mask = _rendered(tokenizer, prompt, answer, text)
             kept, kept_mask = ids[:max_seq_len], mask[:max_seq_len]
-            shown.append({"row": number, "sequence": label, "tokens": len(ids), "trained_tokens": sum(kept_mask),
+            shown.append({"line": line, "sequence": label, "tokens": len(ids), "trained_tokens": sum(kept_mask),
                           "truncated": len(ids) > max_seq_len, "segments": _segments(tokenizer, kept, kept_mask)})
     return shown
 

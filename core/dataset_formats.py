@@ -1,8 +1,8 @@
 """Dataset files in, one canonical row shape out.
 
 Reads jsonl, json, csv and parquet; detects the format from the rows' fields; checks every row and
-reports the ones that cannot be used with their line number and the reason. The API calls
-`inspect_dataset` on upload; the training process calls `load_rows`.
+reports the ones that cannot be used with their line number and every reason. The API calls
+`inspect_dataset` on upload; the training process calls `examine`.
 
 Detected formats and what they become (the canonical shapes TRL's trainers take):
 - alpaca (instruction, input?, output, system?)      -> sft: {"prompt": [messages], "completion": [assistant]}
@@ -17,8 +17,18 @@ Conversations become prompt/completion pairs split before the last assistant tur
 on the completion only" is TRL's plain prompt-completion masking and needs no generation tags in
 the chat template (earlier assistant turns are context, not targets).
 
-"line" in a bad-row report is the line in the file for jsonl, csv and json, and the row number
-(1-based) for parquet.
+The report accounts for every row of the file: `rows` = `usable_rows` + `bad_row_count`. A row is
+a line of a .jsonl file (a blank line, or one holding only whitespace or a carriage return, is a
+row that cannot be used: "blank line"), a record of a .csv file after its header (blank lines
+likewise), an element of a .json file's list, a row of a .parquet file. "line" in the report is the
+file line the row starts on (1-based; `numbered_by` "line"), and the row's place in the file for
+parquet and for a JSON list with several rows on one line (`numbered_by` "row"). A bad row's reason names every problem found in it, "; " apart. A usable row
+can still carry warnings: a key that differs from a field the format reads only in case or spaces
+("Input", " output") is never read as that field, and is named (the field names are exact; a row
+that lacks the field then names the look-alike in its reason). `notes` say how the file was read
+when that was not what its extension says (a JSON array in a .jsonl file, JSON Lines in a .json
+file, lines ended by a carriage return alone, a repeated CSV column, rows numbered by place). A key
+repeated in one JSON object (only its last value is read, as JSON parsers do) is named too.
 """
 from __future__ import annotations
 
@@ -26,12 +36,17 @@ import codecs
 import csv
 import io
 import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lanner.core import strict_json
 
 BAD_ROWS_REPORTED = 100
+WARNINGS_REPORTED = 100
+PROBLEMS_NAMED = 10  # per row; the rest are counted
+BLANK_LINE = "blank line"
 ROLES = ("system", "user", "assistant")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
                   "assistant": "assistant", "bot": "assistant", "model": "assistant"}
@@ -47,6 +62,8 @@ FORMATS: dict[str, tuple[str, frozenset[str]]] = {
     "prompt_completion": ("sft", frozenset({"prompt", "completion"})),
     "text": ("text", frozenset({"text"})),
 }
+OPTIONAL_FIELDS: dict[str, frozenset[str]] = {"alpaca": frozenset({"input", "system"})}
+MESSAGE_KEYS = ("role", "content", "from", "value")
 
 
 class DatasetError(ValueError):
@@ -58,7 +75,25 @@ class DatasetError(ValueError):
 
 
 class BadRow(ValueError):
-    pass
+    """A row that cannot be used, with every problem found in it."""
+
+    def __init__(self, *problems: str):
+        self.problems = list(problems)
+        named = problems[:PROBLEMS_NAMED]
+        more = len(problems) - len(named)
+        super().__init__("; ".join(named) + (f"; and {more} more problem{'s' if more > 1 else ''}" if more else ""))
+
+
+@dataclass
+class _Read:
+    """What a reader found: (line, parsed row) for each row it could read, the rows it could not
+    (blank ones included), how it read the file when not as the extension says, and notes on rows
+    (a key repeated in one object)."""
+    records: list[tuple[int, Any]] = field(default_factory=list)
+    bad: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    numbered_by: str = "line"
+    row_notes: dict[int, list[str]] = field(default_factory=dict)  # line -> what reading it noticed
 
 
 # ---------------------------------------------------------------------------------------- reading
@@ -74,84 +109,195 @@ def _decode(raw: bytes, path: Path) -> str:
                            f"cannot be decoded. Save the file as UTF-8.") from None
 
 
-def _read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], list[dict]]:
-    """(line, parsed value) for each non-blank line, plus the lines that are not JSON or not UTF-8.
-    Lines are decoded one by one so that one badly encoded line costs one row, not the file."""
+def json_error_text(error: json.JSONDecodeError, *, line: bool = False) -> str:
+    """Python's JSON error in words: its message ends in "at" where it names a position ("Unterminated
+    string starting at"), which the position given here then completes."""
+    message = error.msg.removesuffix(" at")
+    return f"{message} at line {error.lineno}, column {error.colno}" if line else f"{message} at column {error.colno}"
+
+
+class _RepeatedKeys:
+    """An object_pairs_hook that builds dicts as json does (the last value of a repeated key wins)
+    and notes each key an object repeats, so that no value is dropped unsaid."""
+
+    def __init__(self):
+        self.keys: list[str] = []
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict:
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                self.keys.append(key)
+            seen.add(key)
+        return dict(pairs)
+
+    def notes(self) -> list[str]:
+        keys, self.keys = self.keys, []
+        return [f"key {key!r} appears more than once in one object: only its last value was read"
+                for key in dict.fromkeys(keys)]
+
+
+def _read_jsonl(path: Path) -> _Read:
+    """Each line decoded and parsed on its own, so that one bad line costs one row, not the file."""
     raw = path.read_bytes()
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         raw = raw.decode("utf-16").encode("utf-8")
     raw = raw.removeprefix(codecs.BOM_UTF8)
-    records, bad = [], []
-    for number, line_bytes in enumerate(raw.split(b"\n"), start=1):
+    if raw.lstrip().startswith(b"["):  # a JSON array saved as .jsonl (on one line or several)
+        try:
+            text = raw.decode("utf-8")
+            if isinstance(strict_json.loads(text), list):
+                read = _read_json_text(text, path.name)
+                read.notes.append(f"{path.name} holds one JSON list of rows, not a row per line: it was read as JSON.")
+                return read
+        except (UnicodeDecodeError, ValueError, DatasetError):
+            pass  # not one array: each line is read and reported as a row
+    return _json_lines(raw)
+
+
+def _json_lines(raw: bytes) -> _Read:
+    read = _Read()
+    separator = b"\n"
+    if b"\n" not in raw and b"\r" in raw.strip():
+        separator = b"\r"
+        read.notes.append("Its lines end in a carriage return alone (old Mac style); they were read as lines.")
+    lines = raw.split(separator)
+    if lines[-1] == b"":
+        lines.pop()  # the newline that ends the last line starts no line of its own
+    for number, line_bytes in enumerate(lines, start=1):
         try:
             line = line_bytes.decode("utf-8").strip()
         except UnicodeDecodeError as error:
-            bad.append({"line": number, "reason": f"not UTF-8 text (byte 0x{line_bytes[error.start]:02x} "
-                                                  f"at column {error.start + 1})"})
+            read.bad.append({"line": number, "reason": f"not UTF-8 text (byte 0x{line_bytes[error.start]:02x} "
+                                                       f"at column {error.start + 1})"})
             continue
         if not line:
+            read.bad.append({"line": number, "reason": BLANK_LINE})
             continue
+        repeated = _RepeatedKeys()
         try:
-            records.append((number, strict_json.loads(line)))
+            read.records.append((number, strict_json.loads(line, object_pairs_hook=repeated)))
+            if notes := repeated.notes():
+                read.row_notes[number] = notes
         except json.JSONDecodeError as error:
-            bad.append({"line": number, "reason": f"malformed JSON: {error.msg} at column {error.colno}"})
+            read.bad.append({"line": number, "reason": f"malformed JSON: {json_error_text(error)}"})
         except strict_json.UnstorableJson as error:
-            bad.append({"line": number, "reason": str(error)})
-    return records, bad
+            read.bad.append({"line": number, "reason": str(error)})
+    return read
 
 
-def _read_json(path: Path) -> tuple[list[tuple[int, Any]], list[dict]]:
-    text = _decode(path.read_bytes(), path)
+def _read_json(path: Path) -> _Read:
+    return _read_json_text(_decode(path.read_bytes(), path), path.name)
+
+
+def _read_json_text(text: str, name: str) -> _Read:
     if not text.strip():
-        return [], []
+        return _Read()
     try:
         value = strict_json.loads(text)
     except json.JSONDecodeError as error:
-        raise DatasetError(f"{path.name} is not valid JSON: {error.msg} on line {error.lineno}, "
-                           f"column {error.colno}.") from None
+        if error.msg == "Extra data" and _first_line_is_object(text):  # JSON Lines saved as .json
+            read = _json_lines(text.encode("utf-8"))
+            read.notes.append(f"{name} holds one JSON object per line (JSON Lines): it was read as .jsonl.")
+            return read
+        raise DatasetError(f"{name} is not valid JSON: {json_error_text(error, line=True)}.") from None
     except strict_json.UnstorableJson as error:
-        raise DatasetError(f"{path.name}: {error}") from None
+        raise DatasetError(f"{name}: {error}") from None
+    key = None
     if isinstance(value, dict):
         lists = [key for key, item in value.items() if isinstance(item, list)]
         if len(lists) != 1:
-            raise DatasetError(f"{path.name} holds a JSON object; expected a list of rows "
+            raise DatasetError(f"{name} holds a JSON object; expected a list of rows "
                                f"(or an object with exactly one list of rows).")
-        key_at = text.find(json.dumps(lists[0]))
-        return _with_lines(text, value[lists[0]], max(key_at, 0)), []
-    if not isinstance(value, list):
-        raise DatasetError(f"{path.name} holds a JSON {type(value).__name__}; expected a list of rows.")
-    return _with_lines(text, value, 0), []
+        key = lists[0]
+    elif not isinstance(value, list):
+        raise DatasetError(f"{name} holds JSON {_a(value)}; expected a list of rows.")
+    elements = _element_lines(text, key)
+    read = _Read()
+    if len({line for line, _, _ in elements}) < len(elements):  # rows share lines: number them by position
+        read.numbered_by = "row"
+        read.notes.append(f"{name} has several rows on one line: rows are numbered by their place in the list.")
+        elements = [(number, item, notes) for number, (_, item, notes) in enumerate(elements, start=1)]
+    for number, item, notes in elements:
+        read.records.append((number, item))
+        if notes:
+            read.row_notes[number] = notes
+    return read
 
 
-def _with_lines(text: str, items: list, search_from: int) -> list[tuple[int, Any]]:
-    """The line each element of the top-level list starts on, found by decoding it in place."""
-    decoder = json.JSONDecoder()
-    start = text.find("[", search_from)
-    position, result = start + 1, []
-    for item in items:
-        while text[position] in " \t\r\n,":
-            position += 1
-        _, end = decoder.raw_decode(text, position)
-        result.append((text.count("\n", 0, position) + 1, item))
-        position = end
-    return result
-
-
-def _read_csv(path: Path) -> tuple[list[tuple[int, Any]], list[dict]]:
-    text = _decode(path.read_bytes(), path)
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    records, bad = [], []
+def _first_line_is_object(text: str) -> bool:
+    first = next((line for line in text.split("\n") if line.strip()), "")
     try:
-        for row in reader:
-            if None in row:
-                bad.append({"line": reader.line_num, "reason": f"{len(row[None])} more cell(s) than the header has"})
-                continue
-            if all(value in (None, "") for value in row.values()):
-                continue
-            records.append((reader.line_num, {key: _cell(value) for key, value in row.items() if value is not None}))
+        return isinstance(json.loads(first), dict)
+    except ValueError:
+        return False
+
+
+def _skip_space(text: str, position: int) -> int:
+    while position < len(text) and text[position] in " \t\r\n":
+        position += 1
+    return position
+
+
+def _element_lines(text: str, key: str | None) -> list[tuple[int, Any, list[str]]]:
+    """(line each element starts on, element, the keys it repeats) of the top-level list, or of the
+    list at `key` of the top-level object, found by decoding the text in place."""
+    repeated = _RepeatedKeys()
+    decoder = json.JSONDecoder(object_pairs_hook=repeated)
+    position = _skip_space(text, 0)
+    if key is not None:  # walk the object's members up to the list's
+        position += 1
+        while True:
+            position = _skip_space(text, position)
+            name, position = decoder.raw_decode(text, position)
+            position = _skip_space(text, _skip_space(text, position) + 1)  # past the colon
+            if name == key and text[position] == "[":
+                break
+            _, position = decoder.raw_decode(text, position)
+            position = _skip_space(text, position) + 1  # past the comma
+        repeated.notes()  # the wrapper's own members are not a row's
+    position += 1  # past the list's "["
+    result, counted_to, line = [], 0, 1
+    while True:
+        position = _skip_space(text, position)
+        if text[position] == "]":
+            return result
+        line += text.count("\n", counted_to, position)
+        counted_to = position
+        item, position = decoder.raw_decode(text, position)
+        result.append((line, item, repeated.notes()))
+        position = _skip_space(text, position)
+        if text[position] == ",":
+            position += 1
+
+
+def _read_csv(path: Path) -> _Read:
+    text = _decode(path.read_bytes(), path)
+    reader = csv.reader(io.StringIO(text, newline=""))
+    read, header, ended = _Read(), None, 0
+    try:
+        for cells in reader:
+            line, ended = ended + 1, reader.line_num  # a record starts on the line after the last one ended
+            if not any(cell.strip() for cell in cells):
+                read.bad.append({"line": line, "reason": BLANK_LINE if len(cells) <= 1 else "every cell is empty"})
+            elif header is None:
+                header = cells
+                repeated = sorted({name for name in cells if cells.count(name) > 1})
+                if repeated:
+                    read.notes.append(f"The header names {', '.join(map(repr, repeated))} more than once: "
+                                      "each row's first such cell is read.")
+            elif len(cells) > len(header):
+                read.bad.append({"line": line, "reason": f"{len(cells) - len(header)} more cell(s) than the header has"})
+            else:
+                row: dict[str, Any] = {}
+                for name, value in zip(header, cells):
+                    row.setdefault(name, _cell(value))
+                read.records.append((line, row))
     except csv.Error as error:
         raise DatasetError(f"{path.name} is not valid CSV: {error} (line {reader.line_num}).") from None
-    return records, bad
+    if header is None:  # blank lines only: no header, so no rows either
+        return _Read(bad=read.bad)
+    return read
 
 
 def _cell(value: str) -> Any:
@@ -165,7 +311,7 @@ def _cell(value: str) -> Any:
     return value
 
 
-def _read_parquet(path: Path) -> tuple[list[tuple[int, Any]], list[dict]]:
+def _read_parquet(path: Path) -> _Read:
     import pyarrow.parquet as pq
 
     try:
@@ -174,13 +320,13 @@ def _read_parquet(path: Path) -> tuple[list[tuple[int, Any]], list[dict]]:
         # pyarrow's message names the file by its path on the server: only the reason is shown
         reason = str(error).replace(str(path), path.name).replace(str(path.parent), "")
         raise DatasetError(f"{path.name} is not a readable Parquet file: {reason}") from None
-    return list(enumerate(rows, start=1)), []
+    return _Read(records=list(enumerate(rows, start=1)), numbered_by="row")
 
 
 READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
 
 
-def _read(path: Path) -> tuple[list[tuple[int, Any]], list[dict]]:
+def _read(path: Path) -> _Read:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in READERS:
@@ -207,146 +353,255 @@ def _detect(records: list[tuple[int, Any]]) -> str | None:
     return best if counts[best] else None
 
 
+def _squashed(key: Any) -> str | None:
+    return "".join(key.split()).casefold() if isinstance(key, str) else None
+
+
+def _lookalikes(obj: dict, field_name: str) -> list[str]:
+    """The keys of `obj` that differ from `field_name` only in case or spaces."""
+    return [key for key in obj if key != field_name and _squashed(key) == _squashed(field_name)]
+
+
+def _lookalike_hint(columns: Iterable[str]) -> str:
+    known = {_squashed(name): name for name in (*{f for _, fs in FORMATS.values() for f in fs},
+                                                *{f for fs in OPTIONAL_FIELDS.values() for f in fs})}
+    pairs = [f"{column!r} looks like '{known[_squashed(column)]}'" for column in columns
+             if _squashed(column) in known and column != known[_squashed(column)]]
+    return f" Field names are exact, case and spaces included: {', '.join(pairs)}." if pairs else ""
+
+
 # ---------------------------------------------------------------------------------- normalising
 
-def _text(row: dict, field: str, required: bool = True) -> str:
-    value = row.get(field)
-    if value is None or value == "":
-        if required:
-            raise BadRow(f"missing or empty '{field}'")
-        return ""
+def _a(value: Any) -> str:
+    """A JSON value's kind in words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+def _missing(obj: dict, key: str, where: str | None = None) -> str:
+    text = f"{where} has no '{key}'" if where else f"missing '{key}'"
+    near = _lookalikes(obj, key)
+    if near:
+        text += f" (it has {', '.join(map(repr, near))}: field names must match exactly, case and spaces included)"
+    return text
+
+
+def _required(row: dict, name: str) -> Any:
+    if name not in row:
+        raise BadRow(_missing(row, name))
+    if row[name] is None:
+        raise BadRow(f"'{name}' is null")
+    return row[name]
+
+
+def _text(row: dict, name: str) -> str:
+    value = _required(row, name)
     if not isinstance(value, str):
-        raise BadRow(f"'{field}' is a {type(value).__name__}, not text")
-    if required and not value.strip():
-        raise BadRow(f"'{field}' is blank")
+        raise BadRow(f"'{name}' is {_a(value)}, not text")
+    if not value:
+        raise BadRow(f"'{name}' is empty")
+    if not value.strip():
+        raise BadRow(f"'{name}' is blank (only whitespace)")
     return value
 
 
-def _messages(value: Any, field: str, role_key: str = "role", content_key: str = "content",
+def _optional_text(row: dict, name: str) -> str:
+    value = row.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadRow(f"'{name}' is {_a(value)}, not text")
+    return value
+
+
+def _messages(value: Any, name: str, role_key: str = "role", content_key: str = "content",
               roles: dict[str, str] | None = None) -> list[dict]:
-    if not isinstance(value, list) or not value:
-        raise BadRow(f"'{field}' is not a non-empty list of messages")
-    messages = []
+    if not isinstance(value, list):
+        raise BadRow(f"'{name}' is {_a(value)}, not a list of messages")
+    if not value:
+        raise BadRow(f"'{name}' is an empty list")
+    roles = roles or {role: role for role in ROLES}
+    messages, problems = [], []
     for index, message in enumerate(value):
+        where = f"{name}[{index}]"
         if not isinstance(message, dict):
-            raise BadRow(f"{field}[{index}] is not an object")
+            problems.append(f"{where} is {_a(message)}, not an object")
+            continue
+        found = len(problems)
         role, content = message.get(role_key), message.get(content_key)
-        role = (roles or {r: r for r in ROLES}).get(role) if isinstance(role, str) else None
         if role is None:
-            raise BadRow(f"{field}[{index}] has role {message.get(role_key)!r}; expected one of "
-                         f"{', '.join(sorted(roles or ROLES))}")
-        if not isinstance(content, str):
-            raise BadRow(f"{field}[{index}] has no text '{content_key}'")
-        messages.append({"role": role, "content": content})
+            problems.append(_missing(message, role_key, where))
+        elif not isinstance(role, str) or role not in roles:
+            problems.append(f"{where} has role {role!r}; expected one of {', '.join(sorted(roles))}")
+        if content is None:
+            problems.append(_missing(message, content_key, where))
+        elif not isinstance(content, str):
+            problems.append(f"{where}'s '{content_key}' is {_a(content)}, not text")
+        if len(problems) == found:
+            messages.append({"role": roles[role], "content": content})
+    if problems:
+        raise BadRow(*problems)
     return messages
 
 
-def _split_conversation(messages: list[dict], field: str) -> dict:
+def _split_conversation(messages: list[dict], name: str) -> dict:
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
     if last is None:
-        raise BadRow(f"'{field}' has no assistant message to learn from")
+        raise BadRow(f"'{name}' has no assistant message to learn from")
     if last == 0:
-        raise BadRow(f"'{field}' starts with the assistant's answer; nothing prompts it")
+        raise BadRow(f"'{name}' starts with the assistant's answer; nothing prompts it")
     if not messages[last]["content"].strip():
-        raise BadRow(f"'{field}': the last assistant message is empty")
+        raise BadRow(f"'{name}': the last assistant message is empty")
     return {"prompt": messages[:last], "completion": [messages[last]]}
 
 
-def _as_prompt(value: Any, field: str) -> list[dict]:
-    if isinstance(value, str):
-        if not value.strip():
-            raise BadRow(f"'{field}' is blank")
-        return [{"role": "user", "content": value}]
-    return _messages(value, field)
+def _conversation(role_key: str, content_key: str, roles: dict[str, str] | None = None):
+    def check(row: dict, name: str) -> dict:
+        return _split_conversation(_messages(_required(row, name), name, role_key, content_key, roles), name)
+    return check
 
 
-def _as_answer(value: Any, field: str) -> list[dict]:
+def _as_prompt(row: dict, name: str) -> list[dict]:
+    value = _required(row, name)
     if isinstance(value, str):
-        if not value.strip():
-            raise BadRow(f"'{field}' is blank")
-        return [{"role": "assistant", "content": value}]
-    messages = _messages(value, field)
+        return [{"role": "user", "content": _text(row, name)}]
+    return _messages(value, name)
+
+
+def _as_answer(row: dict, name: str) -> list[dict]:
+    value = _required(row, name)
+    if isinstance(value, str):
+        return [{"role": "assistant", "content": _text(row, name)}]
+    messages = _messages(value, name)
     if messages[-1]["role"] != "assistant":
-        raise BadRow(f"'{field}' does not end with an assistant message")
+        raise BadRow(f"'{name}' does not end with an assistant message")
     return messages
 
 
-def _label(value: Any) -> bool:
+def _label(row: dict, name: str) -> bool:
+    value = _required(row, name)
     if isinstance(value, bool):
         return value
     if isinstance(value, (int, float)) and value in (0, 1):
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
         return value.strip().lower() in ("true", "1", "yes")
-    raise BadRow(f"'label' is {value!r}; expected true or false")
+    raise BadRow(f"'{name}' is {value!r}; expected true or false")
 
 
-def _normalise(fmt: str, row: Any) -> dict:
-    if not isinstance(row, dict):
-        raise BadRow(f"a {type(row).__name__}, not an object with fields")
-    missing = sorted(field for field in FORMATS[fmt][1] if row.get(field) is None)
-    if missing:
-        raise BadRow(f"missing {', '.join(repr(f) for f in missing)} (the dataset is {fmt})")
+Check = Callable[[dict, str], Any]
+# format -> each field it reads and how, in the order a bad row's problems are named
+FIELD_CHECKS: dict[str, dict[str, Check]] = {
+    "alpaca": {"system": _optional_text, "instruction": _text, "input": _optional_text, "output": _text},
+    "sharegpt": {"conversations": _conversation("from", "value", SHAREGPT_ROLES)},
+    "messages": {"messages": _conversation("role", "content")},
+    "prompt_completion": {"prompt": _as_prompt, "completion": _as_answer},
+    "text": {"text": _text},
+    "preference": {"prompt": _as_prompt, "chosen": _as_answer, "rejected": _as_answer},
+    "kto": {"prompt": _as_prompt, "completion": _as_answer, "label": _label},
+}
+
+
+def _canonical(fmt: str, values: dict[str, Any]) -> dict:
     if fmt == "alpaca":
-        instruction, extra = _text(row, "instruction"), _text(row, "input", required=False)
-        prompt = [{"role": "system", "content": _text(row, "system")}] if row.get("system") else []
+        instruction, extra, system = values["instruction"], values["input"], values["system"]
+        prompt = [{"role": "system", "content": system}] if system.strip() else []
         prompt.append({"role": "user", "content": f"{instruction}\n\n{extra}" if extra.strip() else instruction})
-        return {"prompt": prompt, "completion": [{"role": "assistant", "content": _text(row, "output")}]}
-    if fmt == "sharegpt":
-        messages = _messages(row["conversations"], "conversations", "from", "value", SHAREGPT_ROLES)
-        return _split_conversation(messages, "conversations")
-    if fmt == "messages":
-        return _split_conversation(_messages(row["messages"], "messages"), "messages")
-    if fmt == "prompt_completion":
-        return {"prompt": _as_prompt(row["prompt"], "prompt"), "completion": _as_answer(row["completion"], "completion")}
+        return {"prompt": prompt, "completion": [{"role": "assistant", "content": values["output"]}]}
+    if fmt in ("sharegpt", "messages"):
+        return next(iter(values.values()))
     if fmt == "text":
-        return {"text": _text(row, "text")}
-    if fmt == "preference":
-        return {"prompt": _as_prompt(row["prompt"], "prompt"), "chosen": _as_answer(row["chosen"], "chosen"),
-                "rejected": _as_answer(row["rejected"], "rejected")}
-    if fmt == "kto":
-        return {"prompt": _as_prompt(row["prompt"], "prompt"), "completion": _as_answer(row["completion"], "completion"),
-                "label": _label(row["label"])}
-    raise AssertionError(fmt)
+        return {"text": values["text"]}
+    return values  # prompt_completion, preference and kto: the fields are the canonical row
+
+
+def _normalise(fmt: str, row: Any) -> tuple[dict, list[str]]:
+    """The row in its task's canonical shape and the warnings it carries; BadRow naming every
+    problem when it cannot be used."""
+    if not isinstance(row, dict):
+        raise BadRow(f"{_a(row)}, not an object with fields")
+    values, problems = {}, []
+    for name, check in FIELD_CHECKS[fmt].items():
+        try:
+            values[name] = check(row, name)
+        except BadRow as error:
+            problems.extend(error.problems)
+    # A look-alike of a field the row has, or of an optional one, is named here; a missing
+    # required field's look-alike is named in its "missing" problem.
+    warnings = [f"key {key!r} looks like '{name}' and was ignored: field names must match exactly"
+                for name in FIELD_CHECKS[fmt]
+                if name in row or name in OPTIONAL_FIELDS.get(fmt, ()) for key in _lookalikes(row, name)]
+    if problems:
+        raise BadRow(*problems, *warnings)
+    return _canonical(fmt, values), warnings
 
 
 # ------------------------------------------------------------------------------------------ API
 
-def examine(path: Path) -> tuple[dict, list[dict]]:
-    """inspect_dataset's report and load_rows' rows from one read of the file."""
+def examine_lines(path: Path) -> tuple[dict, list[tuple[int, dict]]]:
+    """examine's report, and each usable row with the line (parquet: the row number) it comes from."""
     path = Path(path)
-    records, bad = _read(path)
+    read = _read(path)
+    records, bad = read.records, list(read.bad)
     columns = sorted({key for _, row in records if isinstance(row, dict) for key in row})
     total = len(records) + len(bad)
-    report = {"format": None, "task": None, "rows": total, "usable_rows": 0, "bad_rows": [],
-              "bad_row_count": 0, "columns": columns}
+    report = {"format": None, "task": None, "numbered_by": read.numbered_by, "rows": total, "usable_rows": 0,
+              "bad_rows": bad[:BAD_ROWS_REPORTED], "bad_row_count": len(bad), "warnings": [], "warning_count": 0,
+              "notes": read.notes, "columns": columns}
     if total == 0:
         raise DatasetError(f"{path.name} is empty: it has no rows.", report)
+    if not records and all(item["reason"] == BLANK_LINE for item in bad):
+        raise DatasetError(f"{path.name} is empty: it has no rows, only {total} blank line{'s' if total > 1 else ''}.",
+                           report)
     fmt = _detect(records)
     if fmt is None:
-        report.update(bad_rows=bad[:BAD_ROWS_REPORTED], bad_row_count=total)
+        report.update(bad_row_count=total)
         expected = "; ".join(f"{name}: {', '.join(sorted(fields))}" for name, (_, fields) in FORMATS.items())
         raise DatasetError(f"{path.name}: no known format; the rows have the fields "
-                           f"{', '.join(columns) or '(none)'}. Expected one of — {expected}.", report)
-    rows = []
+                           f"{', '.join(map(str, columns)) or '(none)'}. Expected one of — {expected}."
+                           + _lookalike_hint(columns), report)
+    rows, warnings = [], []
     for line, record in records:
+        read_notes = read.row_notes.get(line, [])
         try:
-            rows.append(_normalise(fmt, record))
+            row, notes = _normalise(fmt, record)
         except BadRow as reason:
-            bad.append({"line": line, "reason": str(reason)})
+            bad.append({"line": line, "reason": str(BadRow(*reason.problems, *read_notes))})
+            continue
+        rows.append((line, row))
+        warnings.extend({"line": line, "message": note} for note in [*read_notes, *notes])
     bad.sort(key=lambda item: item["line"])
-    report.update(format=fmt, task=FORMATS[fmt][0], usable_rows=len(rows),
-                  bad_rows=bad[:BAD_ROWS_REPORTED], bad_row_count=len(bad))
+    report.update(format=fmt, task=FORMATS[fmt][0], usable_rows=len(rows), bad_rows=bad[:BAD_ROWS_REPORTED],
+                  bad_row_count=len(bad), warnings=warnings[:WARNINGS_REPORTED], warning_count=len(warnings))
     if not rows:
         examples = "; ".join(f"line {item['line']}: {item['reason']}" for item in bad[:3])
         raise DatasetError(f"{path.name}: none of its {total} rows can be used ({examples}).", report)
     return report, rows
 
 
+def examine(path: Path) -> tuple[dict, list[dict]]:
+    """inspect_dataset's report and load_rows' rows from one read of the file."""
+    report, rows = examine_lines(path)
+    return report, [row for _, row in rows]
+
+
 def inspect_dataset(path: Path) -> dict:
-    """What the file holds: {"format", "task", "rows", "usable_rows", "bad_rows": [{"line", "reason"}]
-    (the first BAD_ROWS_REPORTED), "bad_row_count", "columns"}. Raises DatasetError (with .report)
-    when the file is unreadable, empty, of no known format, or has no usable row."""
+    """What the file holds: {"format", "task", "numbered_by", "rows", "usable_rows", "bad_rows":
+    [{"line", "reason"}] (the first BAD_ROWS_REPORTED), "bad_row_count", "warnings": [{"line",
+    "message"}] (the first WARNINGS_REPORTED), "warning_count", "notes", "columns"}. Raises
+    DatasetError (with .report) when the file is unreadable, empty, of no known format, or has no
+    usable row."""
     return examine(path)[0]
 
 

@@ -38,3 +38,56 @@ class ExportSpec(BaseModel):
     gguf_types: list[GgufType] = Field(default=["q8_0"], max_length=len(GGUF_TYPES),
                                        description="GGUF files for llama.cpp and Ollama, one per type")
     verify: bool = Field(default=True, description="Check every file against the trained model")
+
+
+class CheckFigure(BaseModel):
+    """One figure a format's check judged, as its owner reads it: what was measured, the bound it had
+    to stay within, what a miss means."""
+    figure: str = Field(description="What was measured, in words: max |logit diff|, mean KL (nats), …")
+    measured: float
+    bound: float
+    within: Literal["at most", "at least"] = Field(default="at most", description="How measured must compare to bound")
+    passed: bool
+    meaning: str = Field(description="What a miss says about the file")
+
+
+class FormatOutcome(BaseModel):
+    """What became of one format an export was asked for, with the figures its check judged (a failed
+    one: at least one of them missed its bound) and what to do about a format left out."""
+    status: FormatStatus
+    reason: str | None = Field(default=None, description="Why it was left out, in words")
+    figures: list[CheckFigure] = []
+    advice: str | None = Field(default=None, description="What to do instead")
+
+
+# What a figure's miss means (by its key in a check's result, lanner.worker.export.verify), in words.
+FIGURE_MEANINGS: dict[str, tuple[str, str]] = {
+    "max_abs_logit_diff": ("max |logit diff|", "the merged model's logits differ from the trained model's by more "
+                                               "than one rounding of its dtype allows"),
+    "top1_mismatches": ("top-1 mismatches (not near-ties)", "the file's most likely next token differs from the "
+                                                            "trained model's where the choice was not a near-tie"),
+    "tensors_differing": ("tensors differing", "some tensors are not the trained ones rounded to the 16-bit dtype"),
+    "mean_kl": ("mean KL (nats per position)", "llama.cpp's next-token distribution differs from the merged "
+                                               "model's by more than this type's bound"),
+    "tokenization_mismatches": ("prompts tokenized differently", "llama.cpp splits text into other tokens than the "
+                                                                 "model's own tokenizer"),
+    "generated_characters": ("characters generated", "llama.cpp generated no text from the file"),
+}
+
+
+def format_advice(format_name: str, status: FormatStatus, merged_dtype: str | None = None,
+                  has_adapter: bool = True) -> str | None:
+    """What to do about a format an export left out (None for one it kept)."""
+    if status == FormatStatus.not_made:
+        return "Fix the merged model first (its row says why): GGUF files are converted from it."
+    if status != FormatStatus.failed:
+        return None
+    if format_name == "merged":
+        other = "float16 (8 times finer rounding)" if merged_dtype == "bfloat16" else "bfloat16 (float16's range may be too small for this model)"
+        exact = ("the adapter with its base model, which is exact (export it with the adapter ticked)" if has_adapter
+                 else "the trained model's own files (the job's model artifact), which are exact")
+        return f"Export the merged model again in {other}, or use {exact}."
+    if format_name in ("gguf-f16", "gguf-bf16"):
+        return ("Use the merged model (transformers, vLLM) instead; llama.cpp may not support this model's "
+                "architecture the way the converter wrote it.")
+    return "Export a larger GGUF type (q8_0, or f16), or use the merged model."

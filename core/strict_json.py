@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 
@@ -50,12 +51,13 @@ def _check_strings(value: Any) -> None:
             pending.extend(item)
 
 
-def loads(text: str | bytes) -> Any:
+def loads(text: str | bytes, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
     """json.loads that raises UnstorableJson for NaN, Infinity, numbers out of float's range, nesting
     deeper than Python's parser can follow, NUL characters and lone surrogates; json.JSONDecodeError
-    for text that is not JSON."""
+    for text that is not JSON. `object_pairs_hook` as json.loads' (it must return a dict)."""
     try:
-        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite,
+                           object_pairs_hook=object_pairs_hook)
     except (json.JSONDecodeError, UnicodeDecodeError, UnstorableJson):
         raise
     except RecursionError:

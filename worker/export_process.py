@@ -86,6 +86,8 @@ class ExportProcess(JobProcess):
             self.events.log("Stopped at the cancel request; nothing half-written is kept")
             return EXIT_CANCELLED
         except ExportError as error:
+            if error.formats:  # every format failed its check: the figures go out as for a partial export
+                self.events.publish(ExportVerification(**(error.verification or {}), formats=error.formats))
             raise JobFailed(f"Export: {error}") from None
         self.record(manifest, request.out_dir)
         self.events.publish(ExportVerification(**manifest["verification"], formats=manifest["formats"]))

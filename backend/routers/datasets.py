@@ -17,6 +17,7 @@ from lanner.backend import dataset_preview, dataset_store
 from lanner.backend.deps import current_user, get_db, per_user
 from lanner.backend.paths import safe_filename
 from lanner.backend.services import datasets
+from lanner.core.dataset_formats import EXTENSIONS
 from lanner.core.models import Dataset, User
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, Offset, PathId, QueryId, errors
 from lanner.backend.schemas.datasets import DatasetOut, DatasetPage, DatasetPreview, TokenStats, UsageOut
@@ -25,6 +26,7 @@ from lanner.core.default_model import DEFAULT_MODEL_ID
 
 router = APIRouter(tags=["datasets"], responses=SIGNED_IN_ERRORS)
 MAX_PAGE = 200
+MAX_PREVIEW_ROWS = 20
 MaxSeqLen = Annotated[(int, Query(), *datasets.SPEC_MAX_SEQ_LEN.metadata)]
 
 
@@ -49,9 +51,8 @@ async def upload_dataset(request: Request, filename: str = Query(min_length=1, m
     """Uploads one dataset file as the raw body; `filename`'s extension gives its type. 422 (with the
     report) when it is empty, unreadable, mis-encoded or has no usable row; nothing is kept then."""
     clean = safe_filename(filename, default="dataset")
-    file_format = dataset_store.EXTENSIONS.get(Path(clean).suffix.lower())
-    if file_format is None:
-        raise HTTPException(415, f"{filename}: upload a .jsonl, .json, .csv or .parquet file")
+    if Path(clean).suffix.lower() not in EXTENSIONS:
+        raise HTTPException(415, f"{filename}: upload a {', '.join(EXTENSIONS[:-1])} or {EXTENSIONS[-1]} file")
     room = settings.user_quota_bytes - await run_in_threadpool(datasets.used_bytes, session, user.id)
     limit = min(settings.max_upload_bytes, max(room, 0))
     too_large = (f"Over the upload limit of {settings.max_upload_bytes} bytes" if limit == settings.max_upload_bytes
@@ -73,7 +74,7 @@ async def upload_dataset(request: Request, filename: str = Query(min_length=1, m
             raise
         if size == 0:
             raise HTTPException(422, f"{filename} is empty")
-        report = await run_in_threadpool(dataset_store.inspect, temporary, file_format, clean)
+        report = await run_in_threadpool(dataset_store.inspect, temporary, clean)
         if not report.get("usable_rows"):
             detail = report.get("error") or f"{clean}: no usable row"
             return JSONResponse({"detail": detail, "report": report}, status_code=422)
@@ -120,14 +121,19 @@ PREVIEW_ERRORS = {**errors(404), 409: {**errors(409)[409], "description": "No to
 
 @router.get("/api/datasets/{dataset_id}/preview", response_model=DatasetPreview, responses=PREVIEW_ERRORS,
             dependencies=[per_user("previews")])
-def preview_dataset(dataset_id: PathId, model: str = ModelQuery, rows: int = Query(default=3, ge=1, le=20),
+def preview_dataset(dataset_id: PathId, model: str = ModelQuery,
+                    offset: Offset = 0,
+                    rows: int = Query(default=3, ge=1, le=MAX_PREVIEW_ROWS, description="Usable rows to show"),
                     max_seq_len: MaxSeqLen = datasets.SPEC_MAX_SEQ_LEN.default, _: User = Depends(current_user),
                     session: Session = Depends(get_db), settings: Settings = Depends(get_settings)) -> dict:
-    """The first rows as the model sees them: segments of text, each marked trained or not."""
+    """Usable rows as the model sees them, `rows` of them after the first `offset` usable rows (so
+    every one can be paged to): segments of text, each marked trained or not, each row named by its
+    line in the file."""
     dataset = datasets.get_dataset(session, dataset_id)
-    all_rows, task, tokenizer = datasets.rows_and_tokenizer(dataset, model, settings)
-    return {"model": model, "task": task,
-            "rows": dataset_preview.preview(tokenizer, all_rows[:rows], task, max_seq_len)}
+    report, numbered, task, tokenizer = datasets.rows_and_tokenizer(dataset, model, settings)
+    return {"model": model, "task": task, "numbered_by": report["numbered_by"], "offset": offset,
+            "total": len(numbered), "rows": dataset_preview.preview(tokenizer, numbered[offset:offset + rows], task,
+                                                                    max_seq_len)}
 
 
 @router.get("/api/datasets/{dataset_id}/token-stats", response_model=TokenStats, responses=PREVIEW_ERRORS,
@@ -138,5 +144,6 @@ def dataset_token_stats(dataset_id: PathId, model: str = ModelQuery,
     """Token lengths of the rendered rows (the first 2000): min, max, mean, p50, p95, how many
     exceed max_seq_len, and how many tokens are trained on."""
     dataset = datasets.get_dataset(session, dataset_id)
-    all_rows, task, tokenizer = datasets.rows_and_tokenizer(dataset, model, settings)
-    return {"model": model, "task": task, **dataset_preview.token_stats(tokenizer, all_rows, task, max_seq_len)}
+    _, numbered, task, tokenizer = datasets.rows_and_tokenizer(dataset, model, settings)
+    rows = [row for _, row in numbered]
+    return {"model": model, "task": task, **dataset_preview.token_stats(tokenizer, rows, task, max_seq_len)}

@@ -8,9 +8,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from lanner.backend.schemas.common import UtcDateTime
 
 
+NumberedBy = Literal["line", "row"]
+LINE = ("The line of the file the row starts on (1-based); with numbered_by 'row', the row's place in the file "
+        "(parquet, or a JSON list with several rows on one line)")
+
+
 class BadRow(BaseModel):
-    line: int = Field(description="1-based line (jsonl, csv) or item (json, parquet) number")
-    reason: str
+    line: int = Field(description=LINE)
+    reason: str = Field(description="Every problem of the row, '; ' apart; 'blank line' for a blank one")
+
+
+class RowWarning(BaseModel):
+    line: int = Field(description=LINE)
+    message: str
 
 
 class DatasetReport(BaseModel):
@@ -19,10 +29,15 @@ class DatasetReport(BaseModel):
 
     format: str | None = Field(description="messages, sharegpt, alpaca, prompt_completion, text, preference, kto, …")
     task: str | None = None
-    rows: int
+    numbered_by: NumberedBy = Field(default="line", description="What `line` counts: file lines, or rows by their "
+                                                                "place (parquet; a JSON list with rows sharing lines)")
+    rows: int = Field(description="Every row of the file (blank lines included): usable_rows + bad_row_count")
     usable_rows: int
     bad_rows: list[BadRow] = Field(description="The first bad rows, each with its line and reason")
     bad_row_count: int = 0
+    warnings: list[RowWarning] = Field(default=[], description="The first warnings of usable rows (keys ignored)")
+    warning_count: int = 0
+    notes: list[str] = Field(default=[], description="How the file was read, when not as its extension says")
     columns: list[str] = []
     error: str | None = Field(default=None, description="Why the file as a whole cannot be used")
     token_stats: TokenStats | None = Field(default=None, description="Token lengths for the model the upload named")
@@ -63,7 +78,7 @@ class Segment(BaseModel):
 
 
 class PreviewSequence(BaseModel):
-    row: int = Field(description="1-based row of the dataset")
+    line: int = Field(description=LINE)
     sequence: Literal["text", "completion", "chosen", "rejected"]
     tokens: int = Field(description="Tokens of the whole rendered sequence")
     trained_tokens: int = Field(description="Trained tokens within max_seq_len")
@@ -74,7 +89,10 @@ class PreviewSequence(BaseModel):
 class DatasetPreview(BaseModel):
     model: str
     task: str = Field(description="sft, text, preference or kto: how the trainer reads the rows")
-    rows: list[PreviewSequence]
+    numbered_by: NumberedBy
+    offset: int = Field(description="Usable rows skipped before these")
+    total: int = Field(description="Usable rows in the dataset")
+    rows: list[PreviewSequence] = Field(description="Each shown row's sequences (a preference row has two)")
 
 
 class TokenStats(BaseModel):

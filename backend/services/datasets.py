@@ -100,8 +100,9 @@ def delete(session: Session, settings: Settings, user: User, dataset: Dataset) -
 
 
 def rows_and_tokenizer(dataset: Dataset, model: str, settings: Settings):
-    """The dataset's rows, its task and the model's tokenizer, for a preview or token statistics."""
-    from lanner.core.dataset_formats import DatasetError, load_rows, task_of
+    """The dataset's report, its usable rows (each with its line in the file), its task and the model's
+    tokenizer, for a preview or token statistics."""
+    from lanner.core.dataset_formats import DatasetError, examine_lines, task_of
 
     try:
         folder = dataset_preview.tokenizer_dir(model, settings)
@@ -111,11 +112,11 @@ def rows_and_tokenizer(dataset: Dataset, model: str, settings: Settings):
     if not inside(settings.data_dir, dataset.path) or not path.is_file():
         raise UserError(404, f"The file of dataset {dataset.id} is missing")
     try:
-        fmt, rows, _ = load_rows(path)
+        report, rows = examine_lines(path)
     except DatasetError as exc:
         raise UserError(422, str(exc)) from None
     try:
         tokenizer = dataset_preview.load_tokenizer(folder)
     except Exception as exc:  # a broken or foreign tokenizer folder
         raise UserError(409, f"cannot load the tokenizer of {model}: {exc}") from None
-    return rows, task_of(fmt), tokenizer
+    return report, rows, task_of(report["format"]), tokenizer

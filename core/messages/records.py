@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from lanner.core.export_spec import FormatOutcome
 from lanner.core.messages.device import Device, DeviceKind, Placement
 from lanner.core.models import JobStatus
 
@@ -128,8 +129,13 @@ class ExportProgress(RecordEvent):
 
 
 class ExportVerification(RecordEvent):
+    """An export's end: each format asked for, kept or left out with the figures its check judged
+    (published when the export ends with files, and when every format failed its check), and the
+    checks themselves as `merged` and `gguf` (the manifest's `verification`)."""
     TYPE = JobEventType.verification
     model_config = ConfigDict(extra="allow")  # per artifact kind: the export manifest's checks
+
+    formats: dict[str, FormatOutcome] = {}
 
 
 # Every event type's model, one each.

@@ -64,6 +64,9 @@ interface Entry<Type extends Schemas['JobEventType'], Data> {
   data: Partial<Data>
 }
 
+/** What became of one format an export was asked for, with the figures its check judged (lanner.core.export_spec). */
+export type FormatOutcome = Schemas['FormatOutcome']
+
 /** The events of lanner.core.messages.records, one type of entry each. */
 export type StreamEvent =
   | Entry<'metric', Schemas['StepMetrics']>

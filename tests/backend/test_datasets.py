@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -122,7 +123,7 @@ def test_preview_marks_the_trained_tokens_and_stats_count_them(team, allowed_smo
     shown = team.bob.get(f"/api/datasets/{dataset['id']}/preview", params={"model": model, "rows": 2})
     assert shown.status_code == 200, shown.text
     first = shown.json()["rows"][0]
-    assert shown.json()["task"] == "sft" and len(shown.json()["rows"]) == 2
+    assert shown.json()["task"] == "sft" and [row["line"] for row in shown.json()["rows"]] == [1, 2]
     trained = "".join(s["text"] for s in first["segments"] if s["trained"])
     untrained = "".join(s["text"] for s in first["segments"] if not s["trained"])
     assert "hello 0" in trained and "hi 0" in untrained and "hi 0" not in trained
@@ -183,3 +184,46 @@ def test_concurrent_first_requests_load_one_tokenizer(smollm2_dir, tmp_path):
         loaded = list(pool.map(dataset_preview.load_tokenizer, [str(folder)] * 8))
     assert len({id(tokenizer) for tokenizer in loaded}) == 1
     assert loaded[0]("hello", add_special_tokens=False)["input_ids"]
+
+
+def messy_alpaca() -> str:
+    """The issue's file: 50 lines, one holding only a carriage return, one with a wrong type and a
+    missing field, one with a key that differs from a field only in case, one unterminated string."""
+    lines = [json.dumps({"instruction": f"question {n}", "output": f"answer {n}"}) for n in range(1, 51)]
+    lines[4] = "\r"
+    lines[9] = json.dumps({"instruction": 7})
+    lines[14] = json.dumps({"instruction": "question 15", "Input": "context", "output": "answer 15"})
+    lines[19] = '{"instruction": "unterminated'
+    return "\n".join(lines) + "\n"
+
+
+def test_the_report_accounts_for_every_line_of_the_file(team_on_each_database):
+    team = team_on_each_database
+    created = upload(team.alice, "messy.jsonl", messy_alpaca())
+    assert created.status_code == 201, created.text
+    dataset = team.bob.get(f"/api/datasets/{created.json()['id']}").json()
+    report = dataset["report"]
+    assert (dataset["rows"], dataset["usable_rows"], report["bad_row_count"]) == (50, 47, 3)
+    assert report["bad_rows"] == [
+        {"line": 5, "reason": "blank line"},
+        {"line": 10, "reason": "'instruction' is a number, not text; missing 'output'"},
+        {"line": 20, "reason": "malformed JSON: Unterminated string starting at column 17"}]
+    assert report["warning_count"] == 1 and report["warnings"] == [
+        {"line": 15, "message": "key 'Input' looks like 'input' and was ignored: field names must match exactly"}]
+
+
+def test_every_usable_row_can_be_previewed_under_its_line(team, allowed_smollm2):
+    dataset = upload(team.alice, "messy.jsonl", messy_alpaca()).json()
+    lines, offset = [], 0
+    while True:
+        page = team.bob.get(f"/api/datasets/{dataset['id']}/preview",
+                            params={"model": str(allowed_smollm2), "offset": offset, "rows": 20})
+        assert page.status_code == 200, page.text
+        assert (page.json()["total"], page.json()["offset"], page.json()["numbered_by"]) == (47, offset, "line")
+        if not page.json()["rows"]:
+            break
+        for sequence in page.json()["rows"]:
+            lines.append(sequence["line"])
+            assert f"answer {sequence['line']}" in "".join(s["text"] for s in sequence["segments"] if s["trained"])
+        offset += 20
+    assert lines == [n for n in range(1, 51) if n not in (5, 10, 20)]

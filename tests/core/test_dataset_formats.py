@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lanner.core.dataset_formats import DatasetError, inspect_dataset, load_rows
+from lanner.core.dataset_formats import DatasetError, examine_lines, inspect_dataset, load_rows
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -73,13 +73,13 @@ def test_broken_rows_are_reported_with_line_and_reason(tmp_path):
     ])
     report = inspect_dataset(path)
     assert (report["format"], report["rows"], report["usable_rows"], report["bad_row_count"]) == ("alpaca", 7, 2, 5)
-    reasons = {item["line"]: item["reason"] for item in report["bad_rows"]}
-    assert sorted(reasons) == [2, 3, 5, 6, 7]
-    assert reasons[2].startswith("malformed JSON")
-    assert "'output'" in reasons[3]
-    assert "list" in reasons[5]
-    assert "blank" in reasons[6]
-    assert "'instruction' is a int" in reasons[7]
+    assert {item["line"]: item["reason"] for item in report["bad_rows"]} == {
+        2: "malformed JSON: Unterminated string starting at column 17",  # Python's "starting at" completed once
+        3: "missing 'output'",
+        5: "a list, not an object with fields",
+        6: "'output' is blank (only whitespace)",
+        7: "'instruction' is a number, not text",
+    }
     fmt, rows, bad = load_rows(path)
     assert len(rows) == 2 and [item["line"] for item in bad] == [2, 3, 5, 6, 7]
 
@@ -95,7 +95,7 @@ def test_conversation_problems_are_explained(tmp_path):
     reasons = [item["reason"] for item in inspect_dataset(path)["bad_rows"]]
     assert "no assistant message" in reasons[0]
     assert "'wizard'" in reasons[1]
-    assert "not a non-empty list" in reasons[2]
+    assert reasons[2] == "'messages' is text, not a list of messages"
     assert "nothing prompts it" in reasons[3]
 
 
@@ -155,7 +155,7 @@ def test_json_csv_and_parquet(tmp_path):
     report = inspect_dataset(as_json)
     assert (report["format"], report["usable_rows"]) == ("prompt_completion", 2)
     # The bad row is the second element, which starts on line 6 of the indented file.
-    assert report["bad_rows"] == [{"line": 6, "reason": "'prompt' is blank"}]
+    assert report["bad_rows"] == [{"line": 6, "reason": "'prompt' is empty"}]
 
     wrapped = tmp_path / "wrapped.json"
     wrapped.write_text(json.dumps({"data": rows}))
@@ -186,7 +186,8 @@ def test_json_csv_and_parquet(tmp_path):
     as_parquet = tmp_path / "data.parquet"
     pq.write_table(pa.Table.from_pylist(rows), as_parquet)
     report = inspect_dataset(as_parquet)
-    assert (report["usable_rows"], report["bad_rows"]) == (2, [{"line": 2, "reason": "'prompt' is blank"}])
+    assert (report["usable_rows"], report["bad_rows"]) == (2, [{"line": 2, "reason": "'prompt' is empty"}])
+    assert report["numbered_by"] == "row"
 
     kto_csv = tmp_path / "kto.csv"
     kto_csv.write_text("prompt,completion,label\nq,a,true\nq,b,0\nq,c,maybe\n")
@@ -198,3 +199,140 @@ def test_json_csv_and_parquet(tmp_path):
     not_parquet.write_text("hello")
     with pytest.raises(DatasetError, match="not a readable Parquet file"):
         inspect_dataset(not_parquet)
+
+
+ALPACA = json.dumps({"instruction": "Say hi.", "output": "Hi!"})
+
+
+def accounted(report: dict) -> bool:
+    return report["rows"] == report["usable_rows"] + report["bad_row_count"]
+
+
+def test_every_line_of_a_jsonl_file_is_a_usable_row_or_a_reported_one(tmp_path):
+    """A blank line (only a carriage return, only whitespace, or empty, at the end too) is a row
+    named by its line, never skipped: a 50-line file reports 50 rows."""
+    lines = [ALPACA] * 50
+    lines[9], lines[19], lines[29] = "\r", " \t ", ""
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(("\n".join(lines) + "\n\n").encode())  # ...and one blank line at the end: 51 lines
+    report = inspect_dataset(path)
+    assert (report["rows"], report["usable_rows"], report["bad_row_count"]) == (51, 47, 4) and accounted(report)
+    assert report["bad_rows"] == [{"line": n, "reason": "blank line"} for n in (10, 20, 30, 51)]
+
+    crlf = tmp_path / "crlf.jsonl"  # CRLF line ends, a BOM, trailing spaces: the same rows, the same lines
+    crlf.write_bytes(b"\xef\xbb\xbf" + (ALPACA + "  \r\n\r\n" + ALPACA + "\r\n").encode())
+    report = inspect_dataset(crlf)
+    assert (report["rows"], report["usable_rows"], report["bad_rows"]) == (3, 2, [{"line": 2, "reason": "blank line"}])
+    with pytest.raises(DatasetError, match="is empty: it has no rows, only 3 blank lines"):
+        inspect_dataset(write_jsonl(tmp_path / "blank.jsonl", ["\r", " ", ""]))
+    old_mac = tmp_path / "mac.jsonl"  # lines that end in a carriage return alone
+    old_mac.write_bytes((ALPACA + "\r\r" + ALPACA + "\r").encode())
+    report = inspect_dataset(old_mac)
+    assert (report["rows"], report["usable_rows"], report["bad_rows"]) == (3, 2, [{"line": 2, "reason": "blank line"}])
+    assert "carriage return alone" in report["notes"][0]
+
+
+def test_a_bad_row_names_every_problem(tmp_path):
+    path = write_jsonl(tmp_path / "data.jsonl", [
+        {"instruction": "Say hi.", "output": "Hi!"},
+        {"instruction": 7},
+        {"instruction": None, "output": ["Hi"], "input": 3},
+    ])
+    reasons = {item["line"]: item["reason"] for item in inspect_dataset(path)["bad_rows"]}
+    assert reasons == {
+        2: "'instruction' is a number, not text; missing 'output'",
+        3: "'instruction' is null; 'input' is a number, not text; 'output' is a list, not text",
+    }
+    chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [USER, ASSISTANT]},
+                                                 {"messages": [{"role": "wizard", "content": 1}, {"content": "x"}]}])
+    assert inspect_dataset(chat)["bad_rows"] == [{"line": 2, "reason": (
+        "messages[0] has role 'wizard'; expected one of assistant, system, user; messages[0]'s 'content' is a "
+        "number, not text; messages[1] has no 'role'")}]
+
+
+def test_keys_that_differ_from_a_field_only_in_case_or_spaces_are_named(tmp_path):
+    path = write_jsonl(tmp_path / "data.jsonl", [
+        {"instruction": "Translate.", "Input": "bonjour", "output": "hello"},     # usable; 'Input' ignored
+        {"instruction": "Say hi.", " output": "Hi!"},                             # no 'output'
+        {"instruction": "Say hi.", "output": "Hi!", "Output ": "Ho!"},           # usable; 'Output ' ignored
+        {"messages": "x"},
+    ])
+    report = inspect_dataset(path)
+    assert report["usable_rows"] == 2 and report["warning_count"] == 2
+    assert report["warnings"] == [
+        {"line": 1, "message": "key 'Input' looks like 'input' and was ignored: field names must match exactly"},
+        {"line": 3, "message": "key 'Output ' looks like 'output' and was ignored: field names must match exactly"}]
+    assert {item["line"]: item["reason"] for item in report["bad_rows"]}[2] == (
+        "missing 'output' (it has ' output': field names must match exactly, case and spaces included)")
+    assert load_rows(path)[1][0]["prompt"] == [{"role": "user", "content": "Translate."}]
+
+    capitalised = write_jsonl(tmp_path / "capitalised.jsonl", [{"Instruction": "a", "Output": "b"}])
+    with pytest.raises(DatasetError, match="'Instruction' looks like 'instruction', 'Output' looks like 'output'"):
+        inspect_dataset(capitalised)
+    chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [{"Role": "user", "content": "a"}, ASSISTANT]}])
+    with pytest.raises(DatasetError, match=r"messages\[0\] has no 'role' \(it has 'Role'"):
+        inspect_dataset(chat)
+
+
+def test_json_errors_read_once_and_name_their_line(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"prompt": "a",\n "completion": "unterminated}]')
+    with pytest.raises(DatasetError) as caught:
+        inspect_dataset(broken)
+    assert str(caught.value) == "broken.json is not valid JSON: Unterminated string starting at line 2, column 16."
+
+
+def test_json_arrays_and_json_lines_are_read_whatever_their_extension(tmp_path):
+    rows = [{"prompt": "a", "completion": "b"}, {"prompt": "c"}, {"prompt": "d", "completion": "e"}]
+    array = tmp_path / "array.jsonl"
+    array.write_text(json.dumps(rows, indent=1))
+    report, numbered = examine_lines(array)
+    assert (report["rows"], report["usable_rows"]) == (3, 2) and "read as JSON" in report["notes"][0]
+    assert report["bad_rows"] == [{"line": 6, "reason": "missing 'completion'"}]
+    assert [line for line, _ in numbered] == [2, 9]
+
+    lines = tmp_path / "lines.json"
+    lines.write_text("\n".join(json.dumps(row) for row in rows) + "\n\n")
+    report = inspect_dataset(lines)
+    assert (report["rows"], report["usable_rows"], report["bad_row_count"]) == (4, 2, 2) and accounted(report)
+    assert "read as .jsonl" in report["notes"][0]
+
+    wrapped = tmp_path / "wrapped.json"
+    wrapped.write_text('{"name": "x", "meta": {"rows": [1]},\n "data": [\n{"prompt": "a", "completion": "b"},\n\n  7]}')
+    report, numbered = examine_lines(wrapped)
+    assert numbered[0][0] == 3 and report["bad_rows"] == [{"line": 5, "reason": "a number, not an object with fields"}]
+
+
+def test_every_csv_record_is_accounted_for(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_bytes(b"\xef\xbb\xbfinstruction,output\r\nhi,ok\r\n\r\n,\r\n\"multi\r\nline\",ok\r\n   \r\nyo,\r\nlast,ok\r\n\r\n")
+    report, numbered = examine_lines(path)
+    assert accounted(report) and (report["rows"], report["usable_rows"]) == (8, 3)
+    assert report["bad_rows"] == [{"line": 3, "reason": "blank line"}, {"line": 4, "reason": "every cell is empty"},
+                                  {"line": 7, "reason": "blank line"}, {"line": 8, "reason": "'output' is empty"},
+                                  {"line": 10, "reason": "blank line"}]
+    assert [line for line, _ in numbered] == [2, 5, 9]
+    assert numbered[1][1]["prompt"][0]["content"] == "multi\r\nline"
+
+    repeated = tmp_path / "repeated.csv"
+    repeated.write_text("text,text\na,b\n")
+    report, numbered = examine_lines(repeated)
+    assert numbered == [(2, {"text": "a"})] and "'text' more than once" in report["notes"][0]
+
+
+def test_a_key_repeated_in_a_row_is_named_and_rows_on_one_line_are_numbered_by_place(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"text": "first", "text": "second"}\n{"prompt": "x", "prompt": "y"}\n')
+    report, numbered = examine_lines(path)
+    assert numbered == [(1, {"text": "second"})]
+    assert report["warnings"] == [
+        {"line": 1, "message": "key 'text' appears more than once in one object: only its last value was read"}]
+    assert report["bad_rows"] == [{"line": 2, "reason": (
+        "missing 'text'; key 'prompt' appears more than once in one object: only its last value was read")}]
+
+    one_line = tmp_path / "one_line.json"
+    one_line.write_text('{"data": [{"text": "a"}, {"text": ""}, {"text": "b", "text": "c"}]}')
+    report, numbered = examine_lines(one_line)
+    assert report["numbered_by"] == "row" and "numbered by their place" in report["notes"][0]
+    assert report["bad_rows"] == [{"line": 2, "reason": "'text' is empty"}]
+    assert [line for line, _ in numbered] == [1, 3] and [item["line"] for item in report["warnings"]] == [3]

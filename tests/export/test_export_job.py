@@ -149,7 +149,7 @@ def test_an_export_job_keeps_what_passed_and_its_final_status_names_what_failed(
 
     status, error = runner._outcome(sessions, job_id, EXIT_PARTIAL, False, settings.data_dir / "no.log")
     assert status == JobStatus.succeeded
-    assert error.startswith("Exported with 1 format left out (gguf-q8_0)") and "mean_kl" in error, error
+    assert error.startswith("Exported with 1 format left out (gguf-q8_0)") and "mean KL (nats per position)" in error, error
     with sessions() as session:
         kept = sorted((a.kind, a.name) for a in session.query(Artifact).filter_by(job_id=job_id))
     assert [kind for kind, _ in kept] == ["adapter", "gguf", "modelfile", "modelfile"]
@@ -163,6 +163,9 @@ def test_an_export_job_keeps_what_passed_and_its_final_status_names_what_failed(
     events = read_after(Redis.from_url(EXPORT_REDIS_URL, decode_responses=True), job_stream(job_id))
     verification = next(data for _, kind, data in events if kind == "verification")
     assert verification["formats"]["gguf-q8_0"]["status"] == "failed"
+    assert [(f["figure"], f["bound"], f["passed"]) for f in verification["formats"]["gguf-q8_0"]["figures"]
+            if not f["passed"]] == [("mean KL (nats per position)", 0.0, False)]
+    assert "larger GGUF type" in verification["formats"]["gguf-q8_0"]["advice"]
     assert verification["gguf"]["q8_0"]["passed"] is False
     assert any(kind == "log" and data["level"] == "warning" and data["message"].startswith("Left out gguf-q8_0")
                for _, kind, data in events)
@@ -187,3 +190,46 @@ def test_export_progress_is_throttled_within_a_stage_but_keeps_each_stage_start_
     process.progress("gguf-f16", 1.0)
     process.progress("verify-gguf", 0.5)
     assert published == [("merge", 0.0), ("merge", 1.0), ("gguf-f16", 0.0), ("gguf-f16", 1.0), ("verify-gguf", 0.5)]
+
+
+def test_an_export_that_fails_its_check_sends_its_figures_in_words_and_as_a_typed_record(settings, trained_adapter,
+                                                                                          monkeypatch):
+    """Nothing passed: the job fails, its error reads in words (no raw dict), and its stream's
+    verification record names each format with the figure it missed, its bound, what the miss means
+    and what to do."""
+    from lanner.core.messages.records import ExportVerification
+    from lanner.worker.export import verify
+    from lanner.worker.export_process import ExportProcess
+    from lanner.worker.job_process import EXIT_FAILED, main
+
+    monkeypatch.setattr(verify, "MERGED_NOISE_FACTOR", 0.5)  # half of one rounding: the one-cast merge misses it
+    monkeypatch.setattr(verify, "MERGED_ABS_SLACK", 0.0)
+    get_settings.cache_clear()  # the process reads this test's environment
+    owner, parent = trained_job(settings, trained_adapter)
+    sessions = db.session_factory(settings.database_url)
+    with sessions() as session:
+        job = Job(owner_id=owner, kind=JobKind.export, name="export", method="export", model="builtin/SmolLM2-135M-Instruct",
+                  parent_job_id=parent, status=JobStatus.running,
+                  config={"export": {"adapter": False, "merged": True, "gguf_types": ["q8_0"]}})
+        session.add(job)
+        session.commit()
+        job_id = job.id
+
+    assert main(ExportProcess, ["export_process", str(job_id)]) == EXIT_FAILED
+
+    with sessions() as session:
+        error = session.get(Job, job_id).error
+    assert error.startswith("Export: Nothing of this export passed its check: The merged model does not match the "
+                            "trained adapter: max |logit diff| "), error
+    assert "{" not in error and "above its bound" in error
+    events = read_after(Redis.from_url(EXPORT_REDIS_URL, decode_responses=True), job_stream(job_id))
+    record = ExportVerification.model_validate(next(data for _, kind, data in events if kind == "verification"))
+    merged, gguf = record.formats["merged"], record.formats["gguf-q8_0"]
+    assert (merged.status, gguf.status) == ("failed", "not made")
+    missed = [f for f in merged.figures if not f.passed]
+    assert [f.figure for f in missed] == ["max |logit diff|"] and missed[0].measured > missed[0].bound > 0
+    assert missed[0].meaning == ("the merged model's logits differ from the trained model's by more than one "
+                                 "rounding of its dtype allows")
+    assert missed[0].bound == record.model_extra["merged"]["bound_max_abs_logit_diff"]
+    assert "float16" in merged.advice and "adapter" in merged.advice
+    assert "converted from" in gguf.advice

@@ -19,7 +19,7 @@ def test_a_merged_model_that_fails_its_check_leaves_out_its_ggufs_and_keeps_the_
     assert [(a["kind"], a["status"]) for a in manifest["artifacts"]] == [("adapter", "unchecked")]
     assert manifest["formats"]["merged"]["status"] == "failed"
     assert "does not match the trained adapter" in manifest["formats"]["merged"]["reason"]
-    assert "bound_max_abs_logit_diff" in manifest["failed"]["merged"]
+    assert "max |logit diff|" in manifest["failed"]["merged"] and "above its bound" in manifest["failed"]["merged"]
     assert {manifest["formats"][f"gguf-{t}"]["status"] for t in ("f16", "q8_0")} == {"not made"}
     assert sorted(p.name for p in out.iterdir()) == ["adapter", "export.json"]
     assert manifest["verification"]["merged"]["passed"] is False

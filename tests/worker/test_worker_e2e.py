@@ -48,7 +48,7 @@ def test_jobs_run_in_priority_order_with_ordered_events_and_clear_failures(studi
     assert empty_job.status == bad_job.status == JobStatus.failed
     assert empty_job.error == "Dataset: empty.jsonl is empty: it has no rows."
     assert bad_job.error == ("Dataset: bad.jsonl: none of its 2 rows can be used "
-                             "(line 1: missing or empty 'output'; "
+                             "(line 1: 'output' is empty; "
                              "line 2: malformed JSON: Expecting property name enclosed in double quotes at column 2).")
     assert empty_job.finished_at < job.started_at and bad_job.finished_at < job.started_at  # priority first
 

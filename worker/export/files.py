@@ -19,7 +19,12 @@ SIZE_MARGIN_BYTES = 32 * 1024 * 1024
 
 
 class ExportError(RuntimeError):
-    """An export that cannot be made; the message is meant for the user."""
+    """An export that cannot be made; the message is meant for the user. One whose every format failed
+    its check carries each format's outcome and the checks (the manifest's `formats`, `verification`)."""
+
+    def __init__(self, message: str, *, formats: dict | None = None, verification: dict | None = None):
+        super().__init__(message)
+        self.formats, self.verification = formats, verification
 
 
 class NotEnoughDiskSpace(ExportError):

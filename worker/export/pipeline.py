@@ -21,11 +21,13 @@ import json
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lanner.core.default_model import DEFAULT_MODEL_HUB_ID, DEFAULT_MODEL_ID
-from lanner.core.export_spec import GGUF_BITS_PER_WEIGHT, GGUF_TYPES, MERGED_DTYPES, ExportSpec, FormatStatus
+from lanner.core.export_spec import (FIGURE_MEANINGS, GGUF_BITS_PER_WEIGHT, GGUF_TYPES, MERGED_DTYPES, CheckFigure,
+                                     ExportSpec, FormatOutcome, FormatStatus, format_advice)
 
 from .adapter import adapter_weights_size, export_adapter
 from .dequantize import Quantization
@@ -177,21 +179,24 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
                 merged_passed = result["passed"]
             if not merged_passed:
                 trained = "adapter" if request.model_dir is None else "model"
-                reason = f"The merged model does not match the trained {trained}: {_figures(result)}"
+                figures = check_figures(result)
+                reason = f"The merged model does not match the trained {trained}: {_misses(figures)}"
                 if request.merged:
-                    _drop(manifest, "merged", FormatStatus.failed, reason)
+                    _drop(manifest, "merged", FormatStatus.failed, reason, figures, request)
                 for qtype in request.gguf_types:
                     _drop(manifest, f"gguf-{qtype}", FormatStatus.not_made,
-                          f"Not made: GGUF files are converted from the merged model. {reason}")
+                          f"Not made: GGUF files are converted from the merged model. {reason}", [], request)
             else:
                 if request.merged:
-                    _keep(manifest, "merged", _relative(info, work, kind="merged"), made)
+                    _keep(manifest, "merged", _relative(info, work, kind="merged"), made,
+                          check_figures(result) if request.verify else [])
                 if request.gguf_types:
                     _export_gguf(request, work, manifest, reference, progress)
             if not request.merged or not merged_passed:
                 shutil.rmtree(work / "merged")
         if manifest["failed"] and not manifest["artifacts"]:
-            raise ExportError("Nothing of this export passed its check: " + "; ".join(manifest["failed"].values()))
+            raise ExportError("Nothing of this export passed its check: " + "; ".join(manifest["failed"].values()),
+                              formats=manifest["formats"], verification=manifest["verification"])
         manifest["seconds"] = round(time.monotonic() - started, 1)
         manifest["bytes"] = tree_size(work)
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
@@ -200,22 +205,51 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
     return manifest
 
 
-def _keep(manifest: dict, format_name: str, artifact: dict, status: FormatStatus) -> None:
+def _keep(manifest: dict, format_name: str, artifact: dict, status: FormatStatus,
+          figures: Sequence[CheckFigure] = ()) -> None:
     artifact["status"] = status.value
     manifest["artifacts"].append(artifact)
-    manifest["formats"][format_name] = {"status": status.value}
+    manifest["formats"][format_name] = FormatOutcome(status=status, figures=list(figures)).model_dump(mode="json")
 
 
-def _drop(manifest: dict, format_name: str, status: FormatStatus, reason: str) -> None:
-    manifest["formats"][format_name] = {"status": status.value, "reason": reason}
+def _drop(manifest: dict, format_name: str, status: FormatStatus, reason: str, figures: list[CheckFigure],
+          request: ExportRequest) -> None:
+    advice = format_advice(format_name, status, request.merged_dtype, has_adapter=request.model_dir is None)
+    manifest["formats"][format_name] = FormatOutcome(status=status, reason=reason, figures=figures,
+                                                     advice=advice).model_dump(mode="json")
     manifest["failed"][format_name] = reason
 
 
-def _figures(check: dict) -> str:
-    """The figures a failed check is judged by, for its owner (the whole check stays in the manifest)."""
-    keys = ("max_abs_logit_diff", "bound_max_abs_logit_diff", "mean_kl", "kl_bound", "top1_mismatches",
-            "top1_mismatches_near_ties", "tensors_differing", "tokenization_matches", "generated")
-    return json.dumps({key: check[key] for key in keys if check.get(key) is not None})
+def check_figures(check: dict) -> list[CheckFigure]:
+    """The figures a check (verify.py's result) is judged by, each against its bound: a check failed
+    exactly when one of them missed."""
+    figures = []
+
+    def add(key: str, measured: float, bound: float, within: str = "at most") -> None:
+        name, meaning = FIGURE_MEANINGS[key]
+        passed = measured <= bound if within == "at most" else measured >= bound
+        figures.append(CheckFigure(figure=name, measured=measured, bound=bound, within=within, passed=passed,
+                                   meaning=meaning))
+
+    if check.get("bound_max_abs_logit_diff") is not None:
+        add("max_abs_logit_diff", check["max_abs_logit_diff"], check["bound_max_abs_logit_diff"])
+    if "tensors_differing_count" in check:
+        add("tensors_differing", check["tensors_differing_count"] + check["tensors_missing_count"], 0)
+    if check.get("top1_required", True):
+        add("top1_mismatches", check["top1_mismatches"] - check["top1_mismatches_near_ties"], 0)
+    if check.get("kl_bound") is not None:
+        add("mean_kl", check["mean_kl"], check["kl_bound"])
+    if "tokenization_matches" in check:
+        add("tokenization_mismatches", sum(not same for same in check["tokenization_matches"].values()), 0)
+    if "generated" in check:
+        add("generated_characters", len(check["generated"].strip()), 1, "at least")
+    return figures
+
+
+def _misses(figures: list[CheckFigure]) -> str:
+    """The figures that missed their bound, in words (the whole check stays in the manifest)."""
+    return "; ".join(f"{f.figure} {f.measured:.4g}, {'above' if f.within == 'at most' else 'below'} its bound "
+                     f"{f.bound:.4g}" for f in figures if not f.passed)
 
 
 def _relative(info: dict, work: Path, *, kind: str) -> dict:
@@ -260,8 +294,10 @@ def _export_gguf(request: ExportRequest, work: Path, manifest: dict, reference: 
     for qtype in list(paths):
         failed = qtype in request.gguf_types and not checks.get(qtype, {"passed": True})["passed"]
         if failed:
+            figures = check_figures(checks[qtype])
             _drop(manifest, f"gguf-{qtype}", FormatStatus.failed,
-                  f"The GGUF {qtype} does not run like the merged model in llama.cpp: {_figures(checks[qtype])}")
+                  f"The GGUF {qtype} does not run like the merged model in llama.cpp: {_misses(figures)}", figures,
+                  request)
         if failed or qtype not in request.gguf_types:
             paths.pop(qtype).unlink()
     if not paths:
@@ -273,7 +309,7 @@ def _export_gguf(request: ExportRequest, work: Path, manifest: dict, reference: 
     for qtype, path in paths.items():
         info = _relative(infos[qtype], work, kind="gguf")
         info["verification"] = checks.get(qtype, {}).get("passed")
-        _keep(manifest, f"gguf-{qtype}", info, made)
+        _keep(manifest, f"gguf-{qtype}", info, made, check_figures(checks[qtype]) if qtype in checks else [])
         modelfile = write_modelfile(path, chat_template, stops, path.with_suffix(".Modelfile"))
         manifest["artifacts"].append(_relative(modelfile, work, kind="modelfile"))
     smallest = min(paths.values(), key=lambda p: p.stat().st_size)

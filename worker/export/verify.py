@@ -173,7 +173,7 @@ def verify_whole_model(model_dir: Path, merged_dir: Path, *, device: str = "cpu"
         check=f"16-bit copy vs the trained model: every tensor the trained one rounded to {dtype}; logits "
               "(float32 compute) vs the trained model's (float32)",
         merged_dtype=str(dtype).replace("torch.", ""), tensors=len(copy), tensors_differing=differ[:10],
-        tensors_missing=missing[:10],
+        tensors_missing=missing[:10], tensors_differing_count=len(differ), tensors_missing_count=len(missing),
         passed=bool(not differ and not missing and result["top1_mismatches"] == result["top1_mismatches_near_ties"]),
     )
     return result, reference

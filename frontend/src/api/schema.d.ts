@@ -167,7 +167,9 @@ export interface paths {
   "/api/datasets/{dataset_id}/preview": {
     /**
      * Preview Dataset
-     * @description The first rows as the model sees them: segments of text, each marked trained or not.
+     * @description Usable rows as the model sees them, `rows` of them after the first `offset` usable rows (so
+     * every one can be paged to): segments of text, each marked trained or not, each row named by its
+     * line in the file.
      */
     get: operations["preview_dataset_api_datasets__dataset_id__preview_get"];
   };
@@ -292,10 +294,13 @@ export interface components {
     BadRow: {
       /**
        * Line
-       * @description 1-based line (jsonl, csv) or item (json, parquet) number
+       * @description The line of the file the row starts on (1-based); with numbered_by 'row', the row's place in the file (parquet, or a JSON list with several rows on one line)
        */
       line: number;
-      /** Reason */
+      /**
+       * Reason
+       * @description Every problem of the row, '; ' apart; 'blank line' for a blank one
+       */
       reason: string;
     };
     /** Catalog */
@@ -401,7 +406,25 @@ export interface components {
        * @description sft, text, preference or kto: how the trainer reads the rows
        */
       task: string;
-      /** Rows */
+      /**
+       * Numbered By
+       * @enum {string}
+       */
+      numbered_by: "line" | "row";
+      /**
+       * Offset
+       * @description Usable rows skipped before these
+       */
+      offset: number;
+      /**
+       * Total
+       * @description Usable rows in the dataset
+       */
+      total: number;
+      /**
+       * Rows
+       * @description Each shown row's sequences (a preference row has two)
+       */
       rows: components["schemas"]["PreviewSequence"][];
     };
     /**
@@ -416,7 +439,17 @@ export interface components {
       format: string | null;
       /** Task */
       task?: string | null;
-      /** Rows */
+      /**
+       * Numbered By
+       * @description What `line` counts: file lines, or rows by their place (parquet; a JSON list with rows sharing lines)
+       * @default line
+       * @enum {string}
+       */
+      numbered_by: "line" | "row";
+      /**
+       * Rows
+       * @description Every row of the file (blank lines included): usable_rows + bad_row_count
+       */
       rows: number;
       /** Usable Rows */
       usable_rows: number;
@@ -430,6 +463,23 @@ export interface components {
        * @default 0
        */
       bad_row_count: number;
+      /**
+       * Warnings
+       * @description The first warnings of usable rows (keys ignored)
+       * @default []
+       */
+      warnings: components["schemas"]["RowWarning"][];
+      /**
+       * Warning Count
+       * @default 0
+       */
+      warning_count: number;
+      /**
+       * Notes
+       * @description How the file was read, when not as its extension says
+       * @default []
+       */
+      notes: string[];
       /**
        * Columns
        * @default []
@@ -1110,10 +1160,10 @@ export interface components {
     /** PreviewSequence */
     PreviewSequence: {
       /**
-       * Row
-       * @description 1-based row of the dataset
+       * Line
+       * @description The line of the file the row starts on (1-based); with numbered_by 'row', the row's place in the file (parquet, or a JSON list with several rows on one line)
        */
-      row: number;
+      line: number;
       /**
        * Sequence
        * @enum {string}
@@ -1178,6 +1228,16 @@ export interface components {
      * @enum {string}
      */
     Role: "admin" | "member";
+    /** RowWarning */
+    RowWarning: {
+      /**
+       * Line
+       * @description The line of the file the row starts on (1-based); with numbered_by 'row', the row's place in the file (parquet, or a JSON list with several rows on one line)
+       */
+      line: number;
+      /** Message */
+      message: string;
+    };
     /** SampleOut */
     SampleOut: {
       /** Id */
@@ -1382,6 +1442,36 @@ export interface components {
       /** By */
       by: number;
     };
+    /**
+     * CheckFigure
+     * @description One figure a format's check judged, as its owner reads it: what was measured, the bound it had
+     * to stay within, what a miss means.
+     */
+    CheckFigure: {
+      /**
+       * Figure
+       * @description What was measured, in words: max |logit diff|, mean KL (nats), …
+       */
+      figure: string;
+      /** Measured */
+      measured: number;
+      /** Bound */
+      bound: number;
+      /**
+       * Within
+       * @description How measured must compare to bound
+       * @default at most
+       * @enum {string}
+       */
+      within: "at most" | "at least";
+      /** Passed */
+      passed: boolean;
+      /**
+       * Meaning
+       * @description What a miss says about the file
+       */
+      meaning: string;
+    };
     /** CheckpointSaved */
     CheckpointSaved: {
       /** Step */
@@ -1440,10 +1530,53 @@ export interface components {
       /** Fraction */
       fraction: number;
     };
-    /** ExportVerification */
+    /**
+     * ExportVerification
+     * @description An export's end: each format asked for, kept or left out with the figures its check judged
+     * (published when the export ends with files, and when every format failed its check), and the
+     * checks themselves as `merged` and `gguf` (the manifest's `verification`).
+     */
     ExportVerification: {
+      /**
+       * Formats
+       * @default {}
+       */
+      formats: {
+        [key: string]: components["schemas"]["FormatOutcome"];
+      };
       [key: string]: unknown;
     };
+    /**
+     * FormatOutcome
+     * @description What became of one format an export was asked for, with the figures its check judged (a failed
+     * one: at least one of them missed its bound) and what to do about a format left out.
+     */
+    FormatOutcome: {
+      status: components["schemas"]["FormatStatus"];
+      /**
+       * Reason
+       * @description Why it was left out, in words
+       */
+      reason?: string | null;
+      /**
+       * Figures
+       * @default []
+       */
+      figures: components["schemas"]["CheckFigure"][];
+      /**
+       * Advice
+       * @description What to do instead
+       */
+      advice?: string | null;
+    };
+    /**
+     * FormatStatus
+     * @description What became of one format an export was asked for (the manifest's `formats`, each artifact's
+     * `status`). An export keeps every format that passed and reports the others; it fails only when
+     * nothing it was asked for is kept.
+     * @enum {string}
+     */
+    FormatStatus: "verified" | "unchecked" | "failed" | "not made";
     /** GenerateRequest */
     GenerateRequest: {
       /**
@@ -3111,13 +3244,17 @@ export interface operations {
   };
   /**
    * Preview Dataset
-   * @description The first rows as the model sees them: segments of text, each marked trained or not.
+   * @description Usable rows as the model sees them, `rows` of them after the first `offset` usable rows (so
+   * every one can be paged to): segments of text, each marked trained or not, each row named by its
+   * line in the file.
    */
   preview_dataset_api_datasets__dataset_id__preview_get: {
     parameters: {
       query?: {
         /** @description Whose tokenizer and chat template to use */
         model?: string;
+        offset?: number;
+        /** @description Usable rows to show */
         rows?: number;
         max_seq_len?: number;
       };

@@ -1,4 +1,4 @@
-import { render, screen } from '@testing-library/react'
+import { fireEvent, render, screen } from '@testing-library/react'
 import { afterEach, describe, expect, it, vi } from 'vitest'
 import { jsonResponse } from '../test/fixtures'
 import type { Dataset } from '../types'
@@ -7,8 +7,8 @@ import { DatasetInsights } from './DatasetInsights'
 const dataset = { id: 4, name: 'qa', format: 'alpaca', rows: 3, usable_rows: 3, report: {} } as Dataset
 
 const preview = {
-  model: 'builtin/SmolLM2-135M-Instruct', task: 'sft',
-  rows: [{ row: 1, sequence: 'completion', tokens: 12, trained_tokens: 4, truncated: false,
+  model: 'builtin/SmolLM2-135M-Instruct', task: 'sft', numbered_by: 'line', offset: 0, total: 3,
+  rows: [{ line: 1, sequence: 'completion', tokens: 12, trained_tokens: 4, truncated: false,
     segments: [{ text: '<|im_start|>user\nWhat is 2 plus 2?', trained: false }, { text: '4.<|im_end|>', trained: true }] }],
 }
 const stats = { model: 'builtin/SmolLM2-135M-Instruct', task: 'sft', rows_measured: 3, rows_total: 3, sequences: 3,
@@ -40,3 +40,36 @@ describe('DatasetInsights', () => {
     expect(await screen.findByText(/needs org\/model’s tokenizer on the server: no tokenizer of org\/model/)).toBeInTheDocument()
   })
 })
+
+describe('the preview pages through every usable row', () => {
+  const sequence = (line: number) => ({ line, sequence: 'completion', tokens: 5, trained_tokens: 2, truncated: false,
+    segments: [{ text: `question on line ${line}`, trained: false }, { text: `answer ${line}`, trained: true }] })
+  const page = (offset: number, lines: number[]) => ({ ...preview, offset, total: 7, rows: lines.map(sequence) })
+
+  it('names each row by its line in the file and asks for the next page by offset', async () => {
+    // usable rows on lines 1, 2, 4 | 6, 7, 9 | 12: lines 3, 5, 8, 10 and 11 are in the report as bad
+    const pages: Record<string, unknown> = { 0: page(0, [1, 2, 4]), 3: page(3, [6, 7, 9]), 6: page(6, [12]) }
+    const fetchMock = vi.fn<typeof fetch>().mockImplementation(async (input) => {
+      const url = new URL(String(input), 'http://studio')
+      return jsonResponse(url.pathname.endsWith('/preview') ? pages[url.searchParams.get('offset')!] : stats)
+    })
+    vi.stubGlobal('fetch', fetchMock)
+    render(<DatasetInsights dataset={dataset} model="builtin/SmolLM2-135M-Instruct" maxSeqLen={2048} />)
+    expect(await screen.findByRole('article', { name: 'Line 4 completion' })).toHaveTextContent('answer 4')
+    expect(screen.getByTestId('preview-range')).toHaveTextContent('Usable rows 1–3 of 7')
+    expect(screen.getByRole('button', { name: 'Previous' })).toBeDisabled()
+
+    fireEvent.click(screen.getByRole('button', { name: 'Next' }))
+    expect(await screen.findByRole('article', { name: 'Line 9 completion' })).toBeInTheDocument()
+    expect(screen.getByTestId('preview-range')).toHaveTextContent('Usable rows 4–6 of 7')
+    expect(String(fetchMock.mock.calls.at(-1)![0])).toContain('offset=3')
+
+    fireEvent.change(screen.getByLabelText('From usable row'), { target: { value: '7' } })
+    fireEvent.click(screen.getByRole('button', { name: 'Show' }))
+    expect(await screen.findByRole('article', { name: 'Line 12 completion' })).toBeInTheDocument()
+    expect(screen.getByTestId('preview-range')).toHaveTextContent('Usable rows 7–7 of 7')
+    expect(screen.getByRole('button', { name: 'Next' })).toBeDisabled()
+    expect(fetchMock.mock.calls.filter(([input]) => String(input).includes('/token-stats'))).toHaveLength(1)
+  })
+})
+

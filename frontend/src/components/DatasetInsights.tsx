@@ -1,7 +1,8 @@
-import { useEffect, useMemo, useState } from 'react'
+import { useEffect, useMemo, useRef, useState } from 'react'
 import { ApiError, getJson } from '../api'
 import { lengthHistogram } from '../tokenHistogram'
 import type { Dataset, DatasetPreview, TokenStats } from '../types'
+import { numberedByName } from './DatasetReport'
 import { errorText } from './Field'
 
 const DEBOUNCE_MS = 400
@@ -14,9 +15,10 @@ interface Props {
 }
 
 /**
- * What the model will learn from a dataset with these settings: a few rows rendered through the
- * model's chat template with the trained tokens highlighted, and the token lengths as a histogram
- * with the rows the max sequence length would cut.
+ * What the model will learn from a dataset with these settings: its usable rows rendered through
+ * the model's chat template a page at a time (each named by its line in the file), with the trained
+ * tokens highlighted, and the token lengths as a histogram with the rows the max sequence length
+ * would cut.
  */
 export function DatasetInsights({ dataset, model, maxSeqLen }: Props) {
   const [preview, setPreview] = useState<DatasetPreview | null>(null)
@@ -24,6 +26,7 @@ export function DatasetInsights({ dataset, model, maxSeqLen }: Props) {
   const [error, setError] = useState<string | null>(null)
   const [unavailable, setUnavailable] = useState<string | null>(null)
   const length = maxSeqLen && maxSeqLen >= 16 ? maxSeqLen : null
+  const paging = useRef<AbortController | null>(null)
 
   useEffect(() => {
     if (!model || !length) return
@@ -38,7 +41,7 @@ export function DatasetInsights({ dataset, model, maxSeqLen }: Props) {
     // second then finds it loaded (two first loads at once can trip over each other there).
     const timer = setTimeout(async () => {
       try {
-        setPreview(await getJson<DatasetPreview>(`/api/datasets/${dataset.id}/preview?${query}&rows=${PREVIEW_ROWS}`, abort.signal))
+        setPreview(await getJson<DatasetPreview>(previewPath(dataset.id, query, 0), abort.signal))
         setError(null)
         setUnavailable(null)
       } catch (err) {
@@ -53,9 +56,24 @@ export function DatasetInsights({ dataset, model, maxSeqLen }: Props) {
     }, DEBOUNCE_MS)
     return () => {
       abort.abort()
+      paging.current?.abort()
       clearTimeout(timer)
     }
   }, [dataset.id, model, length])
+
+  /** Another page of the preview, with the same model and length; the token statistics stay. */
+  async function showPage(offset: number) {
+    if (!length) return
+    paging.current?.abort()
+    const abort = new AbortController()
+    paging.current = abort
+    try {
+      setPreview(await getJson<DatasetPreview>(previewPath(dataset.id, new URLSearchParams({ model, max_seq_len: String(length) }), offset), abort.signal))
+      setError(null)
+    } catch (err) {
+      if (!abort.signal.aborted) setError(errorText(err))
+    }
+  }
 
   return (
     <div className="insights" data-testid="dataset-insights">
@@ -65,7 +83,7 @@ export function DatasetInsights({ dataset, model, maxSeqLen }: Props) {
       {error && <p className="error-text">Could not render the preview: {error}</p>}
       {!preview && !unavailable && !error && <p className="muted small">Rendering the first rows through the model’s chat template…</p>}
       {stats && length && <LengthHistogramView stats={stats} maxSeqLen={length} />}
-      {preview && <PreviewView preview={preview} />}
+      {preview && <PreviewView preview={preview} onPage={(offset) => void showPage(offset)} />}
     </div>
   )
 }
@@ -113,18 +131,44 @@ function LengthHistogramView({ stats, maxSeqLen }: { stats: TokenStats; maxSeqLe
   )
 }
 
-function PreviewView({ preview }: { preview: DatasetPreview }) {
+function previewPath(datasetId: number, query: URLSearchParams, offset: number): string {
+  return `/api/datasets/${datasetId}/preview?${query}&rows=${PREVIEW_ROWS}&offset=${offset}`
+}
+
+/** The usable rows of one page, each named by its line in the file, and the way to every other page. */
+export function PreviewView({ preview, onPage }: { preview: DatasetPreview; onPage: (offset: number) => void }) {
+  const unit = numberedByName(preview.numbered_by)
+  const shown = new Set(preview.rows.map((seq) => seq.line)).size
+  const first = preview.offset + 1
+  const last = preview.offset + shown
+  const [start, setStart] = useState(String(first))
+  useEffect(() => setStart(String(first)), [first])
+  const wanted = Math.trunc(Number(start))
+  const valid = Number.isFinite(wanted) && wanted >= 1 && wanted <= preview.total
   return (
     <section className="report" aria-label="Rendered samples" data-testid="dataset-preview">
-      <h3 className="report__title">How the model sees the first rows</h3>
+      <h3 className="report__title">How the model sees its rows</h3>
       <p className="muted small">
         Rendered with {preview.model}’s chat template. <mark className="trained">Highlighted</mark> tokens are trained on (the loss is
         computed there); the rest is context.
       </p>
+      <nav className="preview-pages small" aria-label="Preview pages">
+        <button type="button" className="button button--small" disabled={preview.offset === 0}
+          onClick={() => onPage(Math.max(preview.offset - PREVIEW_ROWS, 0))}>Previous</button>
+        <span data-testid="preview-range">
+          {shown > 0 ? `Usable rows ${first}–${last} of ${preview.total}` : `No usable row past ${preview.offset} of ${preview.total}`}
+        </span>
+        <button type="button" className="button button--small" disabled={preview.offset + PREVIEW_ROWS >= preview.total}
+          onClick={() => onPage(preview.offset + PREVIEW_ROWS)}>Next</button>
+        <form className="preview-pages__jump" onSubmit={(event) => { event.preventDefault(); if (valid) onPage(wanted - 1) }}>
+          <label>From usable row <input type="number" min={1} max={preview.total} value={start} onChange={(e) => setStart(e.target.value)} /></label>
+          <button type="submit" className="button button--small" disabled={!valid}>Show</button>
+        </form>
+      </nav>
       {preview.rows.map((seq, i) => (
-        <article key={i} className="sample" aria-label={`Row ${seq.row} ${seq.sequence}`}>
+        <article key={i} className="sample" aria-label={`${unit} ${seq.line} ${seq.sequence}`}>
           <header className="sample__header small muted">
-            Row {seq.row}{seq.sequence !== 'completion' && seq.sequence !== 'text' ? ` · ${seq.sequence}` : ''} · {seq.tokens} tokens, {seq.trained_tokens} trained
+            {unit} {seq.line}{seq.sequence !== 'completion' && seq.sequence !== 'text' ? ` · ${seq.sequence}` : ''} · {seq.tokens} tokens, {seq.trained_tokens} trained
             {seq.truncated && <span className="warning-text"> · cut at the max length</span>}
           </header>
           <pre className="sample__text">

@@ -17,10 +17,21 @@ export function formatName(format: string | null | undefined): string {
   return FORMAT_NAMES[format] ? `${FORMAT_NAMES[format]} — ${format}` : format
 }
 
-/** What the server found in a dataset file: format, row counts, and the rows it cannot use. */
+/** "Line" for a text file, "Row" for parquet: what the report's numbers count. */
+export function numberedByName(numberedBy: string | null | undefined): string {
+  return numberedBy === 'row' ? 'Row' : 'Line'
+}
+
+/**
+ * What the server found in a dataset file: format, row counts, how it was read, the rows it cannot
+ * use (every problem of each, blank lines included) and the warnings of rows it uses.
+ */
 export function DatasetReport({ report, title = 'Validation report', showError = true }: { report: Report; title?: string; showError?: boolean }) {
   const bad = report.bad_rows ?? []
   const badCount = report.bad_row_count ?? bad.length
+  const warnings = report.warnings ?? []
+  const warningCount = report.warning_count ?? warnings.length
+  const unit = numberedByName(report.numbered_by)
   return (
     <section className="report" aria-label={title} data-testid="dataset-report">
       <h3 className="report__title">{title}</h3>
@@ -31,14 +42,16 @@ export function DatasetReport({ report, title = 'Validation report', showError =
         <div><dt>Rows</dt><dd className="mono" data-testid="report-rows">{report.rows ?? 0}</dd></div>
         <div><dt>Usable rows</dt><dd className="mono" data-testid="report-usable">{report.usable_rows ?? 0}</dd></div>
         <div><dt>Bad rows</dt><dd className={`mono${badCount ? ' error-text' : ''}`} data-testid="report-bad">{badCount}</dd></div>
+        {warningCount > 0 && <div><dt>Warnings</dt><dd className="mono warning-text" data-testid="report-warnings">{warningCount}</dd></div>}
         {report.columns && report.columns.length > 0 && (
-          <div><dt>Columns</dt><dd className="mono">{report.columns.join(', ')}</dd></div>
+          <div><dt>Columns</dt><dd className="mono">{report.columns.map((c) => JSON.stringify(c)).join(', ')}</dd></div>
         )}
       </dl>
+      {(report.notes ?? []).map((note) => <p key={note} className="notice small">{note}</p>)}
       {bad.length > 0 && (
         <table className="table table--compact" aria-label="Rows that cannot be used">
           <thead>
-            <tr><th scope="col" className="num">Line</th><th scope="col">Why it cannot be used</th></tr>
+            <tr><th scope="col" className="num">{unit}</th><th scope="col">Why it cannot be used</th></tr>
           </thead>
           <tbody>
             {bad.map((row, index) => (
@@ -51,6 +64,22 @@ export function DatasetReport({ report, title = 'Validation report', showError =
         </table>
       )}
       {badCount > bad.length && <p className="muted small">…and {badCount - bad.length} more bad rows.</p>}
+      {warnings.length > 0 && (
+        <table className="table table--compact" aria-label="Warnings of rows that are used">
+          <thead>
+            <tr><th scope="col" className="num">{unit}</th><th scope="col">Used, but</th></tr>
+          </thead>
+          <tbody>
+            {warnings.map((row, index) => (
+              <tr key={`${row.line}-${index}`}>
+                <td className="num mono">{row.line}</td>
+                <td className="warning-text">{row.message}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      )}
+      {warningCount > warnings.length && <p className="muted small">…and {warningCount - warnings.length} more warnings.</p>}
     </section>
   )
 }

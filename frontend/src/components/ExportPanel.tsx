@@ -6,6 +6,7 @@ import { specField } from '../specSchema'
 import { useExportStream } from '../live/useExportStream'
 import type { Artifact, ExportOptions, Job, JobPage } from '../types'
 import { ArtifactList } from './ArtifactList'
+import { ExportOutcomeTable } from './ExportOutcomeTable'
 import { errorText } from './Field'
 import { JobStatusBadge } from './JobStatusBadge'
 
@@ -72,8 +73,9 @@ function ExportJobRow({ job: initial }: { job: Job }) {
     if (!active) void reload()
   }, [active, reload])
 
-  const live = useExportStream(job.id, options, active, (status) => {
-    if (!ACTIVE.includes(status)) {
+  // A finished export with an error is read from its stream once more, for each format's figures.
+  const live = useExportStream(job.id, options, active || Boolean(job.error), (status) => {
+    if (active && !ACTIVE.includes(status)) {
       void reload()
       setTimeout(() => void reload(), 1500) // the worker records the artifacts just after it publishes
     }
@@ -103,7 +105,16 @@ function ExportJobRow({ job: initial }: { job: Job }) {
           </span>
         </div>
       )}
-      {job.error && <p className="error-text">{job.error}</p>}
+      {job.error && (live.formats && Object.values(live.formats).some((f) => f.status === 'failed' || f.status === 'not made')
+        ? <>
+            <p className="error-text">
+              {job.status === 'succeeded'
+                ? 'Some formats failed their check and were left out; the other files passed theirs and are kept.'
+                : 'Nothing of this export passed its check, so nothing was kept.'}
+            </p>
+            <ExportOutcomeTable formats={live.formats} />
+          </>
+        : <p className="error-text">{job.error}</p>)}
       {!active && (
         <ArtifactList artifacts={artifacts} finished testId="export-artifacts"
           emptyText={job.status === 'succeeded' ? 'This export wrote no files.' : 'Nothing was kept: a failed or cancelled export leaves no half-written files.'} />

@@ -2,7 +2,7 @@
  * An export job's stream as progress: the stages it will go through (known from its options, in
  * lanner.worker.export.pipeline's order), the one it is in and how far, its verification.
  */
-import type { ExportOptions, StreamEvent } from '../types'
+import type { ExportOptions, FormatOutcome, StreamEvent } from '../types'
 import { compareStreamIds } from './streamIds'
 
 const OWN_GGUF_TYPES = new Set(['f16', 'bf16', 'q8_0'])
@@ -55,11 +55,13 @@ export interface ExportLive {
   status: string | null
   error: string | null
   verification: Record<string, unknown> | null
+  /** Each format asked for, kept or left out with its check's figures (the verification event's). */
+  formats: Record<string, FormatOutcome> | null
   lastLog: string | null
 }
 
 export function emptyExportLive(options: Partial<ExportOptions>): ExportLive {
-  return { lastId: null, stages: exportStages(options), stage: null, stageFraction: 0, overall: 0, status: null, error: null, verification: null, lastLog: null }
+  return { lastId: null, stages: exportStages(options), stage: null, stageFraction: 0, overall: 0, status: null, error: null, verification: null, formats: null, lastLog: null }
 }
 
 /** Applies a batch of an export job's events; events at or before the last applied id are skipped. */
@@ -79,6 +81,7 @@ export function applyExportEvents(state: ExportLive, events: StreamEvent[]): Exp
       next.overall = Math.max(next.overall, overall)
     } else if (event.type === 'verification') {
       next.verification = event.data
+      next.formats = event.data.formats ?? null
     } else if (event.type === 'status') {
       next.status = typeof event.data.status === 'string' ? event.data.status : next.status
       next.error = typeof event.data.error === 'string' ? event.data.error : null

@@ -85,3 +85,15 @@ describe('remainingSeconds', () => {
     expect(remainingSeconds(10, null, 20)).toBeNull()
   })
 })
+
+describe("an export job's verification", () => {
+  it('keeps each format with its figures for the job page', () => {
+    const merged = { status: 'failed' as const, reason: 'does not match', advice: 'use the adapter', figures: [
+      { figure: 'max |logit diff|', measured: 0.5, bound: 0.4, within: 'at most' as const, passed: false, meaning: 'm' }] }
+    const live = applyJobEvents(emptyJobLive(), [
+      { id: '5-0', type: 'verification', data: { formats: { merged } } },
+      { id: '6-0', type: 'status', data: { status: 'failed', error: 'Export: …' } },
+    ])
+    expect(live.formats).toEqual({ merged })
+  })
+})

@@ -1,4 +1,4 @@
-import type { StreamEvent } from '../types'
+import type { FormatOutcome, StreamEvent } from '../types'
 import { compareStreamIds, streamIdTime } from './streamIds'
 
 /** Column arrays for the charts; x is seconds since the job's first event. */
@@ -45,6 +45,8 @@ export interface JobLive {
   error: string | null
   /** The last training metric's values (step, loss, tokens/s, total_steps…). */
   lastMetric: Record<string, unknown> | null
+  /** An export job's formats, kept or left out with its checks' figures (its verification event). */
+  formats: Record<string, FormatOutcome> | null
   eventCount: number
 }
 
@@ -63,6 +65,7 @@ export function emptyJobLive(): JobLive {
     status: null,
     error: null,
     lastMetric: null,
+    formats: null,
     eventCount: 0,
   }
 }
@@ -124,7 +127,7 @@ export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
     processMemoryGiB: [...d.processMemoryGiB], memoryTotalGiB: [...d.memoryTotalGiB],
   }
   let logs = state.logs
-  let { t0, deviceKind, memoryTotalBytes, status, error, lastMetric } = state
+  let { t0, deviceKind, memoryTotalBytes, status, error, lastMetric, formats } = state
   const newLogs: LogLine[] = []
 
   for (const event of unique) {
@@ -162,6 +165,8 @@ export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
     } else if (event.type === 'status') {
       status = typeof event.data.status === 'string' ? event.data.status : status
       error = typeof event.data.error === 'string' ? event.data.error : null
+    } else if (event.type === 'verification') {
+      formats = event.data.formats ?? null
     }
   }
   if (newLogs.length > 0) logs = [...logs, ...newLogs].slice(-MAX_LOG_LINES)
@@ -176,6 +181,7 @@ export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
     status,
     error,
     lastMetric,
+    formats,
     eventCount: state.eventCount + unique.length,
   }
 }

@@ -3,8 +3,14 @@ import type { ExportOptions } from '../types'
 import { applyExportEvents, emptyExportLive, type ExportLive } from './exportEvents'
 import { LiveStream } from './LiveStream'
 
-/** An export job's progress from its stream (replayed from the start), while `active`. */
-export function useExportStream(jobId: number, options: Partial<ExportOptions>, active: boolean, onStatus?: (status: string) => void): ExportLive {
+const FINAL = ['succeeded', 'failed', 'cancelled']
+
+/**
+ * An export job's progress from its stream (replayed from the start), while `follow`: a running
+ * export's, or a finished one's to read how each format fared. The stream is closed at the job's
+ * final status: nothing comes after it.
+ */
+export function useExportStream(jobId: number, options: Partial<ExportOptions>, follow: boolean, onStatus?: (status: string) => void): ExportLive {
   const [live, setLive] = useState<ExportLive>(() => emptyExportLive(options))
   const statusRef = useRef(onStatus)
   statusRef.current = onStatus
@@ -12,7 +18,7 @@ export function useExportStream(jobId: number, options: Partial<ExportOptions>, 
   optionsRef.current = options
 
   useEffect(() => {
-    if (!active) return
+    if (!follow) return
     setLive(emptyExportLive(optionsRef.current))
     const stream = new LiveStream({
       path: `/ws/jobs/${jobId}`,
@@ -21,10 +27,11 @@ export function useExportStream(jobId: number, options: Partial<ExportOptions>, 
         setLive((current) => applyExportEvents(current, events))
         const status = [...events].reverse().find((e) => e.type === 'status')
         if (status) statusRef.current?.(String(status.data.status))
+        if (status && FINAL.includes(String(status.data.status))) stream.close()
       },
     })
     return () => stream.close()
-  }, [jobId, active])
+  }, [jobId, follow])
 
   return live
 }

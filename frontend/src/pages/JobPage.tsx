@@ -6,6 +6,7 @@ import { mayManage, useAuth } from '../auth'
 import { ArtifactList } from '../components/ArtifactList'
 import { CheckpointList } from '../components/CheckpointList'
 import { EvaluationSection } from '../components/EvaluationSection'
+import { ExportOutcomeTable } from '../components/ExportOutcomeTable'
 import { ExportPanel, fetchExports, savedWeights } from '../components/ExportPanel'
 import { ErrorNotice, errorText } from '../components/Field'
 import { JobStatusBadge, ProgressBar } from '../components/JobStatusBadge'
@@ -177,6 +178,7 @@ export function JobPage() {
         ? <p className="notice" role="status">{job.error}</p>  // why it waits (the queue writes it)
         : <ErrorNotice title={job.status === 'succeeded' ? 'Finished, with parts left out' : 'The job failed'} error={job.error} />)}
       {job && requeueSummary(job) && <p className="notice" role="status" data-testid="requeues">{requeueSummary(job)}</p>}
+      {job?.error && live.formats && <ExportOutcomeTable formats={live.formats} />}
       {job && (
         <section className="panel job-facts" aria-label="Job status">
           <dl className="facts facts--row">
