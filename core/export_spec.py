@@ -38,7 +38,8 @@ class ExportSpec(BaseModel):
     merged: bool = Field(default=True, description="The base model with the adapter merged in, 16-bit safetensors")
     merged_dtype: MergedDtype = "bfloat16"
     gguf_types: list[GgufType] = Field(default=["q8_0"], max_length=len(GGUF_TYPES),
-                                       description="GGUF files for llama.cpp and Ollama, one per type")
+                                       description="GGUF files for llama.cpp and Ollama, one per type",
+                                       json_schema_extra={"x-llama-cpp-types": list(QUANTIZER_TYPES)})
     verify: bool = Field(default=True, description="Check every file against the trained model")
 
     def llama_cpp_uses(self) -> list[str]:
