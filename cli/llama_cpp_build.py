@@ -1,10 +1,10 @@
 """Installs llama.cpp (the llama-cpp-python package of the `llama-cpp` extra, which compiles it) into
 this environment: `lanner build-llama-cpp`. `./lanner up` starts it in a process of its own, so the
 studio answers meanwhile (once per `up`: a failed build is not tried again until the next);
-`./lanner test` runs it in the foreground. One lock per environment, also
-taken by ./lanner around its own pip runs, keeps two installs from running at once: a build that had to
-wait keeps the outcome of the one it waited for instead of trying again. The state file
-(lanner.inference.availability) tells the studio and later runs how it stands."""
+`./lanner test` runs it in the foreground. One lock per environment, also taken by ./lanner around its
+own pip runs, keeps two installs from running at once: a build that had to wait keeps the outcome of
+the one it waited for instead of trying again. The state file (lanner.inference.availability) tells
+the studio and later runs how it stands."""
 from __future__ import annotations
 
 import fcntl
@@ -82,4 +82,3 @@ def say_status(status: LlamaCppStatus) -> str:
     if status.state == "building":
         return f"llama.cpp is being built in the background; {uses} become available when it is done.{log}"
     return f"{status.detail}{log}"
-

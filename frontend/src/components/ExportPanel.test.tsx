@@ -1,6 +1,6 @@
 import { fireEvent, render, screen } from '@testing-library/react'
 import { afterEach, describe, expect, it, vi } from 'vitest'
-import type { Job } from '../types'
+import type { Job, LlamaCppStatus } from '../types'
 import { ExportPanel, savedWeights } from './ExportPanel'
 import { HealthContext } from '../health'
 import { healthFixture, jsonResponse, llamaCppBuilding } from '../test/fixtures'
@@ -46,7 +46,7 @@ describe('ExportPanel', () => {
   })
 
   it('says what waits for llama.cpp while it is built, and offers the k-quants once it is ready', () => {
-    const panel = (llama_cpp = llamaCppBuilding) => (
+    const panel = (llama_cpp: LlamaCppStatus = llamaCppBuilding) => (
       <HealthContext.Provider value={{ health: healthFixture({ llama_cpp }), error: null, checkedAt: 0 }}>
         <ExportPanel job={job} exports={[]} saved="adapter" onExported={() => {}} />
       </HealthContext.Provider>
