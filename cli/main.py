@@ -1,9 +1,11 @@
-"""The `lanner` command: up (the whole studio), api, worker, migrate, import-default-model, admin."""
+"""The `lanner` command: up (the whole studio), api, worker, migrate, import-default-model, admin,
+build-llama-cpp."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from lanner.core.settings import get_settings
 
@@ -20,6 +22,9 @@ def main(argv: list[str] | None = None) -> None:
                              "(default: what CUDA_VISIBLE_DEVICES says)")
     commands.add_parser("migrate", help="bring the database schema to the latest version")
     commands.add_parser("import-default-model", help="import the built-in SmolLM2 into the data dir")
+    build = commands.add_parser("build-llama-cpp", help="install llama.cpp (llama-cpp-python compiles it; `up` "
+                                                        "starts this in the background), or wait for the build under way")
+    build.add_argument("--log", type=Path, default=None, help="the build's output (default: DATA_DIR/logs)")
     admin = commands.add_parser("admin", help="recover access without the API: promote a user, reset a password")
     admin_actions = admin.add_subparsers(dest="action", required=True)
     admin_actions.add_parser("promote", help="make EMAIL an active admin").add_argument("email")
@@ -60,6 +65,16 @@ def main(argv: list[str] | None = None) -> None:
 
         settings.ensure_dirs()
         print(imported_model_dir(settings.models_dir))
+    elif args.command == "build-llama-cpp":
+        from lanner.cli.llama_cpp_build import LOG_NAME, build, say_status
+
+        settings.ensure_dirs()
+        status = build(args.log or settings.logs_dir / LOG_NAME)
+        print(say_status(status), flush=True)
+        if status.state != "ready":
+            if status.log and Path(status.log).is_file():
+                print("End of the log:\n" + Path(status.log).read_text(errors="replace")[-3000:], flush=True)
+            raise SystemExit(1)
     elif args.command == "admin":
         from lanner.cli.admin import run
 

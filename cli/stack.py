@@ -16,7 +16,9 @@ from pathlib import Path
 
 from lanner.core import db
 from lanner.core.settings import Settings
+from lanner.cli.llama_cpp_build import say_status
 from lanner.cli.redis_server import answers, start_local_redis
+from lanner.inference.availability import llama_cpp_status
 from lanner.worker.devices import gpu_count
 
 READY_TIMEOUT_SECONDS = 180
@@ -76,6 +78,7 @@ class Stack:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.children: list[Child] = []
+        self.llama_cpp_state: str | None = None  # as last printed
         self.url = f"http://{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.port}"
 
     def _spawn(self, name: str, command: list[str], extra_env: dict | None = None) -> None:
@@ -116,6 +119,14 @@ class Stack:
             self._spawn(f"worker-{name}", worker_command(name), env)
         self._wait_until_ready(len(workers))
         print(f"Lanner is up: {self.url}  (logs in {settings.logs_dir}; Ctrl-C stops it)", flush=True)
+        self.report_llama_cpp()
+
+    def report_llama_cpp(self) -> None:
+        """Says how llama.cpp stands, and again when that changes (./lanner builds it in the background)."""
+        status = llama_cpp_status()
+        if status.state != self.llama_cpp_state:
+            self.llama_cpp_state = status.state
+            print(say_status(status), flush=True)
 
     def _wait_until_ready(self, expected_workers: int) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
@@ -181,6 +192,7 @@ def up(settings: Settings) -> None:
         stack.start()
         while True:
             stack.check_children(restart_workers=True)
+            stack.report_llama_cpp()
             time.sleep(1)
     except KeyboardInterrupt:
         print("\nStopping Lanner…", flush=True)

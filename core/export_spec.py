@@ -16,6 +16,8 @@ GGUF_BITS_PER_WEIGHT: dict[str, float] = {
     "q4_k_m": 5.3, "q4_k_s": 5.0, "q4_0": 4.5, "q4_1": 5.0, "q3_k_m": 4.3, "q2_k": 3.4,
 }
 GGUF_TYPES = tuple(GGUF_BITS_PER_WEIGHT)
+CONVERTER_TYPES = ("f16", "bf16", "q8_0")
+QUANTIZER_TYPES = tuple(qtype for qtype in GGUF_TYPES if qtype not in CONVERTER_TYPES)  # made with llama.cpp
 GgufType = Literal[GGUF_TYPES]  # type: ignore[valid-type]
 MergedDtype = Literal["bfloat16", "float16"]
 MERGED_DTYPES = get_args(MergedDtype)
@@ -36,8 +38,17 @@ class ExportSpec(BaseModel):
     merged: bool = Field(default=True, description="The base model with the adapter merged in, 16-bit safetensors")
     merged_dtype: MergedDtype = "bfloat16"
     gguf_types: list[GgufType] = Field(default=["q8_0"], max_length=len(GGUF_TYPES),
-                                       description="GGUF files for llama.cpp and Ollama, one per type")
+                                       description="GGUF files for llama.cpp and Ollama, one per type",
+                                       json_schema_extra={"x-llama-cpp-types": list(QUANTIZER_TYPES)})
     verify: bool = Field(default=True, description="Check every file against the trained model")
+
+    def llama_cpp_uses(self) -> list[str]:
+        """What of this export llama.cpp makes or checks: its k-quant (and other quantizer) GGUF types, and
+        every GGUF file when verified. f16, bf16 and q8_0 are written without it."""
+        uses = [f"GGUF {qtype}" for qtype in self.gguf_types if qtype in QUANTIZER_TYPES]
+        if self.verify and self.gguf_types:
+            uses.append("the check of the GGUF files")
+        return uses
 
 
 class CheckFigure(BaseModel):

@@ -38,3 +38,17 @@ def stack(tmp_path_factory):
     running = RunningStack(tmp / "data", stack_env(tmp, f"redis://127.0.0.1:{free_port()}/0")).wait_up()
     yield running
     running.stop()
+
+
+@pytest.fixture
+def llama_cpp_state(tmp_path, monkeypatch):
+    """Sets how llama.cpp's build stands ("building" by this process, "failed", "ready"), in a state file
+    of the test's own that lanner.inference.availability reads instead of the environment's."""
+    from lanner.inference import availability
+
+    monkeypatch.setattr(availability, "STATE_FILE", tmp_path / "llama-cpp-state")
+
+    def write(state: str) -> None:
+        availability.write_state(state, log=tmp_path / "llama-cpp-build.log", wanted="test")
+
+    return write

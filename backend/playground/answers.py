@@ -22,6 +22,7 @@ from lanner.core.messages.chat import (FINAL_EVENTS, AnswerDone, AnswerError, An
 from lanner.core.models import User
 from lanner.core.settings import Settings
 from lanner.core.spec import load_spec
+from lanner.inference.availability import require_llama_cpp
 from lanner.inference.cache import ModelCache
 from lanner.inference.generation import (add_context, chat_template, context_bytes, estimate_bytes, load_llama,
                                          render_prompt, stream_answer)
@@ -52,6 +53,7 @@ def resolve(settings: Settings, request: GenerateRequest, user: User) -> tuple[d
         if request.gpu_session is not None:
             usable_session(session, user, request.gpu_session, job)
             return {}, None
+        require_llama_cpp("Chat on the CPU")
         files = {side: model_file(session, settings, job, side) for side in request.chats}
         return files, load_spec(job.config).chat_template
 

@@ -1,6 +1,8 @@
-"""GET /api/health: the state of the database, Redis and the workers, for people and monitors.
-Anyone may ask (monitors and `lanner up` are not signed in); only a signed-in user sees where the
-database and Redis are, why a part is down, and the workers' host and device names."""
+"""GET /api/health: the state of the database, Redis and the workers, for people and monitors, and
+whether llama.cpp is ready (./lanner builds it in the background on the first `up`; its state does not
+make the studio degraded). Anyone may ask (monitors and `lanner up` are not signed in); only a signed-in
+user sees where the database and Redis are, why a part is down, the workers' host and device names and
+where llama.cpp's build log is."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
@@ -13,6 +15,7 @@ from lanner.core.messages.device import Device, WorkerRecord
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import Settings, get_settings
 from lanner.core.worker_registry import live_workers
+from lanner.inference.availability import LlamaCppStatus, llama_cpp_status
 
 router = APIRouter(tags=["health"])
 VERSION = "0.1.0"
@@ -30,6 +33,7 @@ class Health(BaseModel):
     database: PartHealth
     redis: PartHealth
     workers: list[WorkerRecord]
+    llama_cpp: LlamaCppStatus
 
 
 def _database_health(url: str) -> PartHealth:
@@ -73,7 +77,10 @@ def health(request: Request, settings: Settings = Depends(get_settings)) -> Heal
     database = _database_health(settings.database_url)
     redis, workers = _redis_health(settings.redis_url)
     status = "ok" if database.ok and redis.ok and workers else "degraded"
+    llama_cpp = llama_cpp_status()
     if not database.ok or signed_in_or_none(request, settings) is None:
         database, redis = _anonymous_part(database), _anonymous_part(redis)
         workers = [_anonymous_worker(worker) for worker in workers]
-    return Health(status=status, version=VERSION, database=database, redis=redis, workers=workers)
+        llama_cpp = llama_cpp.model_copy(update={"log": None})
+    return Health(status=status, version=VERSION, database=database, redis=redis, workers=workers,
+                  llama_cpp=llama_cpp)

@@ -31,6 +31,7 @@ from lanner.core.settings import Settings
 from lanner.core.spec import JobSpec, load_spec, stored_config
 from lanner.core.streams import job_stream
 from lanner.core.worker_registry import largest_machine, live_workers
+from lanner.inference.availability import require_llama_cpp
 
 log = logging.getLogger(__name__)
 NAME_LENGTH = 200  # Job.name's column
@@ -212,7 +213,9 @@ def clone(session: Session, redis: Redis, settings: Settings, user: User, job: J
 
 def export(session: Session, redis: Redis, settings: Settings, user: User, job: Job, spec: ExportSpec) -> Job:
     """Queues an export of a finished training job. A job that trained every weight has no adapter:
-    the adapter is left out unless asked for, which is refused."""
+    the adapter is left out unless asked for, which is refused. What needs llama.cpp (k-quants, the
+    GGUF checks) is refused in words while it is being built, rather than queued to fail or wait on a
+    build that may fail: the adapter, the merged model and f16/bf16/q8_0 unchecked need none."""
     _require_training_job(job, "exported")
     if job.status != JobStatus.succeeded:
         raise UserError(409, f"Job {job.id} is {job.status.value}; only a finished training job is exported")
@@ -227,6 +230,9 @@ def export(session: Session, redis: Redis, settings: Settings, user: User, job: 
         spec = spec.model_copy(update={"adapter": False})
     if not (spec.adapter or spec.merged or spec.gguf_types):
         raise field_error("gguf_types", "choose the adapter, the merged model or at least one GGUF type")
+    if uses := spec.llama_cpp_uses():
+        require_llama_cpp(f"This export ({' and '.join(uses)})", "Meanwhile the adapter, the merged model and "
+                          "GGUF f16, bf16 or q8_0 without the check can be exported.")
     return _enqueue(session, redis, settings, user, f"export of {job.name}", kind=JobKind.export, method="export",
                     model=job.model, parent_job_id=job.id, config={"export": spec.model_dump()},
                     priority=job.priority, gpus=min(job.gpus, 1))

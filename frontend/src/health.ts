@@ -1,5 +1,5 @@
 import { createContext, useContext } from 'react'
-import type { Health } from './types'
+import type { Health, LlamaCppStatus } from './types'
 
 /** What the app knows about the backend, refreshed by HealthProvider's polling. */
 export interface HealthState {
@@ -24,4 +24,10 @@ export function healthLabel(state: HealthState): 'ok' | 'degraded' | 'unreachabl
   if (state.error) return 'unreachable'
   if (state.health) return state.health.status === 'ok' ? 'ok' : 'degraded'
   return 'checking'
+}
+
+/** llama.cpp's status when the last report says it is not ready (building, failed or missing); else null. */
+export function llamaCppWaiting(state: HealthState): LlamaCppStatus | null {
+  const status = state.health?.llama_cpp
+  return status && status.state !== 'ready' ? status : null
 }

@@ -11,6 +11,8 @@ export type ServiceHealth = Schemas['PartHealth']
 /** A worker that answered the last health ping, with its device. */
 export type WorkerInfo = Schemas['WorkerRecord']
 export type WorkerDevice = Schemas['Device']
+/** Whether llama.cpp (GGUF k-quants, GGUF checks, CPU chat) is ready: `./lanner up` builds it in the background. */
+export type LlamaCppStatus = Schemas['LlamaCppStatus']
 
 // ---- Accounts -------------------------------------------------------------
 

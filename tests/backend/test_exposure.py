@@ -31,6 +31,16 @@ def test_anonymous_health_shows_no_paths_hosts_or_device_names(team):
     assert anonymous["workers"][0]["name"] == "cpu0" and anonymous["workers"][0]["device"]["memory_total_bytes"] == 2**34
 
 
+def test_health_says_how_llama_cpp_stands_and_only_a_signed_in_user_sees_the_log(team, llama_cpp_state):
+    assert team.alice.get("/api/health").json()["llama_cpp"]["state"] == "ready"  # no state file: the package
+    llama_cpp_state("building")
+    building = team.alice.get("/api/health").json()
+    assert building["llama_cpp"]["state"] == "building" and building["llama_cpp"]["since"]
+    assert building["llama_cpp"]["log"].endswith("llama-cpp-build.log")
+    anonymous = team.anonymous.get("/api/health").json()["llama_cpp"]
+    assert anonymous["state"] == "building" and anonymous["log"] is None
+
+
 def test_wrong_passwords_from_one_client_do_not_lock_the_owner_out_elsewhere(team):
     stranger = TestClient(team.api.app, client=("203.0.113.7", 40000))
     for _ in range(10):

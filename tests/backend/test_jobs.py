@@ -344,15 +344,19 @@ def test_an_odd_local_config_gives_no_estimate_but_the_job_is_queued(team, chat,
     assert job.status_code == 201 and job.json()["memory_estimate_bytes"] is None
 
 
+def add_adapter(team, job: int) -> None:
+    with db.session_factory(team.api.settings.database_url)() as session:
+        session.add(Artifact(job_id=job, kind="adapter", name="adapter", path=f"artifacts/{job}/adapter"))
+        session.commit()
+
+
 def test_export_queues_an_export_job_of_a_finished_training_job(team, chat, wakes):
     job = submit(team.alice, chat, name="run").json()["id"]
     assert team.alice.post(f"/api/jobs/{job}/export").status_code == 409  # not finished
     set_status(team.api, job, JobStatus.succeeded)
     no_adapter = team.alice.post(f"/api/jobs/{job}/export")
     assert no_adapter.status_code == 409 and "no adapter" in no_adapter.json()["detail"]
-    with db.session_factory(team.api.settings.database_url)() as session:
-        session.add(Artifact(job_id=job, kind="adapter", name="adapter", path=f"artifacts/{job}/adapter"))
-        session.commit()
+    add_adapter(team, job)
     nothing = team.alice.post(f"/api/jobs/{job}/export", json={"adapter": False, "merged": False, "gguf_types": []})
     assert ("gguf_types",) in field_errors(nothing)
     assert team.alice.post(f"/api/jobs/{job}/export", json={"gguf_types": ["q9_9"]}).status_code == 422
@@ -363,3 +367,25 @@ def test_export_queues_an_export_job_of_a_finished_training_job(team, chat, wake
     assert body["config"]["export"]["gguf_types"] == ["q4_k_m"] and body["status"] == "queued"
     assert team.bob.post(f"/api/jobs/{body['id']}/clone").status_code == 409  # an export is not cloned
     assert team.bob.post(f"/api/jobs/{body['id']}/export").status_code == 409
+
+
+def test_what_needs_llama_cpp_is_refused_in_words_while_it_is_built(team, chat, wakes, llama_cpp_state):
+    job = submit(team.alice, chat, name="run").json()["id"]
+    set_status(team.api, job, JobStatus.succeeded)
+    add_adapter(team, job)
+    llama_cpp_state("building")
+    k_quant = team.alice.post(f"/api/jobs/{job}/export", json={"gguf_types": ["q4_k_m"], "verify": False})
+    assert k_quant.status_code == 409, k_quant.text
+    assert k_quant.json()["detail"].startswith("This export (GGUF q4_k_m) needs llama.cpp. llama.cpp is still being "
+                                               "built (since ")
+    checked = team.alice.post(f"/api/jobs/{job}/export").json()["detail"]  # the default checks its q8_0 GGUF
+    assert "(the check of the GGUF files) needs llama.cpp" in checked and "ready in a few minutes" in checked
+    without = team.alice.post(f"/api/jobs/{job}/export", json={"gguf_types": ["f16", "q8_0"], "verify": False})
+    assert without.status_code == 201, without.text
+    assert team.alice.post(f"/api/jobs/{job}/export", json={"gguf_types": []}).status_code == 201
+    llama_cpp_state("failed")
+    failed = team.alice.post(f"/api/jobs/{job}/export", json={"gguf_types": ["q6_k"]}).json()["detail"]
+    assert "llama.cpp's build failed" in failed and "llama-cpp-build.log" in failed
+    llama_cpp_state("ready")
+    assert team.alice.post(f"/api/jobs/{job}/export", json={"gguf_types": ["q4_k_m"]}).status_code == 201
+

@@ -110,7 +110,7 @@ def test_the_gguf_types_and_export_defaults_have_one_definition():
     import llama_cpp
 
     from lanner.backend.app import create_app
-    from lanner.core.export_spec import GGUF_TYPES, ExportSpec
+    from lanner.core.export_spec import GGUF_TYPES, QUANTIZER_TYPES, ExportSpec
     from lanner.worker.export import QUANT_TYPES, ExportRequest
 
     defaults = ExportSpec()
@@ -120,7 +120,8 @@ def test_the_gguf_types_and_export_defaults_have_one_definition():
     request = ExportRequest(base_model_dir=None, adapter_dir=None, out_dir=None)
     assert (request.adapter, request.merged, request.merged_dtype, list(request.gguf_types), request.verify) == \
         (defaults.adapter, defaults.merged, defaults.merged_dtype, defaults.gguf_types, defaults.verify)
-    assert set(QUANT_TYPES) < set(GGUF_TYPES)
+    assert set(QUANT_TYPES) < set(GGUF_TYPES) and set(QUANTIZER_TYPES) < set(QUANT_TYPES)
+    assert body["gguf_types"]["x-llama-cpp-types"] == list(QUANTIZER_TYPES)  # the web UI's k-quant boxes
     assert all(hasattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{qtype.upper()}") for qtype in QUANT_TYPES)
 
 

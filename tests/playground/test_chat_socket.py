@@ -148,6 +148,15 @@ def test_errors_come_in_words_with_what_to_do(served):
     assert httpx.get(f"{served.url}/api/playground/jobs").status_code == 401
 
 
+def test_cpu_chat_says_llama_cpp_is_still_being_built(served, llama_cpp_state):
+    llama_cpp_state("building")
+    with connect(served.ws_url) as ws:
+        generate(ws, served.studio.trained_job)
+        (error,) = receive_until_done(ws, {"tuned"})
+    assert error["code"] == "llama_cpp_unavailable"
+    assert error["message"].startswith("Chat on the CPU needs llama.cpp. llama.cpp is still being built (since ")
+    assert error["message"].endswith("ready in a few minutes.")
+
 def test_the_socket_signs_in_like_the_live_streams(served):
     bare = served.ws_url.split("?")[0]
     for url, headers in ((bare, {}), (bare + "?token=lnr_forged", {})):

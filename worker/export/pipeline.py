@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lanner.core.default_model import DEFAULT_MODEL_HUB_ID, DEFAULT_MODEL_ID
-from lanner.core.export_spec import (FIGURE_MEANINGS, GGUF_BITS_PER_WEIGHT, GGUF_TYPES, MERGED_DTYPES, CheckFigure,
-                                     ExportSpec, FormatOutcome, FormatStatus, format_advice)
+from lanner.core.export_spec import (FIGURE_MEANINGS, GGUF_BITS_PER_WEIGHT, GGUF_TYPES, MERGED_DTYPES, QUANTIZER_TYPES,
+                                     CheckFigure, ExportSpec, FormatOutcome, FormatStatus, format_advice)
 
 from .adapter import adapter_weights_size, export_adapter
 from .dequantize import Quantization
@@ -271,11 +271,11 @@ def _export_gguf(request: ExportRequest, work: Path, manifest: dict, reference: 
                                     progress=progress, check_space=False)}
     for qtype in request.gguf_types:
         path = gguf_dir / f"{request.name}-{qtype}.gguf"
-        if qtype in ("bf16", "q8_0"):  # written by our converter, from the merged weights
+        if qtype in QUANTIZER_TYPES:  # llama.cpp's quantizer, from the one f16 conversion
+            infos[qtype] = quantize_gguf(f16_path, path, qtype, progress=progress, check_space=False)
+        elif qtype != "f16":          # written by our converter, from the merged weights
             infos[qtype] = convert_to_gguf(merged_dir, path, out_type=qtype, name=request.name,
                                            progress=progress, check_space=False)
-        elif qtype != "f16":          # llama.cpp's quantizer, from the one f16 conversion
-            infos[qtype] = quantize_gguf(f16_path, path, qtype, progress=progress, check_space=False)
         paths[qtype] = path
 
     checks = {}

@@ -652,6 +652,7 @@ export interface components {
       redis: components["schemas"]["PartHealth"];
       /** Workers */
       workers: components["schemas"]["WorkerRecord"][];
+      llama_cpp: components["schemas"]["LlamaCppStatus"];
     };
     /** HubModel */
     HubModel: {
@@ -963,6 +964,29 @@ export interface components {
      * @enum {string}
      */
     JobStatus: "queued" | "running" | "succeeded" | "failed" | "cancelled";
+    /** LlamaCppStatus */
+    LlamaCppStatus: {
+      /**
+       * State
+       * @enum {string}
+       */
+      state: "ready" | "building" | "failed" | "missing";
+      /**
+       * Detail
+       * @description The state in words, with what to do
+       */
+      detail: string;
+      /**
+       * Since
+       * @description When the build started (building) or ended
+       */
+      since?: string | null;
+      /**
+       * Log
+       * @description The build's log file (signed-in callers only)
+       */
+      log?: string | null;
+    };
     /** LoraSettings */
     LoraSettings: {
       /**

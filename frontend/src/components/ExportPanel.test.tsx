@@ -1,8 +1,9 @@
 import { fireEvent, render, screen } from '@testing-library/react'
 import { afterEach, describe, expect, it, vi } from 'vitest'
-import type { Job } from '../types'
+import type { Job, LlamaCppStatus } from '../types'
 import { ExportPanel, savedWeights } from './ExportPanel'
-import { jsonResponse } from '../test/fixtures'
+import { HealthContext } from '../health'
+import { healthFixture, jsonResponse, llamaCppBuilding } from '../test/fixtures'
 
 const job = {
   id: 5, owner_id: 1, kind: 'train', name: 'full run', method: 'full', model: 'builtin/SmolLM2-135M-Instruct', dataset_id: 1,
@@ -42,5 +43,21 @@ describe('ExportPanel', () => {
     render(<ExportPanel job={job} exports={[]} saved={null} onExported={() => {}} />)
     expect(screen.getByText(/saved no adapter or model/)).toBeTruthy()
     expect(screen.queryByRole('button', { name: 'Export' })).toBeNull()
+  })
+
+  it('says what waits for llama.cpp while it is built, and offers the k-quants once it is ready', () => {
+    const panel = (llama_cpp: LlamaCppStatus = llamaCppBuilding) => (
+      <HealthContext.Provider value={{ health: healthFixture({ llama_cpp }), error: null, checkedAt: 0 }}>
+        <ExportPanel job={job} exports={[]} saved="adapter" onExported={() => {}} />
+      </HealthContext.Provider>
+    )
+    const { rerender } = render(panel())
+    expect(screen.getByTestId('llama-cpp-notice')).toHaveTextContent(
+      'GGUF k-quants and the check of GGUF files need llama.cppllama.cpp is still being built (since 11:20 UTC); ready in a few minutes.')
+    expect(screen.getByRole('checkbox', { name: 'q4_k_m' })).toBeDisabled()
+    expect(screen.getByRole('checkbox', { name: 'q8_0' })).toBeEnabled()
+    rerender(panel({ state: 'ready', detail: 'llama.cpp is ready.', since: null, log: null }))
+    expect(screen.queryByTestId('llama-cpp-notice')).toBeNull()
+    expect(screen.getByRole('checkbox', { name: 'q4_k_m' })).toBeEnabled()
   })
 })

@@ -1,6 +1,7 @@
 import { useCallback, useEffect, useState } from 'react'
 import { getJson, postJson } from '../api'
 import { formatTime } from '../format'
+import { llamaCppWaiting, useHealth } from '../health'
 import { stageName } from '../live/exportEvents'
 import { specField } from '../specSchema'
 import { useExportStream } from '../live/useExportStream'
@@ -9,6 +10,7 @@ import { ArtifactList } from './ArtifactList'
 import { ExportOutcomeTable } from './ExportOutcomeTable'
 import { errorText } from './Field'
 import { JobStatusBadge } from './JobStatusBadge'
+import { LlamaCppNotice } from './LlamaCppNotice'
 
 type GgufType = ExportOptions['gguf_types'][number]
 type MergedDtype = ExportOptions['merged_dtype']
@@ -22,6 +24,8 @@ const DEFAULTS = {
   verify: specField('verify', 'ExportCreate').schema.default as boolean,
 }
 const MERGED_DTYPES = specField('merged_dtype', 'ExportCreate').schema.enum as MergedDtype[]
+/** The GGUF types llama.cpp's quantizer makes (lanner.core.export_spec.QUANTIZER_TYPES). */
+const LLAMA_CPP_TYPES = (specField('gguf_types', 'ExportCreate').schema as { 'x-llama-cpp-types'?: GgufType[] })['x-llama-cpp-types'] ?? []
 
 /** The GGUF types offered up front; the API knows more (ExportCreate.gguf_types). */
 const GGUF_CHOICES: { type: GgufType; help: string }[] = [
@@ -150,6 +154,7 @@ export function ExportPanel({ job, exports, saved, onExported }: ExportPanelProp
   const [verify, setVerify] = useState(DEFAULTS.verify)
   const [busy, setBusy] = useState(false)
   const [error, setError] = useState<string | null>(null)
+  const llamaCppReady = llamaCppWaiting(useHealth()) === null
   const exportable = job.kind === 'train' && job.status === 'succeeded' && saved !== null
   const withAdapter = saved === 'adapter' && adapter  // a whole model has no adapter to export
   const nothing = !withAdapter && !merged && gguf.length === 0
@@ -189,10 +194,13 @@ export function ExportPanel({ job, exports, saved, onExported }: ExportPanelProp
             <span className="small">GGUF (llama.cpp, Ollama):</span>
             {GGUF_CHOICES.map(({ type, help }) => (
               <label key={type} className="check" title={help}>
-                <input type="checkbox" checked={gguf.includes(type)} onChange={(e) => toggle(type, e.target.checked)} /> <span className="mono">{type}</span>
+                <input type="checkbox" checked={gguf.includes(type)} disabled={!llamaCppReady && LLAMA_CPP_TYPES.includes(type) && !gguf.includes(type)}
+                  onChange={(e) => toggle(type, e.target.checked)} /> <span className="mono">{type}</span>
               </label>
             ))}
           </div>
+          <LlamaCppNotice title="GGUF k-quants and the check of GGUF files need llama.cpp"
+            meanwhile="Meanwhile the adapter, the merged model and GGUF f16 or q8_0 without the check can be exported." />
           <div className="export-form__choices">
             <label className="check"><input type="checkbox" checked={verify} onChange={(e) => setVerify(e.target.checked)} /> Verify every file against the trained model</label>
             <button type="button" className="button button--primary" disabled={busy || nothing} onClick={() => void start()}>

@@ -1,6 +1,6 @@
 import { render, screen, within } from '@testing-library/react'
 import { describe, expect, it } from 'vitest'
-import { healthFixture } from '../test/fixtures'
+import { healthFixture, llamaCppBuilding } from '../test/fixtures'
 import { StatusIndicator } from './StatusIndicator'
 
 function part(name: string): HTMLElement {
@@ -10,13 +10,14 @@ function part(name: string): HTMLElement {
 }
 
 describe('StatusIndicator', () => {
-  it('shows ok with three green dots for a healthy system', () => {
+  it('shows ok with a green dot for each part of a healthy system', () => {
     render(<StatusIndicator state={{ health: healthFixture(), error: null, checkedAt: 0 }} />)
     expect(screen.getByTestId('health-status')).toHaveTextContent(/^ok$/)
     expect(part('database')).toHaveAttribute('data-state', 'ok')
     expect(part('redis')).toHaveAttribute('data-state', 'ok')
     expect(part('workers')).toHaveAttribute('data-state', 'ok')
     expect(part('workers')).toHaveTextContent('2 workers')
+    expect(part('llama-cpp')).toHaveAttribute('data-state', 'ok')
     expect(within(part('database')).getByRole('tooltip', { hidden: true })).toHaveTextContent(
       'Database: ok — sqlite:///data/lanner.db',
     )
@@ -35,6 +36,17 @@ describe('StatusIndicator', () => {
     expect(part('workers')).toHaveAttribute('data-state', 'down')
     expect(part('workers')).toHaveTextContent('0 workers')
     expect(part('redis')).toHaveAccessibleDescription(/Connection refused/)
+  })
+
+  it('shows llama.cpp as pending while it is built, and down with its log when the build failed', () => {
+    const { rerender } = render(<StatusIndicator state={{ health: healthFixture({ llama_cpp: llamaCppBuilding }), error: null, checkedAt: 0 }} />)
+    expect(screen.getByTestId('health-status')).toHaveTextContent(/^ok$/)
+    expect(part('llama-cpp')).toHaveAttribute('data-state', 'pending')
+    expect(part('llama-cpp')).toHaveAccessibleDescription(/still being built \(since 11:20 UTC\); ready in a few minutes/)
+    const failed = { ...llamaCppBuilding, state: 'failed' as const, detail: "llama.cpp's build failed at 11:24 UTC: its log says why." }
+    rerender(<StatusIndicator state={{ health: healthFixture({ llama_cpp: failed }), error: null, checkedAt: 0 }} />)
+    expect(part('llama-cpp')).toHaveAttribute('data-state', 'down')
+    expect(part('llama-cpp')).toHaveAccessibleDescription(/build failed at 11:24 UTC.*Log: \/srv\/lanner\/data\/logs\/llama-cpp-build.log/)
   })
 
   it('says unreachable when the health request fails', () => {

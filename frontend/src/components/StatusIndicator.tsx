@@ -1,8 +1,8 @@
 import { useId } from 'react'
 import { healthLabel, type HealthState } from '../health'
-import type { ServiceHealth, WorkerInfo } from '../types'
+import type { LlamaCppStatus, ServiceHealth, WorkerInfo } from '../types'
 
-type PartState = 'ok' | 'down' | 'unknown'
+type PartState = 'ok' | 'pending' | 'down' | 'unknown'
 
 interface Part {
   key: string
@@ -22,6 +22,12 @@ function workersTip(workers: WorkerInfo[]): string {
   return `Workers: ${workers.length} — ${names}`
 }
 
+function llamaCppPart(status: LlamaCppStatus): Part {
+  const state = status.state === 'ready' ? 'ok' : status.state === 'building' ? 'pending' : 'down'
+  const log = status.log && status.state !== 'ready' ? ` Log: ${status.log}` : ''
+  return { key: 'llama-cpp', label: 'llama.cpp', state, tip: `llama.cpp (GGUF k-quants and checks, CPU chat): ${status.detail}${log}` }
+}
+
 function workersLabel(count: number): string {
   return count === 1 ? '1 worker' : `${count} workers`
 }
@@ -35,6 +41,7 @@ export function healthParts(state: HealthState): Part[] {
       { key: 'database', label: 'Database', state: 'down', tip },
       { key: 'redis', label: 'Redis', state: 'down', tip },
       { key: 'workers', label: 'Workers', state: 'down', tip },
+      { key: 'llama-cpp', label: 'llama.cpp', state: 'down', tip },
     ]
   }
   if (!health) {
@@ -43,6 +50,7 @@ export function healthParts(state: HealthState): Part[] {
       { key: 'database', label: 'Database', state: 'unknown', tip },
       { key: 'redis', label: 'Redis', state: 'unknown', tip },
       { key: 'workers', label: 'Workers', state: 'unknown', tip },
+      { key: 'llama-cpp', label: 'llama.cpp', state: 'unknown', tip },
     ]
   }
   return [
@@ -64,6 +72,7 @@ export function healthParts(state: HealthState): Part[] {
       state: health.workers.length > 0 ? 'ok' : 'down',
       tip: workersTip(health.workers),
     },
+    llamaCppPart(health.llama_cpp),
   ]
 }
 
@@ -87,7 +96,7 @@ function StatusPart({ part }: { part: Part }) {
   )
 }
 
-/** Header widget: dots for database, Redis and workers, then the overall status word. */
+/** Header widget: dots for database, Redis, workers and llama.cpp, then the overall status word. */
 export function StatusIndicator({ state }: { state: HealthState }) {
   const label = healthLabel(state)
   return (

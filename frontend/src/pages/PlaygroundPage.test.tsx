@@ -3,7 +3,7 @@ import { createMemoryRouter, RouterProvider } from 'react-router'
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
 import type { GpuSession, PlaygroundJob } from '../playground/types'
 import { routes } from '../routes'
-import { apiFetchMock, FakeSocket, jsonResponse } from '../test/fixtures'
+import { apiFetchMock, FakeSocket, healthFixture, jsonResponse, llamaCppBuilding } from '../test/fixtures'
 
 vi.mock('uplot', () => ({ default: class {} }))
 
@@ -81,5 +81,19 @@ describe('PlaygroundPage on a GPU', () => {
     await vi.waitFor(() => expect(posts).toContain('/api/playground/gpu-sessions/31/close'))
     expect(screen.getByRole('radio', { name: 'CPU (GGUF, llama.cpp)' })).toBeChecked()
     expect(screen.queryByTestId('gpu-session')).not.toBeInTheDocument()
+  })
+})
+
+describe('PlaygroundPage on the CPU', () => {
+  it('says chat waits for llama.cpp while it is built, and sends nothing', async () => {
+    const exported = { ...playgroundJob, tuned: { ...playgroundJob.base, gguf: 'run-q8_0.gguf' } }
+    vi.stubGlobal('fetch', vi.fn<typeof fetch>().mockImplementation(apiFetchMock({
+      '/api/playground/jobs': [exported], '/api/health': healthFixture({ llama_cpp: llamaCppBuilding }),
+    })))
+    render(<RouterProvider router={createMemoryRouter(routes, { initialEntries: ['/playground?job=7'] })} />)
+    expect(await screen.findByTestId('llama-cpp-notice')).toHaveTextContent(
+      'Chat on the CPU needs llama.cppllama.cpp is still being built (since 11:20 UTC); ready in a few minutes.')
+    fireEvent.change(screen.getByLabelText('Your message'), { target: { value: 'Hi?' } })
+    expect(screen.getByRole('button', { name: 'Send' })).toBeDisabled()
   })
 })

@@ -3,7 +3,9 @@ import { Link, useSearchParams } from 'react-router'
 import { postJson } from '../api'
 import { EmptyState } from '../components/EmptyState'
 import { ErrorNotice, Field, errorText } from '../components/Field'
+import { LlamaCppNotice } from '../components/LlamaCppNotice'
 import { PageHeader } from '../components/PageHeader'
+import { llamaCppWaiting, useHealth } from '../health'
 import { ChatColumn } from '../playground/ChatColumn'
 import { ask, busy, emptyChat, history, receive, type Chat } from '../playground/conversation'
 import { sessionOpen, sessionText, useGpuSession } from '../playground/gpuSession'
@@ -108,6 +110,7 @@ function ExportButton({ job, onQueued }: { job: PlaygroundJob; onQueued: () => v
 
 export function PlaygroundPage() {
   const jobs = useResource<PlaygroundJob[]>('/api/playground/jobs')
+  const health = useHealth()
   const [params, setParams] = useSearchParams()
   const [mode, setMode] = useState<Mode>('tuned')
   const [chat, setChat] = useState<Chat>(emptyChat)
@@ -132,6 +135,7 @@ export function PlaygroundPage() {
   const onGpu = where === 'gpu'
   const missing = job && !onGpu ? sides.filter((side) => !job[side].available) : []
   const gpuReady = !onGpu || sessionOpen(gpu.session)
+  const cpuReady = onGpu || llamaCppWaiting(health) === null
 
   const choose = (id: string) => {
     setParams(id ? { job: id } : {})
@@ -152,7 +156,7 @@ export function PlaygroundPage() {
   const send = (event: FormEvent) => {
     event.preventDefault()
     const text = question.trim()
-    if (!job || !text || answering || !gpuReady) return
+    if (!job || !text || answering || !gpuReady || !cpuReady) return
     const next = ask(chat, sides, text)
     setChat(next)
     setProblem(null)
@@ -230,6 +234,7 @@ export function PlaygroundPage() {
               )}
             </div>
           </div>
+          {!onGpu && <LlamaCppNotice title="Chat on the CPU needs llama.cpp" meanwhile="A GPU session needs no llama.cpp." />}
           <ErrorNotice error={socket.closeReason} />
           <ErrorNotice error={problem} />
           <form className="playground-compose" onSubmit={send}>
@@ -249,7 +254,7 @@ export function PlaygroundPage() {
             <button
               type="submit"
               className="button button--primary"
-              disabled={answering || missing.length > 0 || !gpuReady || !question.trim()}
+              disabled={answering || missing.length > 0 || !gpuReady || !cpuReady || !question.trim()}
             >
               Send
             </button>

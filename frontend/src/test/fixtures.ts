@@ -20,8 +20,17 @@ export function healthFixture(overrides: Partial<Health> = {}): Health {
         last_seen: '2026-11-29T12:00:00Z',
       },
     ],
+    llama_cpp: { state: 'ready', detail: 'llama.cpp is ready.', since: null, log: null },
     ...overrides,
   }
+}
+
+/** llama.cpp as /api/health reports it while `./lanner up` builds it in the background. */
+export const llamaCppBuilding = {
+  state: 'building' as const,
+  detail: 'llama.cpp is still being built (since 11:20 UTC); ready in a few minutes.',
+  since: '2026-12-02T11:20:00Z',
+  log: '/srv/lanner/data/logs/llama-cpp-build.log',
 }
 
 export function jsonResponse(body: unknown, status = 200, statusText = ''): Response {
