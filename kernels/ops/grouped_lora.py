@@ -48,6 +48,10 @@ class ExpertGroups:
     def num_experts(self) -> int:
         return self.starts.shape[0]
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors, in field order (for save_for_backward); ExpertGroups(*tensors, block_m) rebuilds it."""
+        return self.starts, self.ends, self.tile_expert, self.tile_start, self.tile_end
+
 
 def expert_groups(counts: torch.Tensor, rows: int, block_m: int | None = None) -> ExpertGroups:
     """The groups for `rows` rows sorted by expert, from the per-expert row counts [E] (on the device)."""
