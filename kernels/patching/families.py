@@ -21,6 +21,8 @@ FAMILIES = {
         Family("mistral"),
         Family("qwen2"),
         Family("qwen3"),
+        Family("qwen3_moe"),
+        Family("mixtral"),
         Family("gemma", gemma_norm=True),
         Family("gemma2", gemma_norm=True),
         Family("gemma3_text", gemma_norm=True),
