@@ -105,7 +105,9 @@ def _grouped_lora_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     xa = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    # The spare tiles of the grid's bound (start == end) skip the K loop; their stores are all masked.
+    k_end = tl.where(row_end > row_start, K, 0)
+    for k0 in range(0, k_end, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
         x = tl.load(X + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
@@ -266,7 +268,9 @@ class GroupedLoRAFunction(torch.autograd.Function):
         lora_A, lora_B = ctx.lora
         dy = dy.to(ctx.dtype).contiguous()
         dx, dyb = grouped_lora_input_grad(dy, ctx.groups, ctx.weight, lora_A, lora_B, ctx.scaling)
-        dA, dB = grouped_lora_factor_grads(x, dy, xa, dyb, ctx.groups, lora_A, lora_B, ctx.scaling)
+        dA = dB = None
+        if lora_A is not None:
+            dA, dB = grouped_lora_factor_grads(x, dy, xa, dyb, ctx.groups, lora_A, lora_B, ctx.scaling)
         return dx, None, None, dA, dB, None
 
 

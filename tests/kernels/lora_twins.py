@@ -32,6 +32,12 @@ FAMILIES = {
     "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, {}),
     # Phi-4-mini's partial rotary: 6 of each head's 12 dims rotate
     "phi3_partial": (tf.Phi3Config, tf.Phi3ForCausalLM, dict(partial_rotary_factor=0.5)),
+    # Mixtures of experts: 4 experts, top-2; the load-balancing loss on, so the patched loss must keep it.
+    "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM,
+                  dict(head_dim=16, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+                       norm_topk_prob=True, output_router_logits=True)),
+    "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM,
+                dict(num_local_experts=4, num_experts_per_tok=2, output_router_logits=True)),
 }
 
 
