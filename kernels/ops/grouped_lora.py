@@ -76,6 +76,17 @@ def expert_groups(counts: torch.Tensor, rows: int, block_m: int | None = None) -
 
 
 @triton.jit
+def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # UPCAST: Triton's CPU interpreter (3.9) computes bfloat16 dots wrongly; float32 operands give the
+    # same products (a bf16 x bf16 product is exact in float32) and float32 accumulation, as the GPU.
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return out
+
+
+@triton.jit
 def _grouped_lora_kernel(
     X, W, A, B, OUT, XA,
     TILE_EXPERT, TILE_START, TILE_END,
@@ -88,6 +99,7 @@ def _grouped_lora_kernel(
     stride_xam, stride_xar,
     HAS_LORA: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -114,17 +126,17 @@ def _grouped_lora_kernel(
                     mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(W + expert * stride_we + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
                     mask=k_mask[:, None] & col_mask[None, :], other=0.0).to(dtype)
-        acc = tl.dot(x, w, acc, input_precision=DOT_PRECISION)
+        acc = _dot(x, w, acc, DOT_PRECISION, UPCAST)
         if HAS_LORA:
             a = tl.load(A + expert * stride_ae + ks[:, None] * stride_ak + ranks[None, :] * stride_ar,
                         mask=k_mask[:, None] & rank_mask[None, :], other=0.0).to(dtype)
-            xa = tl.dot(x, a, xa, input_precision=DOT_PRECISION)
+            xa = _dot(x, a, xa, DOT_PRECISION, UPCAST)
     if HAS_LORA:
         # XA is rounded to the compute dtype before the rank-r product, as the dense path's is.
         xa_rounded = xa.to(dtype)
         b = tl.load(B + expert * stride_be + ranks[:, None] * stride_br + cols[None, :] * stride_bn,
                     mask=rank_mask[:, None] & col_mask[None, :], other=0.0).to(dtype)
-        acc += scaling * tl.dot(xa_rounded, b, input_precision=DOT_PRECISION)
+        acc += scaling * _dot(xa_rounded, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_PRECISION, UPCAST)
         if pid_n == 0:
             tl.store(XA + rows[:, None] * stride_xam + ranks[None, :] * stride_xar, xa_rounded,
                      mask=row_mask[:, None] & rank_mask[None, :])
@@ -140,6 +152,7 @@ def _grouped_rank_grad_kernel(
     stride_qm, stride_qn,
     stride_oe, stride_or, stride_on,
     DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     # OUT[e] = scaling * P_e^T @ Q_e over expert e's rows; an expert without rows gets zeros.
@@ -159,7 +172,7 @@ def _grouped_rank_grad_kernel(
                     mask=row_mask[:, None] & rank_mask[None, :], other=0.0)
         q = tl.load(Q + rows[:, None] * stride_qm + cols[None, :] * stride_qn,
                     mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-        acc = tl.dot(tl.trans(p), q, acc, input_precision=DOT_PRECISION)
+        acc = _dot(tl.trans(p), q, acc, DOT_PRECISION, UPCAST)
     tl.store(OUT + expert.to(tl.int64) * stride_oe + ranks[:, None] * stride_or + cols[None, :] * stride_on,
              (acc * scaling).to(OUT.dtype.element_ty), mask=rank_mask[:, None] & col_mask[None, :])
 
@@ -196,6 +209,7 @@ def _grouped_matmul(x, groups, w, w_strides, n, a=None, a_strides=None, b=None, 
         xa.stride(0), xa.stride(1),
         HAS_LORA=has_lora,
         DOT_PRECISION=_precision(x.dtype),
+        UPCAST=x.device.type != "cuda",
         BLOCK_M=groups.block_m, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K, BLOCK_R=block_r,
     )
     return out, (xa if has_lora else None)
@@ -235,6 +249,7 @@ def _grouped_rank_grad(p, q, groups: ExpertGroups, out, out_strides, scaling):
         q.stride(0), q.stride(1),
         *out_strides,
         DOT_PRECISION=_precision(p.dtype),
+        UPCAST=p.device.type != "cuda",
         BLOCK_M=groups.block_m, BLOCK_N=_BLOCK_N, BLOCK_R=_block_r(r),
     )
     return out

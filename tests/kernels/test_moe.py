@@ -25,9 +25,9 @@ def _small_row_tiles(monkeypatch):
     monkeypatch.setattr(grouped_lora, "BLOCK_M", 16)
 
 
-def _close(actual, expected):
-    atol = TOL * expected.abs().max().item()
-    torch.testing.assert_close(actual.double(), expected, rtol=TOL, atol=atol)
+def _close(actual, expected, tol=TOL):
+    atol = tol * expected.abs().max().item()
+    torch.testing.assert_close(actual.double(), expected, rtol=tol, atol=atol)
 
 
 def _peft_factors(num_experts, rank, out_features, in_features, device):
@@ -105,15 +105,20 @@ def _eager_experts(x, index, weights, gate_up, down, s, activation):
     return out
 
 
-@pytest.mark.parametrize("num_experts, k, skew, activation", [
-    (4, 1, "empty", "silu"), (4, 2, "all", "silu"), (8, 2, "empty", "gelu_tanh"), (8, 1, "all", "silu"),
+@pytest.mark.parametrize("num_experts, k, skew, activation, dtype", [
+    (4, 1, "empty", "silu", torch.float32), (4, 2, "all", "silu", torch.float32),
+    (8, 2, "empty", "gelu_tanh", torch.float32), (8, 1, "all", "silu", torch.float32),
+    (8, 2, "empty", "silu", torch.bfloat16),
 ])
-def test_lora_moe_experts_matches_eager_reference(num_experts, k, skew, activation, device):
+def test_lora_moe_experts_matches_eager_reference(num_experts, k, skew, activation, dtype, device):
+    """bfloat16: a bf16 model (input, routing weights and expert weights) with float32 LoRA factors, as
+    PEFT keeps them; the reference is float64 throughout, so the bound is bf16 rounding (3e-2)."""
     T, d, inter, r, s = 24, 32, 20, 4, 2.0
-    x = torch.randn(T, d, device=device, requires_grad=True)
+    x = torch.randn(T, d, device=device).to(dtype).requires_grad_()
     index, weights = _routing(T, num_experts, k, skew, device)
-    W_gu = torch.randn(num_experts, 2 * inter, d, device=device) / d ** 0.5
-    W_down = torch.randn(num_experts, d, inter, device=device) / inter ** 0.5
+    weights = weights.detach().to(dtype).requires_grad_()
+    W_gu = (torch.randn(num_experts, 2 * inter, d, device=device) / d ** 0.5).to(dtype)
+    W_down = (torch.randn(num_experts, d, inter, device=device) / inter ** 0.5).to(dtype)
     A_gu, B_gu = _peft_factors(num_experts, r, 2 * inter, d, device)
     A_down, B_down = _peft_factors(num_experts, r, d, inter, device)
     gate_up = ExpertProjection(W_gu, *_expert_views(A_gu, B_gu, num_experts), s)
@@ -127,9 +132,12 @@ def test_lora_moe_experts_matches_eager_reference(num_experts, k, skew, activati
     ref = _eager_experts(x64, index, w64, (W_gu.double(), *_expert_views(A_gu64, B_gu64, num_experts)),
                          (W_down.double(), *_expert_views(A_down64, B_down64, num_experts)), s, activation)
     ref.backward(dout.double())
-    _close(out, ref.detach())
+    tol = TOL if dtype == torch.float32 else 3e-2
+    assert out.dtype == dtype
+    _close(out, ref.detach(), tol)
     for leaf, ref_leaf in zip(leaves, refs, strict=True):
-        _close(leaf.grad, ref_leaf.grad)
+        assert leaf.grad.dtype == leaf.dtype
+        _close(leaf.grad, ref_leaf.grad, tol)
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
