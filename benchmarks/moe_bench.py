@@ -8,7 +8,8 @@ layer: the routed experts of one layer (random routing from a random router, bf1
 and down), forward + backward, triton.testing.do_bench medians: lanner.kernels' grouped path
 (`lora_moe_experts`) against PEFT's ParamWrapper on transformers' experts (grouped_mm: W + B A is
 built for every expert each call) and against transformers' per-expert loop (eager); and the bf16
-output and gradients of ours against a float32 eager reference (relative Frobenius error).
+output and gradients of ours against a float32 eager reference (relative Frobenius error), next to
+PEFT's grouped_mm bf16 error.
 
 step MODE: hf (PEFT target_parameters on transformers' grouped_mm experts), hf_eager (its per-expert
 loop), lanner (get_lora_model), unsloth (FastLanguageModel, when unsloth is importable; it loads from
@@ -20,6 +21,7 @@ count of LoRA parameters (so that a peer that silently skipped the experts shows
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -105,46 +107,54 @@ def layer_bench(args) -> dict:
         block = Block().to(torch.bfloat16)
         for p in block.experts.parameters():
             torch.nn.init.normal_(p, std=0.02)
-        block = get_peft_model(block, LoraConfig(r=args.rank, lora_alpha=args.rank, target_parameters=EXPERT_PARAMETERS))
+        block = get_peft_model(block, LoraConfig(r=args.rank, lora_alpha=args.rank,
+                                                 target_parameters=EXPERT_PARAMETERS))
         with torch.no_grad():
             for name, p in block.named_parameters():
                 if "lora_B" in name:
                     p.normal_(std=0.02)
-        x = torch.randn(args.tokens, config.hidden_size, dtype=torch.bfloat16).requires_grad_()
+        x = torch.randn(args.tokens, config.hidden_size, dtype=torch.bfloat16)
         dout = torch.randn_like(x)
-    experts_module = block.base_model.model.experts
+    top_k_weights = None
     with torch.no_grad():
         _, top_k_weights, top_k_index = router(x)
-    top_k_weights = top_k_weights.detach().requires_grad_()
-    experts, wrappers = _unwrap(experts_module)
-    activation = "silu"
 
-    def ours():
+    def inputs(dtype):
+        return x.detach().to(dtype).requires_grad_(), top_k_weights.detach().to(dtype).requires_grad_()
+
+    def ours(module, h, w):
+        experts, wrappers = _unwrap(module)
         gate_up, down = (_projection(experts, name, wrappers.get(name)) for name in ("gate_up_proj", "down_proj"))
-        return lora_moe_experts(x, top_k_index, top_k_weights, gate_up, down, activation)
+        return lora_moe_experts(h, top_k_index, w, gate_up, down, "silu")
 
     def peft(implementation):
-        def run():
-            experts.config._experts_implementation = implementation
-            return experts_module(x, top_k_index, top_k_weights)
+        def run(module, h, w):
+            _unwrap(module)[0].config._experts_implementation = implementation
+            return module(h, top_k_index, w)
         return run
 
-    def grads(fn):
-        for t in (x, top_k_weights, *(p for p in block.parameters() if p.requires_grad)):
-            t.grad = None
-        out = fn()
-        out.backward(dout)
-        return [out] + [t.grad.clone() for t in (x, top_k_weights, *(p for p in block.parameters() if p.requires_grad))]
+    def outputs_and_grads(fn, model, dtype):
+        h, w = inputs(dtype)
+        lora = [p for p in model.parameters() if p.requires_grad]
+        for p in lora:
+            p.grad = None
+        out = fn(model.base_model.model.experts, h, w)
+        out.backward(dout.to(dtype))
+        return [out, h.grad, w.grad] + [p.grad.clone() for p in lora]
 
-    reference = grads(peft("eager"))
-    ours_out = grads(ours)
-    # output, dx, d(routing weights), then the LoRA gradients (gate_up A, B, down A, B)
-    results["rel_err_bf16_vs_peft_eager"] = [round(rel(a, b), 5) for a, b in zip(ours_out, reference)]
+    # output, dx, d(routing weights), then the LoRA gradients; relative to transformers' per-expert loop in
+    # float32 (the same weights, upcast)
+    reference = outputs_and_grads(peft("eager"), copy.deepcopy(block).float(), torch.float32)
+    for name, fn in (("lanner", ours), ("peft_grouped_mm", peft("grouped_mm"))):
+        results[f"{name}_rel_err_bf16"] = [round(rel(a, b), 5)
+                                          for a, b in zip(outputs_and_grads(fn, block, torch.bfloat16), reference)]
     if args.device != "cuda":
         return results
+    h, w = inputs(torch.bfloat16)
+    experts_module = block.base_model.model.experts
 
     def step(fn):
-        return lambda: fn().backward(dout)
+        return lambda: fn(experts_module, h, w).backward(dout)
 
     for name, fn in (("lanner", ours), ("peft_grouped_mm", peft("grouped_mm")), ("peft_eager", peft("eager"))):
         torch.cuda.reset_peak_memory_stats()
@@ -238,8 +248,9 @@ def step_bench(args) -> dict:
 
 def run_all(args) -> None:
     lines = []
+    unsloth_missing = subprocess.run([sys.executable, "-c", "import unsloth"], capture_output=True).returncode
     for mode in STEP_MODES:
-        if mode == "unsloth" and subprocess.run([sys.executable, "-c", "import unsloth"], capture_output=True).returncode:
+        if mode == "unsloth" and unsloth_missing:
             lines.append(dict(mode=mode, error="unsloth is not importable"))
             continue
         command = [sys.executable, __file__, "step", mode, "--shape", args.shape, "--seq", str(args.seq),
