@@ -180,7 +180,7 @@ def test_gpt_oss_experts_fall_back_in_words():
 
 
 def test_unadapted_experts_stay_on_transformers_with_a_log_line(caplog, device):
-    plain, _ = twins("qwen3_moe", device=device, target_modules=["q_proj", "v_proj"], target_parameters=None)
+    plain, _ = twins("qwen3_moe", device=device, target_modules=["q_proj", "v_proj"])
     with caplog.at_level(logging.INFO, logger="lanner.kernels"):
         report = patch_model(copy.deepcopy(plain))
     assert report.active and "moe_experts" not in report.patched
