@@ -11,7 +11,7 @@ with gate and up one concatenated projection per expert (gate_up [E, 2I, d], gat
 2. gate_up: one grouped LoRA GEMM over the sorted rows (ops/grouped_lora.py);
 3. the GLU kernel (ops/glu.py) on its two halves;
 4. down: one grouped LoRA GEMM;
-5. each row weighted by its routing weight in float32 and summed back per token.
+5. each row weighted by its routing weight and summed back per token in float32.
 
 Saved for backward: the block input (T rows, gathered again by expert in backward), the sort order,
 and the sorted rows' gate_up output and the two (rows x r) rank-r products. The activation and the
@@ -59,11 +59,11 @@ def sort_by_expert(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.T
 
 
 def _unsort_sum(rows: torch.Tensor, order: torch.Tensor, tokens: int) -> torch.Tensor:
-    """Per-token sums of sorted rows [S, n] (float32): a gather by the inverse order and a sum over the
-    k slots, deterministic (no atomics), as transformers' grouped_mm path does."""
+    """Per-token sums of sorted rows [S, n], accumulated in float32: a gather by the inverse order and a
+    sum over the k slots, deterministic (no atomics), as transformers' grouped_mm path does."""
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel(), device=order.device)
-    return rows[inverse].view(tokens, -1, rows.shape[-1]).float().sum(1)
+    return rows[inverse].view(tokens, -1, rows.shape[-1]).sum(1, dtype=torch.float32)
 
 
 class LoRAMoEExpertsFunction(torch.autograd.Function):
@@ -80,8 +80,9 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         h = glu(gate, up, activation)
         y, ha = grouped_lora_forward(h, groups, down.weight, down.lora_A, down.lora_B, down.scaling)
         del h
-        weights = top_k_weights.reshape(-1)[order].float()
-        out = _unsort_sum(y.float().mul_(weights[:, None]), order, tokens)
+        # Weighted in place (the product in float32, rounded once to the compute dtype, as transformers'
+        # y * w): the down output is not needed again.
+        out = _unsort_sum(y.mul_(top_k_weights.reshape(-1)[order].float()[:, None]), order, tokens)
         ctx.save_for_backward(x2, top_k_weights, order, gu, xa_gu, ha, *groups.tensors())
         ctx.block_m, ctx.activation, ctx.projections = groups.block_m, activation, (gate_up, down)
         ctx.hidden_shape, ctx.hidden_dtype = hidden.shape, hidden.dtype
