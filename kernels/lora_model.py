@@ -50,10 +50,11 @@ def get_lora_model(
 
     model_or_path: a loaded causal LM, or a model id/path for AutoModelForCausalLM.from_pretrained
     (with model_kwargs; dtype defaults to "auto"). target_modules use Llama's names; for Phi-3 they
-    are mapped to its fused qkv_proj / gate_up_proj; for an MoE family (Qwen3-MoE, Mixtral) gate/up/down
-    also target the experts' stacked weights (PEFT target_parameters, unless given).
-    gradient_checkpointing uses the non-reentrant form. Extra keyword arguments go to peft.LoraConfig. An unsupported model, or use_kernels=False,
-    gives plain PEFT (logged once). The saved adapter is an ordinary PEFT adapter.
+    are mapped to its fused qkv_proj / gate_up_proj; for an MoE family (Qwen3-MoE, Mixtral)
+    gate/up/down also target the experts' stacked weights (PEFT target_parameters, unless given).
+    gradient_checkpointing uses the non-reentrant form. Extra keyword arguments go to
+    peft.LoraConfig. An unsupported model, or use_kernels=False, gives plain PEFT (logged once). The
+    saved adapter is an ordinary PEFT adapter.
 
     load_in_4bit: QLoRA. Every linear layer but lm_head becomes an NF4Linear (bitsandbytes' NF4
     storage, block size 64, double-quantised absmax): a loaded model is quantised where it lives; a

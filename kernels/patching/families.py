@@ -62,7 +62,8 @@ def family_target_parameters(family: Family | None, target_modules) -> list[str]
     """PEFT target_parameters for the experts of an MoE family whose MLP projections are targeted."""
     if family is None or not family.moe or isinstance(target_modules, str):
         return []
-    return list(dict.fromkeys(MOE_TARGET_PARAMETERS[name] for name in target_modules if name in MOE_TARGET_PARAMETERS))
+    names = (MOE_TARGET_PARAMETERS[name] for name in target_modules if name in MOE_TARGET_PARAMETERS)
+    return list(dict.fromkeys(names))
 
 
 def _gelu_tanh_classes():

@@ -45,8 +45,8 @@ def _causal_lm_forward(model: nn.Module, *args, **kwargs):
     backbone_kwargs = {key: value for key, value in kwargs.items() if key not in _HEAD_ONLY_ARGS}
     is_moe = hasattr(model, "router_aux_loss_coef")
     if is_moe:
-        backbone_kwargs["output_router_logits"] = kwargs.get("output_router_logits",
-                                                             model.config.output_router_logits)
+        requested = kwargs.get("output_router_logits")
+        backbone_kwargs["output_router_logits"] = model.config.output_router_logits if requested is None else requested
     outputs = getattr(model, model.base_model_prefix)(**backbone_kwargs)
 
     hidden = outputs.last_hidden_state
