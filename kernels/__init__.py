@@ -29,6 +29,8 @@ _EXPORTS = {
     "quantize_model": ".quant",
     "save_4bit": ".quant",
     "MLPStash": ".lora",
+    "ExpertProjection": ".moe",
+    "lora_moe_experts": ".moe",
     "pack_samples": ".packing",
     "install_memory_engine": ".memory",
     "memory_engine_of": ".memory",

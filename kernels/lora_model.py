@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from .memory import install_memory_engine
 from .patching import patch_model
-from .patching.families import family_of, family_target_modules
+from .patching.families import family_of, family_target_modules, family_target_parameters
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -50,9 +50,11 @@ def get_lora_model(
 
     model_or_path: a loaded causal LM, or a model id/path for AutoModelForCausalLM.from_pretrained
     (with model_kwargs; dtype defaults to "auto"). target_modules use Llama's names; for Phi-3 they
-    are mapped to its fused qkv_proj / gate_up_proj. gradient_checkpointing uses the non-reentrant
-    form. Extra keyword arguments go to peft.LoraConfig. An unsupported model, or use_kernels=False,
-    gives plain PEFT (logged once). The saved adapter is an ordinary PEFT adapter.
+    are mapped to its fused qkv_proj / gate_up_proj; for an MoE family (Qwen3-MoE, Mixtral)
+    gate/up/down also target the experts' stacked weights (PEFT target_parameters, unless given).
+    gradient_checkpointing uses the non-reentrant form. Extra keyword arguments go to
+    peft.LoraConfig. An unsupported model, or use_kernels=False, gives plain PEFT (logged once). The
+    saved adapter is an ordinary PEFT adapter.
 
     load_in_4bit: QLoRA. Every linear layer but lm_head becomes an NF4Linear (bitsandbytes' NF4
     storage, block size 64, double-quantised absmax): a loaded model is quantised where it lives; a
@@ -70,10 +72,13 @@ def get_lora_model(
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+    family = family_of(model)
+    if "target_parameters" not in peft_kwargs:
+        peft_kwargs["target_parameters"] = family_target_parameters(family, target_modules) or None
     config = LoraConfig(
         r=r,
         lora_alpha=lora_alpha,
-        target_modules=family_target_modules(family_of(model), target_modules),
+        target_modules=family_target_modules(family, target_modules),
         lora_dropout=lora_dropout,
         task_type="CAUSAL_LM",
         **peft_kwargs,

@@ -6,6 +6,7 @@ bias, a frozen dense base. Anything else runs PEFT's own forward.
 from __future__ import annotations
 
 from peft.tuners.lora import LoraLayer
+from peft.tuners.lora.layer import ParamWrapper
 from torch import nn
 
 from .lora import LoRAProjection, supports_base_layer
@@ -24,8 +25,22 @@ def _frozen_base_blocker(base: nn.Module) -> str | None:
     return None
 
 
+def _frozen_parameter_blocker(wrapper: ParamWrapper) -> str | None:
+    """A LoRA on a parameter (target_parameters, e.g. the stacked expert weights of an MoE)."""
+    base = wrapper.get_base_layer()
+    param = wrapper.get_param()
+    if hasattr(base, "_hf_hook"):
+        return "base layer is dispatched by accelerate hooks"
+    if param.requires_grad:
+        return f"base {wrapper.parameter_name} is trainable"
+    if param.device.type == "meta":
+        return f"base {wrapper.parameter_name} is offloaded"
+    return None
+
+
 def fast_path_blocker(module: nn.Module) -> str | None:
-    """Why `module` (a projection, adapted or not) cannot run on the LoRA kernels now; None when it can."""
+    """Why `module` (a projection, adapted or not, or a LoRA on an expert weight) cannot run on the LoRA
+    kernels now; None when it can."""
     if not isinstance(module, LoraLayer):
         return _frozen_base_blocker(module)
     if module._forward_pre_hooks or module._forward_hooks:
@@ -46,6 +61,8 @@ def fast_path_blocker(module: nn.Module) -> str | None:
         return "LoRA bias"
     if not isinstance(module.lora_A[name], nn.Linear):
         return f"LoRA factor type {type(module.lora_A[name]).__name__}"
+    if isinstance(module, ParamWrapper):
+        return _frozen_parameter_blocker(module)
     return _frozen_base_blocker(module.get_base_layer())
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from contextlib import contextmanager
 
 import psutil
 import torch
@@ -119,7 +120,8 @@ class MemoryEngine:
 
         run = LayerRun(MLPStash(("gate", "up")), skip_mlp_output=False)
         x = hidden_states.detach().requires_grad_(hidden_states.requires_grad)
-        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), run.contexts()[0]:
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), run.contexts()[0], \
+                _outputs_not_recorded():
             forward(x, *args)
         stash = run.mlp_stash.take() or {}
         kept = [t for value in stash.values() for t in (value if isinstance(value, tuple) else (value,))]
@@ -142,6 +144,23 @@ class MemoryEngine:
         if device.type == "cuda":
             return torch.cuda.memory_allocated(device) + missing
         return sum(p.numel() * p.element_size() for p in params) + missing
+
+
+@contextmanager
+def _outputs_not_recorded():
+    """transformers records layer outputs (an MoE router's logits for the load-balancing loss, hidden
+    states) through hooks while the model's forward runs; the measuring forward must not add a second
+    copy of the first layer's."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # a transformers without output capturing records nothing here
+        yield
+        return
+    token = _active_collector.set(None)
+    try:
+        yield
+    finally:
+        _active_collector.reset(token)
 
 
 def host_memory_available() -> int:

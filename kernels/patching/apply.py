@@ -15,6 +15,7 @@ from .binding import is_patched, unbind_forward
 from .families import FAMILIES, Family, family_of
 from .loss import patch_causal_lm_loss
 from .mlp import patch_mlp
+from .moe import patch_moe_experts
 from .norms import is_rms_norm, patch_rms_norm
 
 logger = logging.getLogger("lanner.kernels")
@@ -58,8 +59,9 @@ def _projection_blocker(model: nn.Module) -> str | None:
 def patch_model(model: nn.Module) -> PatchReport:
     """Puts a (PEFT-wrapped or plain) Hugging Face causal LM's hot paths on the kernels, in place.
 
-    RMSNorms, the decoder layers' attention (q/k/v/o projections and RoPE) and MLP blocks, and the
-    loss. Returns what was patched; an unsupported model is left untouched and logged once.
+    RMSNorms, the decoder layers' attention (q/k/v/o projections and RoPE), MLP blocks, LoRA-adapted
+    mixture-of-experts experts, and the loss. Returns what was patched; an unsupported model is left
+    untouched and logged once.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     family = family_of(base)
@@ -69,6 +71,7 @@ def patch_model(model: nn.Module) -> PatchReport:
         return PatchReport(fallback_reason=reason)
 
     report = PatchReport(family=family.name)
+    moe_fallbacks = set()
     for module in base.modules():
         if is_rms_norm(module):
             patch_rms_norm(module, family.gemma_norm)
@@ -76,7 +79,14 @@ def patch_model(model: nn.Module) -> PatchReport:
     for layer in getattr(base, base.base_model_prefix).layers:
         if hasattr(layer, "self_attn") and patch_attention(layer.self_attn):
             report.patched["attention"] += 1
-        if hasattr(layer, "mlp") and patch_mlp(layer.mlp):
+        mlp = getattr(layer, "mlp", None)
+        if mlp is not None and hasattr(mlp, "experts"):
+            reason = patch_moe_experts(mlp.experts)
+            if reason is None:
+                report.patched["moe_experts"] += 1
+            else:
+                moe_fallbacks.add(reason)
+        elif mlp is not None and patch_mlp(mlp):
             report.patched["mlp"] += 1
     if patch_causal_lm_loss(base):
         report.patched["loss"] += 1
@@ -87,6 +97,8 @@ def patch_model(model: nn.Module) -> PatchReport:
             logger.warning("lanner.kernels: attention implementation %r kept (ours replaces %s)",
                            base.config._attn_implementation, "sdpa, eager, flex and flash")
 
+    for reason in sorted(moe_fallbacks):
+        logger.warning("lanner.kernels: MoE experts run on transformers' forward (%s)", reason)
     blocker = _projection_blocker(base)
     if blocker is not None:
         logger.warning("lanner.kernels: LoRA projections run on PEFT's forward (%s); norms, RoPE and loss run on kernels", blocker)

@@ -12,6 +12,9 @@ class Family:
     gemma_norm: bool = False
     # Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj.
     fused_projections: bool = False
+    # Mixture of experts: each expert's gate/up and down are slices of stacked 3D weights, which PEFT
+    # adapts through target_parameters.
+    moe: bool = False
 
 
 FAMILIES = {
@@ -21,6 +24,8 @@ FAMILIES = {
         Family("mistral"),
         Family("qwen2"),
         Family("qwen3"),
+        Family("qwen3_moe", moe=True),
+        Family("mixtral", moe=True),
         Family("gemma", gemma_norm=True),
         Family("gemma2", gemma_norm=True),
         Family("gemma3_text", gemma_norm=True),
@@ -35,6 +40,12 @@ FUSED_TARGET_NAMES = {
 }
 
 
+# The MLP targets under the stacked expert weights' names (gate and up are one concatenated weight).
+MOE_TARGET_PARAMETERS = {
+    "gate_proj": "experts.gate_up_proj", "up_proj": "experts.gate_up_proj", "down_proj": "experts.down_proj",
+}
+
+
 def family_of(model: nn.Module) -> Family | None:
     return FAMILIES.get(getattr(model.config, "model_type", None))
 
@@ -44,6 +55,14 @@ def family_target_modules(family: Family | None, target_modules):
     if family is None or not family.fused_projections or isinstance(target_modules, str):
         return target_modules
     names = [FUSED_TARGET_NAMES.get(name, name) for name in target_modules]
+    return list(dict.fromkeys(names))
+
+
+def family_target_parameters(family: Family | None, target_modules) -> list[str]:
+    """PEFT target_parameters for the experts of an MoE family whose MLP projections are targeted."""
+    if family is None or not family.moe or isinstance(target_modules, str):
+        return []
+    names = (MOE_TARGET_PARAMETERS[name] for name in target_modules if name in MOE_TARGET_PARAMETERS)
     return list(dict.fromkeys(names))
 
 

@@ -4,9 +4,11 @@ With labels, in training, the (tokens x vocab) logits are never built: the outpu
 and no logits. Without labels, or in eval (where callers may want the logits), the model's own
 forward runs.
 """
+import sys
+
 import torch.nn.functional as F
 from torch import nn
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
 from ..ops.fused_linear_ce import fused_linear_cross_entropy
 from .binding import bind_forward, plain_forward
@@ -14,6 +16,14 @@ from .binding import bind_forward, plain_forward
 IGNORE_INDEX = -100
 # Arguments that only the head uses; everything else goes to the backbone as the model's forward does.
 _HEAD_ONLY_ARGS = ("labels", "shift_labels", "num_items_in_batch", "logits_to_keep")
+
+
+def _router_aux_loss(model: nn.Module, outputs, attention_mask):
+    """An MoE model's load-balancing loss, by the model's own modeling module's function, as its forward
+    computes it (router logits recorded from every layer's router)."""
+    modeling = sys.modules[type(model).__module__]
+    return modeling.load_balancing_loss_func(outputs.router_logits, model.num_experts, model.num_experts_per_tok,
+                                             attention_mask)
 
 
 def _can_fuse(model: nn.Module, args, kwargs) -> bool:
@@ -33,6 +43,10 @@ def _causal_lm_forward(model: nn.Module, *args, **kwargs):
     labels, shift_labels = kwargs["labels"], kwargs.get("shift_labels")
     num_items_in_batch = kwargs.get("num_items_in_batch")
     backbone_kwargs = {key: value for key, value in kwargs.items() if key not in _HEAD_ONLY_ARGS}
+    is_moe = hasattr(model, "router_aux_loss_coef")
+    if is_moe:
+        requested = kwargs.get("output_router_logits")
+        backbone_kwargs["output_router_logits"] = model.config.output_router_logits if requested is None else requested
     outputs = getattr(model, model.base_model_prefix)(**backbone_kwargs)
 
     hidden = outputs.last_hidden_state
@@ -48,6 +62,13 @@ def _causal_lm_forward(model: nn.Module, *args, **kwargs):
         num_items_in_batch=num_items_in_batch,
         softcap=getattr(model.config, "final_logit_softcapping", None),
     )
+    if is_moe:
+        aux_loss = None
+        if backbone_kwargs["output_router_logits"]:
+            aux_loss = _router_aux_loss(model, outputs, kwargs.get("attention_mask"))
+            loss = loss + model.router_aux_loss_coef * aux_loss
+        return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, hidden_states=outputs.hidden_states,
+                                         attentions=outputs.attentions, router_logits=outputs.router_logits)
     return CausalLMOutputWithPast(loss=loss, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 

@@ -33,10 +33,19 @@ FAMILIES = {
     # Phi-4-mini's partial rotary: 6 of each head's 12 dims rotate
     "phi3_partial": (tf.Phi3Config, tf.Phi3ForCausalLM, dict(partial_rotary_factor=0.5)),
 }
+# Mixtures of experts (test_moe.py), apart so that the per-family tests of the dense families do not
+# run them again: 4 experts, top-2; the load-balancing loss on, so the patched loss must keep it.
+MOE_FAMILIES = {
+    "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM,
+                  dict(head_dim=16, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+                       norm_topk_prob=True, output_router_logits=True)),
+    "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM,
+                dict(num_local_experts=4, num_experts_per_tok=2, output_router_logits=True)),
+}
 
 
 def tiny_model(family: str, dtype=torch.float32, device="cpu", seed=0, **overrides):
-    config_cls, model_cls, extra = FAMILIES[family]
+    config_cls, model_cls, extra = {**FAMILIES, **MOE_FAMILIES}[family]
     torch.manual_seed(seed)
     # eager attention: transformers' reference (its sdpa path drops Gemma 2's attention soft-capping)
     model = model_cls(config_cls(**{**TINY, **extra, **overrides}, attn_implementation="eager"))

@@ -1,0 +1,143 @@
+"""Mixture-of-experts MLPs with LoRA on the experts, as one autograd function over grouped GEMMs.
+
+For tokens routed to top-k experts (the family's own router runs before, and its logits feed
+transformers' auxiliary load-balancing loss as usual), `lora_moe_experts` computes what transformers'
+experts modules compute,
+    out[t] = sum over the token's k experts e of  w[t, e] * down_e(act(gate_e(x_t)) * up_e(x_t)),
+with gate and up one concatenated projection per expert (gate_up [E, 2I, d], gate first):
+
+1. the T * k (token, expert) assignments are sorted by expert (a stable sort; counts by scatter-add,
+   so nothing waits on the device);
+2. gate_up: one grouped LoRA GEMM over the sorted rows (ops/grouped_lora.py);
+3. the GLU kernel (ops/glu.py) on its two halves;
+4. down: one grouped LoRA GEMM;
+5. each row weighted by its routing weight and summed back per token in float32.
+
+Saved for backward: the block input (T rows, gathered again by expert in backward), the sort order,
+and the sorted rows' gate_up output and the two (rows x r) rank-r products. The activation and the
+down projection's output are not kept: backward recomputes the activation from gate_up (and writes
+it over the down gradient, as the dense MLP does). The routing weights get their gradient as
+<dout[t], down_e(h)> = <dh_e, h>, from the activation gradient before it is weighted, so the down
+output never has to exist in backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .lora import compute_dtype
+from .ops.glu import GLU_ACTIVATIONS, glu, glu_backward_in_place
+from .ops.grouped_lora import (
+    ExpertGroups,
+    expert_groups,
+    grouped_lora_factor_grads,
+    grouped_lora_forward,
+    grouped_lora_input_grad,
+)
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertProjection:
+    """One projection of every expert: a frozen weight [E, out, in] and, when adapted, LoRA factors
+    lora_A [E, r, in] and lora_B [E, out, r] (any strides: views of PEFT's 2D weights)."""
+
+    weight: torch.Tensor
+    lora_A: torch.Tensor | None = None
+    lora_B: torch.Tensor | None = None
+    scaling: float = 1.0
+
+
+def sort_by_expert(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, ExpertGroups]:
+    """(order, groups): sorted row i is the flattened (token, slot) assignment order[i], so its token is
+    order[i] // k; groups says which rows belong to which expert."""
+    flat = top_k_index.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    return order, expert_groups(counts, flat.numel())
+
+
+def _unsort_sum(rows: torch.Tensor, order: torch.Tensor, tokens: int) -> torch.Tensor:
+    """Per-token sums of sorted rows [S, n], accumulated in float32: a gather by the inverse order and a
+    sum over the k slots, deterministic (no atomics), as transformers' grouped_mm path does."""
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return rows[inverse].view(tokens, -1, rows.shape[-1]).sum(1, dtype=torch.float32)
+
+
+class LoRAMoEExpertsFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, top_k_weights, top_k_index, dtype, activation, gate_up, down, *lora_weights):
+        tokens, k = top_k_index.shape
+        x2 = hidden.reshape(tokens, -1).to(dtype)
+        order, groups = sort_by_expert(top_k_index, gate_up.weight.shape[0])
+        x_sorted = x2[order // k]
+        gu, xa_gu = grouped_lora_forward(x_sorted, groups, gate_up.weight, gate_up.lora_A, gate_up.lora_B,
+                                         gate_up.scaling)
+        del x_sorted
+        gate, up = gu.chunk(2, dim=-1)
+        h = glu(gate, up, activation)
+        y, ha = grouped_lora_forward(h, groups, down.weight, down.lora_A, down.lora_B, down.scaling)
+        del h
+        # Weighted in place (the product in float32, rounded once to the compute dtype, as transformers'
+        # y * w): the down output is not needed again.
+        out = _unsort_sum(y.mul_(top_k_weights.reshape(-1)[order].float()[:, None]), order, tokens)
+        ctx.save_for_backward(x2, top_k_weights, order, gu, xa_gu, ha, *groups.tensors())
+        ctx.block_m, ctx.activation, ctx.projections = groups.block_m, activation, (gate_up, down)
+        ctx.hidden_shape, ctx.hidden_dtype = hidden.shape, hidden.dtype
+        return out.to(hidden.dtype).view(hidden.shape)
+
+    @staticmethod
+    def backward(ctx, dout):
+        x2, top_k_weights, order, gu, xa_gu, ha, *group_tensors = ctx.saved_tensors
+        groups = ExpertGroups(*group_tensors, ctx.block_m)
+        gate_up, down = ctx.projections
+        tokens, k = top_k_weights.shape
+        token_of_row = order // k
+        weights = top_k_weights.reshape(-1)[order].float()[:, None]
+
+        dout_sorted = dout.reshape(tokens, -1).to(x2.dtype)[token_of_row]
+        # dh before the routing weight (linear in dout), whose dot with h is the weight's gradient.
+        dh, dyb = grouped_lora_input_grad(dout_sorted, groups, down.weight, down.lora_A, down.lora_B, down.scaling)
+        gate, up = gu.chunk(2, dim=-1)
+        h = glu(gate, up, ctx.activation)
+        d_weights_sorted = (dh.float() * h.float()).sum(-1)
+        dh.mul_(weights)
+        grads_down = (None, None)
+        if down.lora_A is not None:
+            dy = dout_sorted.float().mul_(weights).to(x2.dtype)
+            dyb.mul_(weights)
+            grads_down = grouped_lora_factor_grads(h, dy, ha, dyb, groups, down.lora_A, down.lora_B, down.scaling)
+            del dy
+        del h, dout_sorted, dyb
+        glu_backward_in_place(dh, gate, up, ctx.activation)  # gu now holds d_gate | d_up
+        del dh
+        dx_sorted, dgub = grouped_lora_input_grad(gu, groups, gate_up.weight, gate_up.lora_A, gate_up.lora_B,
+                                                  gate_up.scaling)
+        grads_gate_up = (None, None)
+        if gate_up.lora_A is not None:
+            grads_gate_up = grouped_lora_factor_grads(x2[token_of_row], gu, xa_gu, dgub, groups, gate_up.lora_A,
+                                                      gate_up.lora_B, gate_up.scaling)
+        dx = _unsort_sum(dx_sorted, order, tokens).to(ctx.hidden_dtype).view(ctx.hidden_shape)
+        d_top_k_weights = torch.empty_like(d_weights_sorted)
+        d_top_k_weights[order] = d_weights_sorted
+        d_top_k_weights = d_top_k_weights.view(tokens, k).to(top_k_weights.dtype)
+        lora_grads = [g for g, p in zip((*grads_gate_up, *grads_down), _lora_inputs(gate_up, down)) if p is not None]
+        return (dx, d_top_k_weights, None, None, None, None, None, *lora_grads)
+
+
+def _lora_inputs(gate_up: ExpertProjection, down: ExpertProjection):
+    return gate_up.lora_A, gate_up.lora_B, down.lora_A, down.lora_B
+
+
+def lora_moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                     gate_up: ExpertProjection, down: ExpertProjection, activation: str) -> torch.Tensor:
+    """The routed experts' output [T, d] for hidden [T, d], top_k_index [T, k] (expert ids) and
+    top_k_weights [T, k] (gradients flow to hidden, the routing weights and the LoRA factors).
+    gate_up: gate and up concatenated (gate first); activation: "silu", "gelu" or "gelu_tanh"."""
+    if activation not in GLU_ACTIVATIONS:
+        raise ValueError(f"unknown GLU activation {activation!r}; expected one of {GLU_ACTIVATIONS}")
+    lora_weights = [t for t in _lora_inputs(gate_up, down) if t is not None]
+    return LoRAMoEExpertsFunction.apply(hidden, top_k_weights, top_k_index, compute_dtype(hidden), activation,
+                                        gate_up, down, *lora_weights)

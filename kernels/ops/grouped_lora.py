@@ -1,0 +1,295 @@
+"""Grouped LoRA GEMMs over rows sorted by expert (mixture-of-experts projections).
+
+Rows of X are grouped by expert: expert e owns rows [starts[e], ends[e]). For every expert at once,
+in one launch,
+    Y_e = X_e @ W_e^T + s * (X_e @ A_e^T) @ B_e^T
+with W [E, out, in] frozen and A [E, r, in], B [E, out, r] trainable (any strides: PEFT's expert
+factors are views of its 2D weights). The launch grid is (row tiles, output-column tiles); each row
+tile belongs to one expert (tiles never straddle two experts), read from small per-tile tables
+built from the per-expert counts without a host sync. Each program accumulates X_e @ W_e^T and,
+in the same K loop, X_e @ A_e^T (r extra columns: r / BLOCK_N more FLOPs), then adds the rank-r
+term s * XA @ B_e^T into its accumulator before the one store: the output is written once. The
+column-tile-0 programs also store XA (rows x r), which backward needs.
+
+Backward (no per-expert Python loop): dX = dY @ W_e + s * (dY @ B_e) @ A_e is the same kernel on
+transposed strides (its rank-r side product dY @ B_e is stored too), and dA_e = s * (dY B_e)^T X_e,
+dB_e = s * dY_e^T (X_e A_e^T) are one launch each of a per-expert reduction over the expert's rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._utils import new_output
+
+# Rows per tile; tiles never cross an expert boundary. Tests may shrink it.
+BLOCK_M = 64
+_BLOCK_N, _BLOCK_K = 64, 64
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertGroups:
+    """Rows grouped by expert: expert e's rows are [starts[e], ends[e]) of the sorted rows, and row
+    tile t (of BLOCK_M rows at most) covers [tile_start[t], tile_end[t]) of expert tile_expert[t].
+    There are cdiv(rows, BLOCK_M) + experts tiles, an upper bound known without a device-to-host
+    sync; the unused ones are empty (start == end)."""
+
+    starts: torch.Tensor
+    ends: torch.Tensor
+    tile_expert: torch.Tensor
+    tile_start: torch.Tensor
+    tile_end: torch.Tensor
+    block_m: int
+
+    @property
+    def num_experts(self) -> int:
+        return self.starts.shape[0]
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors, in field order (for save_for_backward); ExpertGroups(*tensors, block_m) rebuilds it."""
+        return self.starts, self.ends, self.tile_expert, self.tile_start, self.tile_end
+
+
+def expert_groups(counts: torch.Tensor, rows: int, block_m: int | None = None) -> ExpertGroups:
+    """The groups for `rows` rows sorted by expert, from the per-expert row counts [E] (on the device)."""
+    block_m = block_m or BLOCK_M
+    counts = counts.to(torch.int64)
+    ends = counts.cumsum(0)
+    starts = ends - counts
+    tiles = (counts + block_m - 1) // block_m
+    tile_ends = tiles.cumsum(0)
+    num_tiles = triton.cdiv(rows, block_m) + counts.shape[0]
+    t = torch.arange(num_tiles, device=counts.device)
+    expert = torch.searchsorted(tile_ends, t, right=True)
+    valid = expert < counts.shape[0]
+    expert = expert.clamp(max=counts.shape[0] - 1)
+    tile_start = starts[expert] + (t - (tile_ends - tiles)[expert]) * block_m
+    tile_end = torch.minimum(tile_start + block_m, ends[expert])
+    tile_start = torch.where(valid, tile_start, 0)
+    tile_end = torch.where(valid, tile_end, 0)
+    int32 = torch.int32
+    return ExpertGroups(starts.to(int32), ends.to(int32), expert.to(int32), tile_start.to(int32),
+                        tile_end.to(int32), block_m)
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # UPCAST: Triton's CPU interpreter (3.9) computes bfloat16 dots wrongly; float32 operands give the
+    # same products (a bf16 x bf16 product is exact in float32) and float32 accumulation, as the GPU.
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return out
+
+
+@triton.jit
+def _grouped_lora_kernel(
+    X, W, A, B, OUT, XA,
+    TILE_EXPERT, TILE_START, TILE_END,
+    N, K, R, scaling,
+    stride_xm, stride_xk,
+    stride_we, stride_wn, stride_wk,
+    stride_ae, stride_ar, stride_ak,
+    stride_be, stride_bn, stride_br,
+    stride_om, stride_on,
+    stride_xam, stride_xar,
+    HAS_LORA: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(TILE_EXPERT + pid_m).to(tl.int64)
+    row_start = tl.load(TILE_START + pid_m).to(tl.int64)
+    row_end = tl.load(TILE_END + pid_m).to(tl.int64)
+    rows = row_start + tl.arange(0, BLOCK_M)
+    row_mask = rows < row_end
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ranks = tl.arange(0, BLOCK_R)
+    rank_mask = ranks < R
+    dtype = X.dtype.element_ty
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    xa = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    # The spare tiles of the grid's bound (start == end) skip the K loop; their stores are all masked.
+    k_end = tl.where(row_end > row_start, K, 0)
+    for k0 in range(0, k_end, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_mask = ks < K
+        x = tl.load(X + rows[:, None] * stride_xm + ks[None, :] * stride_xk,
+                    mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        w = tl.load(W + expert * stride_we + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
+                    mask=k_mask[:, None] & col_mask[None, :], other=0.0).to(dtype)
+        acc = _dot(x, w, acc, DOT_PRECISION, UPCAST)
+        if HAS_LORA:
+            a = tl.load(A + expert * stride_ae + ks[:, None] * stride_ak + ranks[None, :] * stride_ar,
+                        mask=k_mask[:, None] & rank_mask[None, :], other=0.0).to(dtype)
+            xa = _dot(x, a, xa, DOT_PRECISION, UPCAST)
+    if HAS_LORA:
+        # XA is rounded to the compute dtype before the rank-r product, as the dense path's is.
+        xa_rounded = xa.to(dtype)
+        b = tl.load(B + expert * stride_be + ranks[:, None] * stride_br + cols[None, :] * stride_bn,
+                    mask=rank_mask[:, None] & col_mask[None, :], other=0.0).to(dtype)
+        acc += scaling * _dot(xa_rounded, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_PRECISION, UPCAST)
+        if pid_n == 0:
+            tl.store(XA + rows[:, None] * stride_xam + ranks[None, :] * stride_xar, xa_rounded,
+                     mask=row_mask[:, None] & rank_mask[None, :])
+    tl.store(OUT + rows[:, None] * stride_om + cols[None, :] * stride_on, acc.to(OUT.dtype.element_ty),
+             mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _grouped_rank_grad_kernel(
+    P, Q, OUT, STARTS, ENDS,
+    N, R, scaling,
+    stride_pm, stride_pr,
+    stride_qm, stride_qn,
+    stride_oe, stride_or, stride_on,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    # OUT[e] = scaling * P_e^T @ Q_e over expert e's rows; an expert without rows gets zeros.
+    expert = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    start = tl.load(STARTS + expert)
+    end = tl.load(ENDS + expert)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ranks = tl.arange(0, BLOCK_R)
+    rank_mask = ranks < R
+    acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+    for m0 in range(start, end, BLOCK_M):
+        rows = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+        row_mask = rows < end
+        p = tl.load(P + rows[:, None] * stride_pm + ranks[None, :] * stride_pr,
+                    mask=row_mask[:, None] & rank_mask[None, :], other=0.0)
+        q = tl.load(Q + rows[:, None] * stride_qm + cols[None, :] * stride_qn,
+                    mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+        acc = _dot(tl.trans(p), q, acc, DOT_PRECISION, UPCAST)
+    tl.store(OUT + expert.to(tl.int64) * stride_oe + ranks[:, None] * stride_or + cols[None, :] * stride_on,
+             (acc * scaling).to(OUT.dtype.element_ty), mask=rank_mask[:, None] & col_mask[None, :])
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # float32 inputs: exact products (as torch's float32 matmul without TF32); others ignore it.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _block_r(r: int) -> int:
+    return max(16, triton.next_power_of_2(r))
+
+
+def _grouped_matmul(x, groups, w, w_strides, n, a=None, a_strides=None, b=None, b_strides=None, rank=0, scaling=1.0):
+    """OUT[rows of e] = x_e @ W'_e^T + s * (x_e @ A'_e^T) @ B'_e^T and XA = x_e @ A'_e^T, where W'_e
+    [n, k], A'_e [r, k], B'_e [n, r] are read through the given (expert, first, second) strides."""
+    rows, k = x.shape
+    out = new_output((rows, n), x.dtype, x.device)
+    has_lora = a is not None
+    xa = new_output((rows, rank), x.dtype, x.device) if has_lora else out
+    if rows == 0:
+        return out, (xa if has_lora else None)
+    block_r = _block_r(rank) if has_lora else 16
+    grid = (groups.tile_expert.shape[0], triton.cdiv(n, _BLOCK_N))
+    _grouped_lora_kernel[grid](
+        x, w, a if has_lora else w, b if has_lora else w, out, xa,
+        groups.tile_expert, groups.tile_start, groups.tile_end,
+        n, k, rank, float(scaling),
+        x.stride(0), x.stride(1),
+        *w_strides,
+        *(a_strides if has_lora else (0, 0, 0)),
+        *(b_strides if has_lora else (0, 0, 0)),
+        out.stride(0), out.stride(1),
+        xa.stride(0), xa.stride(1),
+        HAS_LORA=has_lora,
+        DOT_PRECISION=_precision(x.dtype),
+        UPCAST=x.device.type != "cuda",
+        BLOCK_M=groups.block_m, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K, BLOCK_R=block_r,
+    )
+    return out, (xa if has_lora else None)
+
+
+def grouped_lora_forward(x, groups: ExpertGroups, weight, lora_A, lora_B, scaling):
+    """(Y, XA) for rows x sorted by expert: Y = x_e W_e^T + s (x_e A_e^T) B_e^T; XA = x_e A_e^T
+    (None without LoRA). weight [E, out, in]; lora_A [E, r, in]; lora_B [E, out, r]; any strides."""
+    w_strides = (weight.stride(0), weight.stride(1), weight.stride(2))
+    if lora_A is None:
+        return _grouped_matmul(x, groups, weight, w_strides, weight.shape[1])
+    return _grouped_matmul(x, groups, weight, w_strides, weight.shape[1],
+                           lora_A, (lora_A.stride(0), lora_A.stride(1), lora_A.stride(2)),
+                           lora_B, (lora_B.stride(0), lora_B.stride(1), lora_B.stride(2)), lora_A.shape[1], scaling)
+
+
+def grouped_lora_input_grad(dy, groups: ExpertGroups, weight, lora_A, lora_B, scaling):
+    """(dX, dY B) for rows dy sorted by expert: dX = dy_e W_e + s (dy_e B_e) A_e, one launch; the
+    rank-r side product dy_e B_e (None without LoRA) gives dA."""
+    # W'_e = W_e^T, A'_e = B_e^T, B'_e = A_e^T: the forward kernel on swapped strides.
+    w_strides = (weight.stride(0), weight.stride(2), weight.stride(1))
+    if lora_A is None:
+        return _grouped_matmul(dy, groups, weight, w_strides, weight.shape[2])
+    return _grouped_matmul(dy, groups, weight, w_strides, weight.shape[2],
+                           lora_B, (lora_B.stride(0), lora_B.stride(2), lora_B.stride(1)),
+                           lora_A, (lora_A.stride(0), lora_A.stride(2), lora_A.stride(1)), lora_A.shape[1], scaling)
+
+
+def _grouped_rank_grad(p, q, groups: ExpertGroups, out, out_strides, scaling):
+    """out[e] (viewed [E, r, n] through out_strides) = s * p_e^T @ q_e over expert e's rows."""
+    r, n = p.shape[1], q.shape[1]
+    grid = (groups.num_experts, triton.cdiv(n, _BLOCK_N))
+    _grouped_rank_grad_kernel[grid](
+        p, q, out, groups.starts, groups.ends,
+        n, r, float(scaling),
+        p.stride(0), p.stride(1),
+        q.stride(0), q.stride(1),
+        *out_strides,
+        DOT_PRECISION=_precision(p.dtype),
+        UPCAST=p.device.type != "cuda",
+        BLOCK_M=groups.block_m, BLOCK_N=_BLOCK_N, BLOCK_R=_block_r(r),
+    )
+    return out
+
+
+def grouped_lora_factor_grads(x, dy, xa, dyb, groups: ExpertGroups, lora_A, lora_B, scaling):
+    """(dA, dB) shaped and strided like lora_A [E, r, in] and lora_B [E, out, r], in their dtypes:
+    dA_e = s (dy_e B_e)^T x_e and dB_e = s dy_e^T (x_e A_e^T)."""
+    dA = torch.empty_strided(lora_A.shape, lora_A.stride(), dtype=lora_A.dtype, device=lora_A.device)
+    dB = torch.empty_strided(lora_B.shape, lora_B.stride(), dtype=lora_B.dtype, device=lora_B.device)
+    _grouped_rank_grad(dyb, x, groups, dA, (dA.stride(0), dA.stride(1), dA.stride(2)), scaling)
+    _grouped_rank_grad(xa, dy, groups, dB, (dB.stride(0), dB.stride(2), dB.stride(1)), scaling)
+    return dA, dB
+
+
+class GroupedLoRAFunction(torch.autograd.Function):
+    """One grouped LoRA projection over rows sorted by expert; gradients for x, A and B (W is frozen)."""
+
+    @staticmethod
+    def forward(ctx, x, groups, weight, lora_A, lora_B, scaling):
+        dtype = x.dtype
+        y, xa = grouped_lora_forward(x, groups, weight, lora_A, lora_B, scaling)
+        ctx.save_for_backward(x, xa)
+        ctx.groups, ctx.weight, ctx.lora, ctx.scaling = groups, weight, (lora_A, lora_B), scaling
+        ctx.dtype = dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, xa = ctx.saved_tensors
+        lora_A, lora_B = ctx.lora
+        dy = dy.to(ctx.dtype).contiguous()
+        dx, dyb = grouped_lora_input_grad(dy, ctx.groups, ctx.weight, lora_A, lora_B, ctx.scaling)
+        dA = dB = None
+        if lora_A is not None:
+            dA, dB = grouped_lora_factor_grads(x, dy, xa, dyb, ctx.groups, lora_A, lora_B, ctx.scaling)
+        return dx, None, None, dA, dB, None
+
+
+def grouped_lora(x, groups: ExpertGroups, weight, lora_A, lora_B, scaling: float):
+    """Y = x_e W_e^T + scaling * (x_e A_e^T) B_e^T for rows x [S, in] sorted by expert (see
+    expert_groups); weight [E, out, in] frozen, lora_A [E, r, in] and lora_B [E, out, r] trainable."""
+    return GroupedLoRAFunction.apply(x, groups, weight, lora_A, lora_B, scaling)

@@ -1,0 +1,196 @@
+"""Mixture-of-experts LoRA: the grouped GEMM, the experts function and the patched MoE families against
+eager per-expert references (float64) and plain PEFT."""
+import copy
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers as tf
+from peft import LoraConfig, get_peft_model
+
+from lanner.kernels.moe import ExpertProjection, lora_moe_experts
+from lanner.kernels.ops import grouped_lora
+from lanner.kernels.patching import patch_model
+from lanner.kernels.patching.moe import moe_experts_blocker
+from lora_twins import lora_grads, max_relative_error, token_batches, twins
+from test_convergence import assert_same_training
+
+TOL = 2e-5  # float32 kernels against float64 references, relative to the largest element
+
+
+@pytest.fixture(autouse=True)
+def _small_row_tiles(monkeypatch):
+    # Rows per tile: small, so that experts span several tiles and tiles end mid-tile at tiny sizes.
+    monkeypatch.setattr(grouped_lora, "BLOCK_M", 16)
+
+
+def _close(actual, expected, tol=TOL):
+    atol = tol * expected.abs().max().item()
+    torch.testing.assert_close(actual.double(), expected, rtol=tol, atol=atol)
+
+
+def _peft_factors(num_experts, rank, out_features, in_features, device):
+    """LoRA factors laid out as PEFT's ParamWrapper keeps them: A [E*r, in], B [out, r*E]."""
+    A = torch.randn(num_experts * rank, in_features, device=device).requires_grad_()
+    B = torch.randn(out_features, rank * num_experts, device=device).requires_grad_()
+    return A, B
+
+
+def _expert_views(A, B, num_experts):
+    """The per-expert views the kernels read: A [E, r, in], B [E, out, r]."""
+    rank = A.shape[0] // num_experts
+    return A.view(num_experts, rank, A.shape[1]), B.view(B.shape[0], rank, num_experts).permute(2, 0, 1)
+
+
+def _leaves64(*tensors):
+    return [t.detach().double().requires_grad_() for t in tensors]
+
+
+# counts per expert: an expert with no rows, one with all, tiles ending inside an expert.
+@pytest.mark.parametrize("counts", [[0, 30, 3, 7], [0, 0, 0, 0, 40, 0, 0, 0], [17, 1, 16, 6]])
+@pytest.mark.parametrize("adapted", [True, False])
+def test_grouped_lora_matches_per_expert_reference(counts, adapted, device):
+    E, r, d_in, d_out, s = len(counts), 4, 40, 48, 0.5
+    rows = sum(counts)
+    groups = grouped_lora.expert_groups(torch.tensor(counts, device=device), rows)
+    x = torch.randn(rows, d_in, device=device, requires_grad=True)
+    W = torch.randn(E, d_out, d_in, device=device)
+    A, B = _peft_factors(E, r, d_out, d_in, device)
+    lora = _expert_views(A, B, E) if adapted else (None, None)
+    y = grouped_lora.grouped_lora(x, groups, W, *lora, s)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+
+    x64, A64, B64 = _leaves64(x, A, B)
+    A64e, B64e = _expert_views(A64, B64, E)
+    ends = torch.tensor(counts).cumsum(0).tolist()
+    parts = []
+    for e, (start, end) in enumerate(zip([0, *ends[:-1]], ends)):
+        xe = x64[start:end]
+        ye = xe @ W[e].double().t()
+        parts.append(ye + s * (xe @ A64e[e].t()) @ B64e[e].t() if adapted else ye)
+    ref = torch.cat(parts)
+    ref.backward(dy.double())
+    _close(y, ref.detach())
+    _close(x.grad, x64.grad)
+    if adapted:
+        _close(A.grad, A64.grad)
+        _close(B.grad, B64.grad)
+
+
+def _routing(tokens, num_experts, k, skew, device):
+    """(top_k_index, top_k_weights) from softmax/top-k of random logits; skew "empty": expert 0 never
+    chosen; "all": expert 0 is every token's first choice."""
+    logits = torch.randn(tokens, num_experts, device=device)
+    if skew == "empty":
+        logits[:, 0] = -30.0
+    elif skew == "all":
+        logits[:, 0] = 30.0
+    probs = torch.softmax(logits, dim=-1)
+    weights, index = torch.topk(probs, k, dim=-1)
+    return index, (weights / weights.sum(-1, keepdim=True)).detach().requires_grad_()
+
+
+def _eager_experts(x, index, weights, gate_up, down, s, activation):
+    """transformers' per-expert loop (Qwen3MoeExperts.forward), with LoRA added to each expert's weights."""
+    act = {"silu": F.silu, "gelu_tanh": lambda g: F.gelu(g, approximate="tanh")}[activation]
+    out = torch.zeros_like(x)
+    for e in range(gate_up[0].shape[0]):
+        tokens, slot = torch.where(index == e)
+        gu = x[tokens] @ (gate_up[0][e] + s * gate_up[2][e] @ gate_up[1][e]).t()
+        gate, up = gu.chunk(2, dim=-1)
+        y = (act(gate) * up) @ (down[0][e] + s * down[2][e] @ down[1][e]).t()
+        out = out.index_add(0, tokens, y * weights[tokens, slot, None])
+    return out
+
+
+@pytest.mark.parametrize("num_experts, k, skew, activation, dtype", [
+    (4, 1, "empty", "silu", torch.float32), (4, 2, "all", "silu", torch.float32),
+    (8, 2, "empty", "gelu_tanh", torch.float32), (8, 1, "all", "silu", torch.float32),
+    (8, 2, "empty", "silu", torch.bfloat16),
+])
+def test_lora_moe_experts_matches_eager_reference(num_experts, k, skew, activation, dtype, device):
+    """bfloat16: a bf16 model (input, routing weights and expert weights) with float32 LoRA factors, as
+    PEFT keeps them; the reference is float64 throughout, so the bound is bf16 rounding (3e-2)."""
+    T, d, inter, r, s = 24, 32, 20, 4, 2.0
+    x = torch.randn(T, d, device=device).to(dtype).requires_grad_()
+    index, weights = _routing(T, num_experts, k, skew, device)
+    weights = weights.detach().to(dtype).requires_grad_()
+    W_gu = (torch.randn(num_experts, 2 * inter, d, device=device) / d ** 0.5).to(dtype)
+    W_down = (torch.randn(num_experts, d, inter, device=device) / inter ** 0.5).to(dtype)
+    A_gu, B_gu = _peft_factors(num_experts, r, 2 * inter, d, device)
+    A_down, B_down = _peft_factors(num_experts, r, d, inter, device)
+    gate_up = ExpertProjection(W_gu, *_expert_views(A_gu, B_gu, num_experts), s)
+    down = ExpertProjection(W_down, *_expert_views(A_down, B_down, num_experts), s)
+    out = lora_moe_experts(x, index, weights, gate_up, down, activation)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+
+    leaves = (x, weights, A_gu, B_gu, A_down, B_down)
+    x64, w64, A_gu64, B_gu64, A_down64, B_down64 = refs = _leaves64(*leaves)
+    ref = _eager_experts(x64, index, w64, (W_gu.double(), *_expert_views(A_gu64, B_gu64, num_experts)),
+                         (W_down.double(), *_expert_views(A_down64, B_down64, num_experts)), s, activation)
+    ref.backward(dout.double())
+    tol = TOL if dtype == torch.float32 else 3e-2
+    assert out.dtype == dtype
+    _close(out, ref.detach(), tol)
+    for leaf, ref_leaf in zip(leaves, refs, strict=True):
+        assert leaf.grad.dtype == leaf.dtype
+        _close(leaf.grad, ref_leaf.grad, tol)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_tiny_moe_model_matches_plain_peft(family, caplog, device):
+    with caplog.at_level(logging.INFO, logger="lanner.kernels"):
+        plain, fast = twins(family, device=device)
+    assert "'moe_experts': 2" in caplog.text
+    ids = token_batches(1, 2, 8, plain.config.vocab_size, device=device)[0]
+    out_plain, out_fast = plain(input_ids=ids, labels=ids), fast(input_ids=ids, labels=ids)
+    assert out_plain.aux_loss is not None  # the load-balancing loss is part of both losses
+    torch.testing.assert_close(out_fast.aux_loss, out_plain.aux_loss, rtol=1e-5, atol=0)
+    torch.testing.assert_close(out_fast.loss, out_plain.loss, rtol=1e-5, atol=0)
+    out_plain.loss.backward()
+    out_fast.loss.backward()
+    grads = lora_grads(fast)
+    assert any("experts" in name for name in grads)
+    assert max_relative_error(grads, lora_grads(plain)) < 1e-4
+
+
+def test_tiny_qwen3_moe_trains_like_plain_peft(device):
+    plain, fast = twins("qwen3_moe", device=device, gradient_checkpointing=True)
+    # One batch three times (the interpreter is slow): the loss still falls by more than 0.05.
+    batches = token_batches(1, 1, 6, plain.config.vocab_size, device=device) * 3
+    assert_same_training(plain, fast, batches, lr=1e-2)
+
+
+def test_gpt_oss_experts_fall_back_in_words():
+    config = tf.GptOssConfig(hidden_size=16, intermediate_size=8, num_local_experts=4, num_experts_per_tok=2,
+                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    experts = tf.models.gpt_oss.modeling_gpt_oss.GptOssExperts(config)
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.experts = experts
+
+    holder = get_peft_model(Holder(), LoraConfig(r=2, target_parameters=["experts.gate_up_proj"]))
+    reason = moe_experts_blocker(holder.base_model.model.experts)
+    assert "transposed weights" in reason and "expert biases" in reason and "interleaved gate/up" in reason
+
+
+def test_unadapted_experts_stay_on_transformers_with_a_log_line(caplog, device):
+    plain, _ = twins("qwen3_moe", device=device, target_modules=["q_proj", "v_proj"])
+    with caplog.at_level(logging.INFO, logger="lanner.kernels"):
+        report = patch_model(copy.deepcopy(plain))
+    assert report.active and "moe_experts" not in report.patched
+    assert "Qwen3MoeExperts is not LoRA-adapted" in caplog.text
+
+
+def test_disabled_adapter_runs_the_base_experts(device):
+    plain, fast = twins("qwen3_moe", device=device)
+    ids = token_batches(1, 1, 8, plain.config.vocab_size, device=device)[0]
+    fast.eval()
+    plain.eval()
+    with fast.disable_adapter(), plain.disable_adapter(), torch.no_grad():
+        torch.testing.assert_close(fast(input_ids=ids).logits, plain(input_ids=ids).logits)
