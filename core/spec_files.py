@@ -65,8 +65,9 @@ def load_yaml(text: str | bytes) -> Any:
             raise SpecFileError("The file is not UTF-8 text.") from None
     if len(text.encode("utf-8")) > MAX_YAML_BYTES:
         raise SpecFileError(f"The file is over {MAX_YAML_BYTES // 1024} KiB; a job spec is a few hundred bytes.")
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # refuses control characters here
         node = loader.get_single_node()
         if node is None:
             raise SpecFileError("The file is empty.")
@@ -77,7 +78,8 @@ def load_yaml(text: str | bytes) -> Any:
     except RecursionError:
         raise SpecFileError(f"The file nests deeper than {MAX_YAML_DEPTH} levels.") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _check_size(root: yaml.Node) -> None:

@@ -69,7 +69,7 @@ def parse_config(body: ConfigParse, _: User = Depends(current_user)) -> ParsedCo
 
 
 @router.get("/api/jobs/{job_id}/config", response_class=Response, responses={
-    200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+    200: {"content": {"application/yaml": {"schema": {"type": "object"}}, "text/plain": {"schema": {"type": "string"}}},
           "description": "The spec as a YAML file, or as a shell command that queues it again"}, **errors(404, 409)})
 def job_config(job_id: PathId, request: Request, format: Literal["yaml", "command"] = "yaml",
                _: User = Depends(current_user), session: Session = Depends(get_db)) -> Response:

@@ -202,6 +202,7 @@ def test_a_dataset_id_given_apart_completes_the_spec():
     ("a: &x [*x]\n", "deeper"),
     ("x: " + "y" * MAX_YAML_BYTES + "\n", "KiB"),
     (b"method: \xff\xfe\n", "UTF-8"),
+    ("method: \x1f\n", "not valid YAML"),
 ])
 def test_bad_files_are_refused_in_words(text, words):
     with pytest.raises(SpecFileError, match=words):

@@ -74,3 +74,10 @@ def test_lanner_submit_uploads_queues_and_follows_the_job(stack, tmp_path):
     job_id = int(run.stdout.split("Job ", 1)[1].split()[0])
     job = client.get(f"/api/jobs/{job_id}").json()
     assert job["status"] == "succeeded" and job["config"]["lora"]["rank"] == 2
+
+    export = lanner("export", job_id, "--url", stack.url, "--token", token, "--no-gguf", "--no-merged",
+                    "--no-verify", env=stack.env)
+    assert export.returncode == 0, export.stdout + export.stderr
+    export_id = int(export.stdout.split("Job ", 1)[1].split()[0])
+    assert f"Job {export_id} succeeded" in export.stdout
+    assert client.get(f"/api/jobs/{export_id}").json()["config"]["export"]["gguf_types"] == []

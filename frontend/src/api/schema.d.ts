@@ -2617,6 +2617,7 @@ export interface operations {
       /** @description The spec as a YAML file, or as a shell command that queues it again */
       200: {
         content: {
+          "application/yaml": Record<string, never>;
           "text/plain": string;
         };
       };
