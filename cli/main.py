@@ -114,13 +114,9 @@ def main(argv: list[str] | None = None) -> None:
 
         raise SystemExit(submit(args.config, args.url, args.token, args.dataset, args.dataset_id))
     elif args.command == "export":
-        from lanner.cli.remote import export
+        from lanner.cli.remote import export, export_options
 
-        options = {key: False for key, off in (("adapter", args.no_adapter), ("merged", args.no_merged),
-                                               ("verify", args.no_verify)) if off}
-        if args.no_gguf or args.gguf:
-            options["gguf_types"] = [] if args.no_gguf else args.gguf
-        raise SystemExit(export(args.job, args.url, args.token, options))
+        raise SystemExit(export(args.job, args.url, args.token, export_options(args)))
 
 
 def _claim_a_gpu(settings) -> str:

@@ -89,6 +89,15 @@ def submit(config: Path, url: str, token: str | None, dataset: Path | None, data
     return studio.follow(studio.call("POST", "/api/jobs", json=spec))
 
 
+def export_options(args) -> dict[str, Any]:
+    """The export body of `lanner export`'s flags: only what they change; the studio's defaults otherwise."""
+    options: dict[str, Any] = {key: False for key, off in (("adapter", args.no_adapter), ("merged", args.no_merged),
+                                                           ("verify", args.no_verify)) if off}
+    if args.no_gguf or args.gguf:
+        options["gguf_types"] = [] if args.no_gguf else args.gguf
+    return options
+
+
 def export(job_id: int, url: str, token: str | None, options: dict[str, Any]) -> int:
     studio = Studio(url, token)
     return studio.follow(studio.call("POST", f"/api/jobs/{job_id}/export", json=options))

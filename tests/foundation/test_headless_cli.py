@@ -2,6 +2,7 @@
 `lanner submit` queues a spec file on a running studio and follows the job to its end."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -75,9 +76,19 @@ def test_lanner_submit_uploads_queues_and_follows_the_job(stack, tmp_path):
     job = client.get(f"/api/jobs/{job_id}").json()
     assert job["status"] == "succeeded" and job["config"]["lora"]["rank"] == 2
 
-    export = lanner("export", job_id, "--url", stack.url, "--token", token, "--no-gguf", "--no-merged",
-                    "--no-verify", env=stack.env)
-    assert export.returncode == 0, export.stdout + export.stderr
-    export_id = int(export.stdout.split("Job ", 1)[1].split()[0])
-    assert f"Job {export_id} succeeded" in export.stdout
-    assert client.get(f"/api/jobs/{export_id}").json()["config"]["export"]["gguf_types"] == []
+    # An export follows its job as submit does; here only what is its own: the flags, and a refusal in words.
+    missing = lanner("export", 999_999, "--url", stack.url, "--token", token, env=stack.env)
+    assert missing.returncode == 1 and "(404)" in missing.stderr and "No job 999999" in missing.stderr
+
+
+def test_export_flags_send_only_what_they_change():
+    from lanner.cli.remote import export_options
+
+    def flags(types=None, **off):  # as argparse gives them: --gguf T (repeated), --no-X
+        return argparse.Namespace(gguf=types, **{f"no_{name}": off.get(name, False)
+                                                 for name in ("adapter", "merged", "verify", "gguf")})
+
+    assert export_options(flags()) == {}
+    assert export_options(flags(["q4_k_m", "f16"], merged=True)) == {"merged": False, "gguf_types": ["q4_k_m", "f16"]}
+    assert export_options(flags(gguf=True, adapter=True, verify=True)) == {"adapter": False, "verify": False,
+                                                                           "gguf_types": []}
