@@ -38,7 +38,8 @@ def train(config: Path, dataset: Path, out: Path) -> int:
     signal.signal(signal.SIGTERM, process.on_sigterm)
     code = run_process(process)
     process.events.printer.close()
-    for item in artifacts_dir(settings.data_dir, job_id).iterdir():
+    written = artifacts_dir(settings.data_dir, job_id)
+    for item in written.iterdir() if written.is_dir() else ():  # none when it failed before training
         shutil.move(str(item), str(out / item.name))
     if code == 0:
         print(f"Done: {', '.join(sorted(str(out / p.name) for p in out.iterdir() if p.name != RUN_DIR))}")

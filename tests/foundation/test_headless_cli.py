@@ -54,6 +54,9 @@ def test_lanner_train_writes_the_adapter_and_prints_the_events(tmp_path):
     (tmp_path / "bad.yaml").write_text("method: lora\nmodel: builtin/SmolLM2-135M-Instruct\nlora: {rank: 0}\n")
     bad = lanner("train", tmp_path / "bad.yaml", "--dataset", rows, "--out", tmp_path / "other", env=env)
     assert bad.returncode != 0 and "lora.rank: Input should be greater than or equal to 1" in bad.stderr
+    (tmp_path / "pairs.jsonl").write_text(json.dumps({"prompt": "a", "chosen": "b", "rejected": "c"}) + "\n")
+    wrong = lanner("train", spec, "--dataset", tmp_path / "pairs.jsonl", "--out", tmp_path / "pairs", env=env)
+    assert wrong.returncode == 1 and "this method needs sft rows" in wrong.stderr  # the worker's reason, as it says it
 
 
 def test_lanner_submit_uploads_queues_and_follows_the_job(stack, tmp_path):
