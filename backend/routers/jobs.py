@@ -74,11 +74,13 @@ def parse_config(body: ConfigParse, _: User = Depends(current_user)) -> ParsedCo
 def job_config(job_id: PathId, request: Request, format: Literal["yaml", "command"] = "yaml",
                _: User = Depends(current_user), session: Session = Depends(get_db)) -> Response:
     """A training job's spec as a Lanner YAML file (`lanner submit`, `lanner train` and the new-job
-    page read it), or as a command line that writes that file and submits it to this studio."""
+    page read it), or as a command line that writes that file and submits it to this studio. Without
+    `resume_from`: a job queued from it starts from the beginning."""
     job = jobs.get_job(session, job_id)
     if job.kind != JobKind.train:
         raise UserError(409, f"Job {job_id} is an {job.kind} job; only a training job has a spec")
-    spec = load_spec(job.config).model_dump(mode="json")
+    # resume_from names a checkpoint of this job's family; a job queued from the file starts afresh (as a clone)
+    spec = load_spec(job.config).model_dump(mode="json", exclude={"resume_from"})
     name = f"job-{job.id}.yaml"
     if format == "yaml":
         return Response(spec_files.dump_yaml(spec), media_type="application/yaml",

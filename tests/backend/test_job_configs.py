@@ -17,6 +17,7 @@ def test_a_jobs_yaml_parses_back_and_queues_the_same_spec(team):
     download = team.bob.get(f"/api/jobs/{job['id']}/config")  # anyone on the team may read it
     assert download.status_code == 200, download.text
     assert download.headers["content-disposition"] == f'attachment; filename="job-{job["id"]}.yaml"'
+    assert "resume_from" not in download.text  # a checkpoint of this job: a job made from the file starts afresh
     parsed = team.bob.post("/api/jobs/config/parse", json={"text": download.text}).json()
     assert parsed["source"] == "lanner" and parsed["valid"] and parsed["errors"] == [] and parsed["unmapped"] == []
     assert parsed["spec"] == job["config"]

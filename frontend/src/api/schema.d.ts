@@ -86,7 +86,8 @@ export interface paths {
     /**
      * Job Config
      * @description A training job's spec as a Lanner YAML file (`lanner submit`, `lanner train` and the new-job
-     * page read it), or as a command line that writes that file and submits it to this studio.
+     * page read it), or as a command line that writes that file and submits it to this studio. Without
+     * `resume_from`: a job queued from it starts from the beginning.
      */
     get: operations["job_config_api_jobs__job_id__config_get"];
   };
@@ -2602,7 +2603,8 @@ export interface operations {
   /**
    * Job Config
    * @description A training job's spec as a Lanner YAML file (`lanner submit`, `lanner train` and the new-job
-   * page read it), or as a command line that writes that file and submits it to this studio.
+   * page read it), or as a command line that writes that file and submits it to this studio. Without
+   * `resume_from`: a job queued from it starts from the beginning.
    */
   job_config_api_jobs__job_id__config_get: {
     parameters: {
