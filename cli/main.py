@@ -1,5 +1,5 @@
 """The `lanner` command: up (the whole studio), api, worker, migrate, import-default-model, admin,
-build-llama-cpp."""
+build-llama-cpp; train (one job here, headless), submit and export (on a running studio)."""
 from __future__ import annotations
 
 import argparse
@@ -30,6 +30,32 @@ def main(argv: list[str] | None = None) -> None:
     admin_actions.add_parser("promote", help="make EMAIL an active admin").add_argument("email")
     admin_actions.add_parser("reset-password", help="set EMAIL's password (asked for, or the first line of "
                                                     "standard input) and end their sessions").add_argument("email")
+    train = commands.add_parser("train", help="train one job in the foreground on this machine, without the studio")
+    train.add_argument("config", type=Path, help="a job spec YAML (a job page's 'Download YAML'), or an Axolotl "
+                                                 "or LLaMA-Factory config")
+    train.add_argument("--dataset", type=Path, required=True, help="the dataset file (.jsonl, .json, .csv, ...)")
+    train.add_argument("--out", type=Path, default=Path("lanner-out"),
+                       help="a new or empty folder for the adapter or model and the checkpoints (default: lanner-out)")
+    studio = argparse.ArgumentParser(add_help=False)
+    studio.add_argument("--url", default=os.environ.get("LANNER_URL", "http://127.0.0.1:8000"),
+                        help="the studio (default: LANNER_URL or http://127.0.0.1:8000)")
+    studio.add_argument("--token", default=os.environ.get("LANNER_TOKEN"),
+                        help="an API token (default: LANNER_TOKEN)")
+    submit = commands.add_parser("submit", parents=[studio],
+                                 help="queue a job spec YAML on a running studio and follow it until it ends")
+    submit.add_argument("config", type=Path)
+    data = submit.add_mutually_exclusive_group()
+    data.add_argument("--dataset", type=Path, help="upload this dataset file and train on it")
+    data.add_argument("--dataset-id", type=int, help="train on this dataset of the studio (default: the spec's)")
+    export = commands.add_parser("export", parents=[studio],
+                                 help="export a finished training job on a running studio and follow it until it ends")
+    export.add_argument("job", type=int, help="the training job's id")
+    export.add_argument("--gguf", action="append", metavar="TYPE",
+                        help="a GGUF type (q8_0, q4_k_m, f16, ...); repeat for several (default: q8_0)")
+    export.add_argument("--no-gguf", action="store_true", help="no GGUF file")
+    export.add_argument("--no-adapter", action="store_true", help="no adapter in PEFT's layout")
+    export.add_argument("--no-merged", action="store_true", help="no merged 16-bit model")
+    export.add_argument("--no-verify", action="store_true", help="skip the checks of the files against the model")
     args = parser.parse_args(argv)
     settings = get_settings()
 
@@ -79,6 +105,18 @@ def main(argv: list[str] | None = None) -> None:
         from lanner.cli.admin import run
 
         run(settings, args.action, args.email)
+    elif args.command == "train":
+        from lanner.cli.local_train import train
+
+        raise SystemExit(train(args.config, args.dataset, args.out))
+    elif args.command == "submit":
+        from lanner.cli.remote import submit
+
+        raise SystemExit(submit(args.config, args.url, args.token, args.dataset, args.dataset_id))
+    elif args.command == "export":
+        from lanner.cli.remote import export, export_options
+
+        raise SystemExit(export(args.job, args.url, args.token, export_options(args)))
 
 
 def _claim_a_gpu(settings) -> str:

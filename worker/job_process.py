@@ -35,8 +35,12 @@ class JobProcess:
     def __init__(self, job_id: int):
         self.settings = get_settings()
         self.sessions = session_factory(self.settings.database_url)
-        self.events = JobEvents(job_id, get_redis(self.settings.redis_url), self.sessions)
         self.job_id = job_id
+        self.events = self.job_events()
+
+    def job_events(self) -> JobEvents:
+        """Where the job's events go: its Redis stream and the database (`lanner train`: the terminal)."""
+        return JobEvents(self.job_id, get_redis(self.settings.redis_url), self.sessions)
 
     def data_path(self, stored: str) -> Path:
         """A path the database holds, relative to the data dir unless absolute."""
@@ -70,6 +74,11 @@ def main(process_class: type[JobProcess], argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     process = process_class(int(argv[1]))
     signal.signal(signal.SIGTERM, process.on_sigterm)
+    return run_process(process)
+
+
+def run_process(process: JobProcess) -> int:
+    """Runs the job to its exit code, a failure written as the job's error, the events flushed."""
     try:
         return process.run()
     except (JobFailed, UserError) as error:

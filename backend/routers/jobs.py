@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, Body, Depends, Query, Response
+from typing import Literal
+
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from redis import Redis
 from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db, per_user, redis_client, require_owner_or_admin
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, Offset, PathId, QueryId, errors
-from lanner.backend.schemas.jobs import (ExportCreate, JobChanges, JobCreate, JobOut, JobPage, MemoryEstimate,
-                                         QueueMove, QueueOut, RetryBody)
+from lanner.backend.schemas.jobs import (ConfigParse, ExportCreate, JobChanges, JobCreate, JobOut, JobPage,
+                                         MemoryEstimate, ParsedConfig, QueueMove, QueueOut, RetryBody)
 from lanner.backend.services import jobs
+from lanner.core import spec_files
+from lanner.core.errors import UserError
 from lanner.core.messages.signals import cancel_requested
-from lanner.core.models import Job, JobStatus, User
+from lanner.core.models import Job, JobKind, JobStatus, User
 from lanner.core.queue import order as queue_order
 from lanner.core.settings import Settings, get_settings
+from lanner.core.spec import load_spec
 
 router = APIRouter(tags=["jobs"], responses=SIGNED_IN_ERRORS)
 log = logging.getLogger(__name__)
@@ -48,6 +53,40 @@ def estimate_job(body: JobCreate, _: User = Depends(current_user), redis: Redis 
     """The device memory a spec would need, without queueing it (the dataset is not checked)."""
     return MemoryEstimate(model=body.model, device="cuda" if body.gpus else "cpu",
                           estimate=jobs.memory_estimate(body, settings, redis))
+
+
+@router.post("/api/jobs/config/parse", response_model=ParsedConfig, responses=errors(422))
+def parse_config(body: ConfigParse, _: User = Depends(current_user)) -> ParsedConfig:
+    """Reads a YAML file as a spec (Lanner's own, or an Axolotl or LLaMA-Factory config: the fields that
+    map) and validates it; queues nothing. A file that is not YAML, or over the limits, is a 422 in words."""
+    try:
+        parsed = spec_files.parse(body.text, body.source)
+    except spec_files.SpecFileError as error:
+        raise UserError(422, str(error)) from None
+    spec, problems = spec_files.validate(parsed)
+    return ParsedConfig(source=parsed.source, valid=not problems, spec=spec or parsed.spec, errors=problems,
+                        unmapped=parsed.unmapped, notes=parsed.notes)
+
+
+@router.get("/api/jobs/{job_id}/config", response_class=Response, responses={
+    200: {"content": {"application/yaml": {"schema": {"type": "object"}}, "text/plain": {"schema": {"type": "string"}}},
+          "description": "The spec as a YAML file, or as a shell command that queues it again"}, **errors(404, 409)})
+def job_config(job_id: PathId, request: Request, format: Literal["yaml", "command"] = "yaml",
+               _: User = Depends(current_user), session: Session = Depends(get_db)) -> Response:
+    """A training job's spec as a Lanner YAML file (`lanner submit`, `lanner train` and the new-job
+    page read it), or as a command line that writes that file and submits it to this studio. Without
+    `resume_from`: a job queued from it starts from the beginning."""
+    job = jobs.get_job(session, job_id)
+    if job.kind != JobKind.train:
+        raise UserError(409, f"Job {job_id} is an {job.kind} job; only a training job has a spec")
+    # resume_from names a checkpoint of this job's family; a job queued from the file starts afresh (as a clone)
+    spec = load_spec(job.config).model_dump(mode="json", exclude={"resume_from"})
+    name = f"job-{job.id}.yaml"
+    if format == "yaml":
+        return Response(spec_files.dump_yaml(spec), media_type="application/yaml",
+                        headers={"Content-Disposition": f'attachment; filename="{name}"'})
+    return Response(spec_files.command_line(spec, str(request.base_url).rstrip("/"), name), media_type="text/plain",
+                    headers={"Content-Disposition": f'attachment; filename="job-{job.id}.sh"'})
 
 
 @router.get("/api/jobs", response_model=JobPage)

@@ -9,6 +9,7 @@ from lanner.backend.schemas.common import UtcDateTime
 from lanner.core.export_spec import ExportSpec
 from lanner.core.models import JobKind, JobStatus
 from lanner.core.spec import JobSpec, shown_config
+from lanner.core.spec_files import MAX_YAML_BYTES
 
 
 class JobCreate(JobSpec):
@@ -98,3 +99,22 @@ class MemoryEstimate(BaseModel):
     model: str
     device: str
     estimate: dict[str, int] | None = Field(description="Bytes by part and total_bytes; None for a model of unknown size")
+
+
+class ConfigParse(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(max_length=MAX_YAML_BYTES, description="A YAML file: a Lanner spec, an Axolotl or a "
+                                                             "LLaMA-Factory training config")
+    source: Literal["auto", "lanner", "axolotl", "llama-factory"] = "auto"
+
+
+class ParsedConfig(BaseModel):
+    source: Literal["lanner", "axolotl", "llama-factory"]
+    valid: bool
+    spec: dict[str, Any] = Field(description="Valid: the spec as POST /api/jobs would store it (without dataset_id "
+                                             "when the file gives none); else the fields as read, to fill a form")
+    errors: list[dict[str, Any]] = Field(description="The spec's errors, as the 422s of POST /api/jobs: "
+                                                     "{loc: ['body', field, ...], msg, type}")
+    unmapped: list[str] = Field(description="Keys of the file that became nothing in the spec")
+    notes: list[str] = Field(description="What to know or do: the dataset to pick, a method that did not map")

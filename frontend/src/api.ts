@@ -105,9 +105,14 @@ export function deleteJson<T = null>(path: string): Promise<T> {
 
 /** The validation issues of a 422, by field path ("hyperparameters.learning_rate" → message). */
 export function fieldErrors(error: unknown): Record<string, string> {
+  if (!(error instanceof ApiError) || !Array.isArray(error.detail)) return {}
+  return issuesByField(error.detail as unknown[])
+}
+
+/** Issues in the shape of a 422's detail ({loc, msg}), by field path. */
+export function issuesByField(issues: unknown[]): Record<string, string> {
   const out: Record<string, string> = {}
-  if (!(error instanceof ApiError) || !Array.isArray(error.detail)) return out
-  for (const item of error.detail as unknown[]) {
+  for (const item of issues) {
     if (!item || typeof item !== 'object' || !('msg' in item)) continue
     const { msg, loc } = item as { msg: unknown; loc?: unknown }
     const path = Array.isArray(loc) ? loc.filter((p) => p !== 'body').join('.') : ''

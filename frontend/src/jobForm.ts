@@ -281,7 +281,7 @@ export function buildJobSpec(form: JobForm): Record<string, unknown> {
 }
 
 /** A form filled from an existing job's config (Clone). */
-export function formFromConfig(config: Record<string, unknown>, fallbackModel: string): JobForm {
+export function formFromConfig(config: Record<string, unknown>, fallbackModel: string, copy = true): JobForm {
   const method = (typeof config.method === 'string' ? config.method : 'lora') as Method
   const values: Record<string, string> = { ...DEFAULT_VALUES }
   for (const field of FIELDS) {
@@ -295,7 +295,7 @@ export function formFromConfig(config: Record<string, unknown>, fallbackModel: s
     method,
     model: typeof config.model === 'string' ? config.model : fallbackModel,
     datasetId: config.dataset_id != null ? String(config.dataset_id) : '',
-    name: typeof config.name === 'string' ? `${config.name} (copy)`.slice(0, 200) : '',
+    name: typeof config.name === 'string' ? (copy ? `${config.name} (copy)` : config.name).slice(0, 200) : '',
     preset: 'custom',
     values,
   }

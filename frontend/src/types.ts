@@ -28,6 +28,8 @@ export type CreatedToken = Schemas['CreatedToken']
 export type Job = Schemas['JobOut']
 export type JobStatus = Schemas['JobStatus']
 export type JobPage = Schemas['JobPage']
+/** POST /api/jobs/config/parse: a YAML file read as a spec (Lanner's, Axolotl's, LLaMA-Factory's). */
+export type ParsedConfig = Schemas['ParsedConfig']
 export type QueueSnapshot = Schemas['QueueOut']
 export type Method = Schemas['JobCreate']['method']
 

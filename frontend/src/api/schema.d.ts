@@ -74,6 +74,23 @@ export interface paths {
      */
     post: operations["estimate_job_api_jobs_estimate_post"];
   };
+  "/api/jobs/config/parse": {
+    /**
+     * Parse Config
+     * @description Reads a YAML file as a spec (Lanner's own, or an Axolotl or LLaMA-Factory config: the fields that
+     * map) and validates it; queues nothing. A file that is not YAML, or over the limits, is a 422 in words.
+     */
+    post: operations["parse_config_api_jobs_config_parse_post"];
+  };
+  "/api/jobs/{job_id}/config": {
+    /**
+     * Job Config
+     * @description A training job's spec as a Lanner YAML file (`lanner submit`, `lanner train` and the new-job
+     * page read it), or as a command line that writes that file and submits it to this studio. Without
+     * `resume_from`: a job queued from it starts from the beginning.
+     */
+    get: operations["job_config_api_jobs__job_id__config_get"];
+  };
   "/api/queue": {
     /** Queue */
     get: operations["queue_api_queue_get"];
@@ -337,6 +354,20 @@ export interface components {
        * @default false
        */
       downloaded: boolean;
+    };
+    /** ConfigParse */
+    ConfigParse: {
+      /**
+       * Text
+       * @description A YAML file: a Lanner spec, an Axolotl or a LLaMA-Factory training config
+       */
+      text: string;
+      /**
+       * Source
+       * @default auto
+       * @enum {string}
+       */
+      source: "auto" | "lanner" | "axolotl" | "llama-factory";
     };
     /** CreatedToken */
     CreatedToken: {
@@ -1133,6 +1164,40 @@ export interface components {
       password?: string | null;
       /** Current Password */
       current_password?: string | null;
+    };
+    /** ParsedConfig */
+    ParsedConfig: {
+      /**
+       * Source
+       * @enum {string}
+       */
+      source: "lanner" | "axolotl" | "llama-factory";
+      /** Valid */
+      valid: boolean;
+      /**
+       * Spec
+       * @description Valid: the spec as POST /api/jobs would store it (without dataset_id when the file gives none); else the fields as read, to fill a form
+       */
+      spec: {
+        [key: string]: unknown;
+      };
+      /**
+       * Errors
+       * @description The spec's errors, as the 422s of POST /api/jobs: {loc: ['body', field, ...], msg, type}
+       */
+      errors: {
+          [key: string]: unknown;
+        }[];
+      /**
+       * Unmapped
+       * @description Keys of the file that became nothing in the spec
+       */
+      unmapped: string[];
+      /**
+       * Notes
+       * @description What to know or do: the dataset to pick, a method that did not map
+       */
+      notes: string[];
     };
     /** PartHealth */
     PartHealth: {
@@ -2467,6 +2532,111 @@ export interface operations {
       };
       /** @description The request body is over its limit */
       413: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /**
+   * Parse Config
+   * @description Reads a YAML file as a spec (Lanner's own, or an Axolotl or LLaMA-Factory config: the fields that
+   * map) and validates it; queues nothing. A file that is not YAML, or over the limits, is a 422 in words.
+   */
+  parse_config_api_jobs_config_parse_post: {
+    requestBody: {
+      content: {
+        "application/json": components["schemas"]["ConfigParse"];
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      200: {
+        content: {
+          "application/json": components["schemas"]["ParsedConfig"];
+        };
+      };
+      /** @description The body is not what its content type says (not JSON, not UTF-8) */
+      400: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description The request body is over its limit */
+      413: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /**
+   * Job Config
+   * @description A training job's spec as a Lanner YAML file (`lanner submit`, `lanner train` and the new-job
+   * page read it), or as a command line that writes that file and submits it to this studio. Without
+   * `resume_from`: a job queued from it starts from the beginning.
+   */
+  job_config_api_jobs__job_id__config_get: {
+    parameters: {
+      query?: {
+        format?: "yaml" | "command";
+      };
+      path: {
+        job_id: number;
+      };
+    };
+    responses: {
+      /** @description The spec as a YAML file, or as a shell command that queues it again */
+      200: {
+        content: {
+          "application/yaml": Record<string, never>;
+          "text/plain": string;
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description No such resource */
+      404: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Not possible in the resource's current state */
+      409: {
         content: {
           "application/json": components["schemas"]["ErrorOut"];
         };

@@ -170,6 +170,9 @@ export function JobPage() {
             )}
             <Link className="button" to={`/jobs/new?clone=${job.id}`}>Clone</Link>
             {job.kind === 'train' && <Link className="button" to={`/compare?jobs=${job.id}`}>Compare…</Link>}
+            {job.kind === 'train' && <a className="button" href={`/api/jobs/${job.id}/config?format=yaml`} download>Download YAML</a>}
+            {job.kind === 'train' && <a className="button" href={`/api/jobs/${job.id}/config?format=command`} download
+              title="A shell command that writes the YAML and queues it with lanner submit">Command line</a>}
           </>
         )}
       />

@@ -1,6 +1,7 @@
 import { useEffect, useMemo, useState, type FormEvent } from 'react'
 import { useNavigate, useSearchParams } from 'react-router'
-import { ApiError, fieldErrors, getJson, postJson } from '../api'
+import { ApiError, fieldErrors, getJson, issuesByField, postJson } from '../api'
+import { ConfigFileLoader } from '../components/ConfigFileLoader'
 import { DatasetInsights } from '../components/DatasetInsights'
 import { DatasetReport, formatName } from '../components/DatasetReport'
 import { DatasetUpload } from '../components/DatasetUpload'
@@ -14,7 +15,7 @@ import {
   applyPreset, buildJobSpec, DEFAULT_LEARNING_RATE, estimatedSteps, fieldApplies, FIELDS, formFromConfig,
   METHODS, newJobForm, PRESETS, validateJobForm, type FieldDef, type JobForm, type PresetName,
 } from '../jobForm'
-import type { Catalog, CatalogModel, Dataset, Job, DatasetPage, Method } from '../types'
+import type { Catalog, CatalogModel, Dataset, Job, DatasetPage, Method, ParsedConfig } from '../types'
 
 const BUILTIN = 'builtin/SmolLM2-135M-Instruct'
 type ModelSource = 'builtin' | 'curated' | 'search' | 'local' | 'path'
@@ -76,6 +77,18 @@ export function NewJobPage() {
       })
       .catch((err) => setLaunchError(`Could not load job ${cloneId} to copy it: ${errorText(err)}`))
   }, [cloneId])
+
+  function loadConfig(parsed: ParsedConfig) {
+    const next = formFromConfig(parsed.spec, BUILTIN, false)
+    // a file without a dataset (an imported config) keeps the one picked here
+    setForm((f) => ({ ...next, datasetId: next.datasetId || f.datasetId }))
+    setGpusTouched(true)
+    setSource(sourceOf(next.model, catalog))
+    if (next.model.startsWith('/')) setPathText(next.model)
+    setServerErrors(issuesByField(parsed.errors))
+    setTouched(true)
+    setReviewing(false)
+  }
 
   useEffect(() => {
     if (!gpusTouched && health.health) setForm((f) => ({ ...f, values: { ...f.values, gpus: hasGpu ? '1' : '0' } }))
@@ -195,6 +208,7 @@ export function NewJobPage() {
         title="New fine-tune"
         description={cloneId ? `A copy of job ${cloneId}: change what you like, review, launch.` : 'Choose a model and a dataset, set the hyperparameters, review, and queue the job.'}
       />
+      <ConfigFileLoader onLoaded={loadConfig} />
       <form className="new-job" onSubmit={review} noValidate aria-label="New fine-tune">
         <section className="panel" aria-labelledby="model-heading">
           <header className="panel__header"><h2 id="model-heading">1. Model</h2></header>
