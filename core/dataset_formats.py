@@ -12,6 +12,8 @@ Detected formats and what they become (the canonical shapes TRL's trainers take)
 - text (text)                                        -> text: {"text": str}
 - preference (prompt, chosen, rejected)              -> preference: {"prompt": [...], "chosen": [...], "rejected": [...]}
 - kto (prompt, completion, label)                    -> kto: {"prompt": [...], "completion": [...], "label": bool}
+- prompt (prompt, ending with a user turn; other columns kept, e.g. a reference answer)
+                                                     -> prompt: {"prompt": [messages], <column>: value, ...} (GRPO)
 
 Conversations become prompt/completion pairs split before the last assistant turn, so that "loss
 on the completion only" is TRL's plain prompt-completion masking and needs no generation tags in
@@ -61,6 +63,7 @@ FORMATS: dict[str, tuple[str, frozenset[str]]] = {
     "alpaca": ("sft", frozenset({"instruction", "output"})),
     "prompt_completion": ("sft", frozenset({"prompt", "completion"})),
     "text": ("text", frozenset({"text"})),
+    "prompt": ("prompt", frozenset({"prompt"})),
 }
 OPTIONAL_FIELDS: dict[str, frozenset[str]] = {"alpaca": frozenset({"input", "system"})}
 MESSAGE_KEYS = ("role", "content", "from", "value")
@@ -489,6 +492,13 @@ def _as_answer(row: dict, name: str) -> list[dict]:
     return messages
 
 
+def _as_question(row: dict, name: str) -> list[dict]:
+    messages = _as_prompt(row, name)
+    if messages[-1]["role"] != "user":
+        raise BadRow(f"'{name}' ends with a {messages[-1]['role']} message; a prompt to answer ends with the user's")
+    return messages
+
+
 def _label(row: dict, name: str) -> bool:
     value = _required(row, name)
     if isinstance(value, bool):
@@ -510,10 +520,13 @@ FIELD_CHECKS: dict[str, dict[str, Check]] = {
     "text": {"text": _text},
     "preference": {"prompt": _as_prompt, "chosen": _as_answer, "rejected": _as_answer},
     "kto": {"prompt": _as_prompt, "completion": _as_answer, "label": _label},
+    "prompt": {"prompt": _as_question},
 }
+# A prompt row's other columns that reward functions may read (a reference answer): plain values only.
+REFERENCE_VALUE = (str, int, float, bool, type(None))
 
 
-def _canonical(fmt: str, values: dict[str, Any]) -> dict:
+def _canonical(fmt: str, values: dict[str, Any], row: dict) -> dict:
     if fmt == "alpaca":
         instruction, extra, system = values["instruction"], values["input"], values["system"]
         prompt = [{"role": "system", "content": system}] if system.strip() else []
@@ -523,6 +536,9 @@ def _canonical(fmt: str, values: dict[str, Any]) -> dict:
         return next(iter(values.values()))
     if fmt == "text":
         return {"text": values["text"]}
+    if fmt == "prompt":
+        return {**{key: value for key, value in row.items() if isinstance(key, str) and isinstance(value, REFERENCE_VALUE)},
+                **values}
     return values  # prompt_completion, preference and kto: the fields are the canonical row
 
 
@@ -544,7 +560,7 @@ def _normalise(fmt: str, row: Any) -> tuple[dict, list[str]]:
                 if name in row or name in OPTIONAL_FIELDS.get(fmt, ()) for key in _lookalikes(row, name)]
     if problems:
         raise BadRow(*problems, *warnings)
-    return _canonical(fmt, values), warnings
+    return _canonical(fmt, values, row), warnings
 
 
 # ------------------------------------------------------------------------------------------ API

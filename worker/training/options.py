@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lanner.core.spec import JobSpec, trains_adapter
+from lanner.core.spec import GrpoSettings, JobSpec, trains_adapter
 
 # KTO estimates its KL term from the other completions of a micro-batch: it needs two at least.
 SMALLEST_MICRO_BATCH = {"kto": 2}
@@ -47,6 +47,7 @@ class TrainingOptions:
     oom_retry: bool
     memory_limit_mb: int | None         # a cap on what the training steps may allocate (lanner.worker.training.memory)
     before_after_eval: bool
+    grpo: GrpoSettings | None           # grpo: the reward functions and the sampling (grpo.py)
 
     def problem(self) -> str | None:
         """Why these options cannot train, in words; None when they can."""
@@ -80,4 +81,5 @@ def training_options(spec: JobSpec) -> TrainingOptions:
         dtype=DTYPES[hp.precision], seed=hp.seed, validation_split=hp.eval_fraction,
         eval_steps=hp.eval_steps or hp.save_steps, save_steps=hp.save_steps,
         beta=preference and preference.beta, max_prompt_len=preference and preference.max_prompt_len,
-        oom_retry=hp.oom_retry, memory_limit_mb=hp.memory_limit_mb, before_after_eval=hp.before_after_eval)
+        oom_retry=hp.oom_retry, memory_limit_mb=hp.memory_limit_mb, before_after_eval=hp.before_after_eval,
+        grpo=spec.grpo)

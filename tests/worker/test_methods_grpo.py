@@ -1,0 +1,46 @@
+"""GRPO on the real SmolLM2 on the CPU through the training process: tiny settings, a built-in reward
+and a user's function run in the reward sandbox; its metrics and sampled completions on the events."""
+from __future__ import annotations
+
+from job_specs import merged
+from training_run import events, logs, run_train_process, step_metrics, trained
+
+PROMPTS = [{"prompt": f"What is {i} plus {i}? Answer with a number.", "answer": str(2 * i)} for i in range(4)]
+USER_REWARD = """
+def reward(prompts, completions, answer, **columns):
+    return [float(a in c) for c, a in zip(completions, answer)]
+"""
+GRPO = {"hyperparameters": {"max_steps": 2, "max_seq_len": 64, "eval_fraction": 0.0},
+        "grpo": {"num_generations": 2, "max_completion_len": 8, "samples_logged": 2,
+                 "reward_functions": [{"kind": "regex", "pattern": r"\d"},
+                                      {"kind": "python", "name": "contains_answer", "source": USER_REWARD,
+                                       "weight": 2.0}]}}
+
+
+def test_grpo_trains_an_adapter_and_streams_rewards_and_samples(studio):
+    job_id = studio.job(studio.dataset("prompts.jsonl", PROMPTS), GRPO, method="grpo")
+    trained(studio, job_id)
+    metrics = step_metrics(studio, job_id)
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        for key in ("reward", "reward_std", "rewards/regex/mean", "rewards/contains_answer/mean",
+                    "rewards/contains_answer/std", "kl", "completions/mean_length", "frac_reward_zero_std"):
+            assert key in m, key
+        assert 0 < m["completions/mean_length"] <= 8
+        assert m["generation_time"] > 0 and m["training_time"] >= 0
+    samples = [data for _, kind, data in events(studio, job_id) if kind == "completions"]
+    assert [s["step"] for s in samples] == [1, 2]
+    assert all(len(s["samples"]) == 2 and set(s["samples"][0]["rewards"]) == {"regex", "contains_answer"}
+               for s in samples)
+    assert "(LoRA)" in next(line for line in logs(studio, job_id) if line.startswith("Model "))
+    assert (studio.data_dir / "artifacts" / str(job_id) / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_a_failing_reward_function_fails_the_job_with_its_traceback(studio):
+    broken = merged(GRPO, {"hyperparameters": {"max_steps": 1}, "grpo": {"reward_functions": [
+        {"kind": "python", "source": "def reward(prompts, completions, **columns):\n    return [1 / 0]\n"}]}})
+    job_id = studio.job(studio.dataset("prompts.jsonl", PROMPTS), broken, method="grpo")
+    result = run_train_process(studio, job_id)
+    assert result.returncode == 1
+    error = next(line for line in logs(studio, job_id) if "ZeroDivisionError" in line)
+    assert error.startswith("Reward function python: ZeroDivisionError") and 'File "<reward python>", line 2, in reward' in error
