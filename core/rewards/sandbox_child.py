@@ -5,6 +5,7 @@ writes {"rewards": [[...], ...]} or {"error": {...}} on stdout. Python's audit h
 new processes, native libraries and writes outside the working directory: a guard against
 accidents, not a security boundary (Python's documentation says so); the hard limits are the
 resource limits, the timeout and, where the kernel allows, the network namespace (sandbox.py)."""
+import importlib.util
 import json
 import linecache
 import math
@@ -12,8 +13,6 @@ import os
 import resource
 import sys
 import traceback
-
-from lanner.core.rewards.builtin import score_builtin
 
 REFUSED = ("socket.", "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
            "os.forkpty", "pty.spawn", "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "os.kill", "os.killpg")
@@ -79,7 +78,18 @@ def _checked(values, count: int) -> list:
     return out
 
 
+def _score_builtin():
+    """builtin.score_builtin, loaded from beside this file: `python -I` ignores PYTHONPATH, through
+    which some installs (the GPU machine's) find the lanner package."""
+    path = os.path.join(os.path.dirname(__file__), "builtin.py")
+    spec = importlib.util.spec_from_file_location("lanner_reward_builtin", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.score_builtin
+
+
 def main() -> int:
+    score_builtin = _score_builtin()
     result_out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # the user's prints go to the log, not into the protocol
     _limit(*(int(value) for value in sys.argv[1:5]))
