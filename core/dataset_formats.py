@@ -12,7 +12,7 @@ Detected formats and what they become (the canonical shapes TRL's trainers take)
 - text (text)                                        -> text: {"text": str}
 - preference (prompt, chosen, rejected)              -> preference: {"prompt": [...], "chosen": [...], "rejected": [...]}
 - kto (prompt, completion, label)                    -> kto: {"prompt": [...], "completion": [...], "label": bool}
-- prompt (prompt, ending with a user turn; other columns kept, e.g. a reference answer)
+- prompt (prompt, or chat messages, ending with a user turn; other columns kept, e.g. a reference answer)
                                                      -> prompt: {"prompt": [messages], <column>: value, ...} (GRPO)
 
 Conversations become prompt/completion pairs split before the last assistant turn, so that "loss
@@ -348,12 +348,22 @@ def _detect(records: list[tuple[int, Any]]) -> str | None:
         if not isinstance(row, dict):
             continue
         keys = {key for key, value in row.items() if value is not None}
+        if _asks(row):
+            counts["prompt"] += 1
+            continue
         for name, (_, fields) in FORMATS.items():
             if fields <= keys:
                 counts[name] += 1
                 break
     best = max(FORMATS, key=lambda name: counts[name])
     return best if counts[best] else None
+
+
+def _asks(row: dict) -> bool:
+    """A conversation that ends with the user's turn: a prompt for the model to answer (GRPO)."""
+    messages = row.get("messages")
+    return ("prompt" not in row and isinstance(messages, list) and bool(messages)
+            and isinstance(messages[-1], dict) and messages[-1].get("role") == "user")
 
 
 def _squashed(key: Any) -> str | None:
@@ -495,7 +505,7 @@ def _as_answer(row: dict, name: str) -> list[dict]:
 def _as_question(row: dict, name: str) -> list[dict]:
     messages = _as_prompt(row, name)
     if messages[-1]["role"] != "user":
-        raise BadRow(f"'{name}' ends with a {messages[-1]['role']} message; a prompt to answer ends with the user's")
+        raise BadRow(f"'{name}' ends with the {messages[-1]['role']}'s message; a prompt to answer ends with the user's")
     return messages
 
 
@@ -547,6 +557,8 @@ def _normalise(fmt: str, row: Any) -> tuple[dict, list[str]]:
     problem when it cannot be used."""
     if not isinstance(row, dict):
         raise BadRow(f"{_a(row)}, not an object with fields")
+    if fmt == "prompt" and "prompt" not in row and "messages" in row:  # a conversation to answer
+        row = {("prompt" if key == "messages" else key): value for key, value in row.items()}
     values, problems = {}, []
     for name, check in FIELD_CHECKS[fmt].items():
         try:
