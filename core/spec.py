@@ -190,6 +190,7 @@ class GrpoSettings(BaseModel):
                                 description="Sampled completions with their rewards kept per logged step")
     reward_timeout_s: float = Field(default=30, gt=0, le=600,
                                     description="Time limit of the reward functions on one batch")
+    load_in_4bit: bool = Field(default=False, description="The base in 4-bit NF4 under the adapter, as qlora; GPU")
 
 
 class JobSpec(BaseModel):
@@ -331,6 +332,9 @@ class JobSpec(BaseModel):
     def _qlora_needs_gpu(cls, value: int, info: ValidationInfo) -> int:
         if value == 0 and info.data.get("method") == "qlora":
             raise ValueError("qlora needs a GPU (4-bit weights): set gpus to 1 or more, or use lora")
+        grpo = info.data.get("grpo")
+        if value == 0 and grpo is not None and grpo.load_in_4bit:
+            raise ValueError("grpo's load_in_4bit needs a GPU (4-bit weights): set gpus to 1 or more, or turn it off")
         return value
 
 
@@ -338,6 +342,11 @@ def trains_adapter(spec: JobSpec) -> bool:
     """lora and qlora train a LoRA adapter, full and pretrain every weight; a preference method an
     adapter when its spec gives LoRA settings, every weight otherwise."""
     return spec.lora is not None
+
+
+def quantized_base(spec: JobSpec) -> bool:
+    """Whether the adapter trains over a 4-bit NF4 base: qlora, and grpo with load_in_4bit."""
+    return spec.method == "qlora" or (spec.grpo is not None and spec.grpo.load_in_4bit)
 
 
 def stored_config(spec: JobSpec) -> dict[str, Any]:

@@ -186,6 +186,13 @@ describe('GRPO in the form', () => {
     })
   })
 
+  it('asks for a GPU for a 4-bit base', () => {
+    expect(validateJobForm(grpo({ 'grpo.load_in_4bit': 'true', gpus: '0' }))).toEqual({
+      gpus: 'A base in 4-bit needs a GPU: set GPUs to 1, or turn it off.',
+    })
+    expect(buildJobSpec(grpo({ 'grpo.load_in_4bit': 'true', gpus: '1' })).grpo).toMatchObject({ load_in_4bit: true })
+  })
+
   it('a clone keeps the reward functions', () => {
     const functions = [{ kind: 'python' as const, source: 'def reward(p, c):\n    return [0.0] * len(c)\n' }]
     expect(formFromConfig({ method: 'grpo', grpo: { reward_functions: functions } }, 'm').rewardFunctions).toEqual(functions)

@@ -123,6 +123,8 @@ const FIELD_TEXTS: FieldText[] = [
     help: 'Steps between checkpoints, which a retry can resume from.' },
   { path: 'hyperparameters.seed', label: 'Seed', section: 'training', advanced: true,
     help: 'Makes the shuffle and initialisation repeatable.' },
+  { path: 'grpo.load_in_4bit', label: 'Base in 4-bit (QLoRA)', section: 'grpo', advanced: true,
+    help: 'Keeps the base model’s weights in 4-bit NF4 under the adapter: about a third of the memory. Needs a GPU.' },
   { path: 'lora.dropout', label: 'LoRA dropout', section: 'lora', advanced: true,
     help: 'Randomly drops adapter inputs while training; 0.05 can help small datasets.' },
   { path: 'gpus', label: 'GPUs', section: 'run', advanced: true,
@@ -261,6 +263,8 @@ export function validateJobForm(form: JobForm): Record<string, string> {
     const batch = Number(form.values['hyperparameters.batch_size']) * Number(form.values['hyperparameters.gradient_accumulation'])
     if (!errors['grpo.num_generations'] && group > 0 && batch > 0 && batch % group !== 0)
       errors['grpo.num_generations'] = `Batch size × accumulation (${batch}) must be a multiple of the group size.`
+    if (form.values['grpo.load_in_4bit'] === 'true' && form.values.gpus?.trim() === '0')
+      errors.gpus = 'A base in 4-bit needs a GPU: set GPUs to 1, or turn it off.'
   }
   if (form.method === 'qlora' && form.values.gpus?.trim() === '0')
     errors.gpus = 'QLoRA needs a GPU (4-bit weights): set GPUs to 1, or use LoRA.'

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from lanner.core.spec import REWARD_SOURCE_LIMIT
+from lanner.core.memory_estimate import estimate_memory
+from lanner.core.spec import REWARD_SOURCE_LIMIT, JobSpec
 
 from backend_helpers import CHAT_ROWS, upload
 
@@ -33,11 +34,20 @@ def grpo(dataset_id: int, *functions: dict, **settings) -> dict:
     ([{"kind": "exact_match"}, {"kind": "exact_match"}], {}, "two reward functions are called exact_match"),
     ([], {}, "List should have at least 1 item"),
     ([{"kind": "exact_match"}], {"num_generations": 3}, "must be a multiple of num_generations (3)"),
+    ([{"kind": "exact_match"}], {"load_in_4bit": True}, "grpo's load_in_4bit needs a GPU"),
 ])
 def test_a_grpo_spec_that_cannot_work_is_refused_in_words(team, functions, settings, words):
-    refused = team.alice.post("/api/jobs", json=grpo(1, *functions, **settings))
+    refused = team.alice.post("/api/jobs", json={**grpo(1, *functions, **settings), "gpus": 0})
     assert refused.status_code == 422, refused.text
     assert any(words in error["msg"] for error in refused.json()["detail"]), refused.json()
+
+
+def test_the_estimate_of_grpo_over_a_4bit_base_counts_nf4_weights():
+    def weights(load_in_4bit: bool) -> int:
+        spec = JobSpec.model_validate(grpo(1, {"kind": "exact_match"}, load_in_4bit=load_in_4bit))
+        return estimate_memory(spec, {"parameters": 8_000_000_000}, "cuda")["weights_bytes"]
+
+    assert weights(True) < weights(False) / 3
 
 
 def test_a_grpo_job_needs_a_prompt_dataset_and_stores_its_defaults(team):

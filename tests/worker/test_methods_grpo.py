@@ -2,6 +2,8 @@
 and a user's function run in the reward sandbox; its metrics and sampled completions on the events."""
 from __future__ import annotations
 
+import json
+
 from job_specs import merged
 from training_run import events, logs, run_train_process, step_metrics, trained
 
@@ -44,3 +46,13 @@ def test_a_failing_reward_function_fails_the_job_with_its_traceback(studio):
     assert result.returncode == 1
     error = next(line for line in logs(studio, job_id) if "ZeroDivisionError" in line)
     assert error.startswith("Reward function python: ZeroDivisionError") and 'File "<reward python>", line 2, in reward' in error
+
+
+def test_grpo_over_a_4bit_base_trains_a_qlora_adapter(studio):
+    quantized = merged(GRPO, {"hyperparameters": {"max_steps": 1}, "grpo": {"load_in_4bit": True}})
+    job_id = studio.job(studio.dataset("prompts.jsonl", PROMPTS), quantized, method="grpo", gpus=1)
+    trained(studio, job_id)
+    assert "reward" in step_metrics(studio, job_id)[0]
+    assert "(LoRA over a 4-bit NF4 base)" in next(line for line in logs(studio, job_id) if line.startswith("Model "))
+    record = json.loads((studio.data_dir / "artifacts" / str(job_id) / "adapter" / "lanner_training.json").read_text())
+    assert (record["method"], record["quantization"]["quant_type"]) == ("grpo", "nf4")

@@ -684,6 +684,12 @@ export interface components {
        * @default 30
        */
       reward_timeout_s: number;
+      /**
+       * Load In 4Bit
+       * @description The base in 4-bit NF4 under the adapter, as qlora; GPU
+       * @default false
+       */
+      load_in_4bit: boolean;
     };
     /** HTTPValidationError */
     HTTPValidationError: {
