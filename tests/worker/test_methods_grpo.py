@@ -8,6 +8,8 @@ from job_specs import merged
 from training_run import events, logs, run_train_process, step_metrics, trained
 
 PROMPTS = [{"prompt": f"What is {i} plus {i}? Answer with a number.", "answer": str(2 * i)} for i in range(4)]
+# 20 rows: enough for a held-out share (MIN_ROWS_FOR_VALIDATION).
+PROMPTS_20 = [{**row, "prompt": f"{row['prompt']} ({copy})"} for copy in range(5) for row in PROMPTS]
 USER_REWARD = """
 def reward(prompts, completions, answer, **columns):
     return [float(a in c) for c, a in zip(completions, answer)]
@@ -20,9 +22,13 @@ GRPO = {"hyperparameters": {"max_steps": 2, "max_seq_len": 64, "eval_fraction": 
 
 
 def test_grpo_trains_an_adapter_and_streams_rewards_and_samples(studio):
-    job_id = studio.job(studio.dataset("prompts.jsonl", PROMPTS), GRPO, method="grpo")
+    # A micro-batch of 1 x 2 accumulation steps holds one group; the evaluation batch holds a whole one too.
+    held_out = merged(GRPO, {"hyperparameters": {"batch_size": 1, "gradient_accumulation": 2, "eval_fraction": 0.1}})
+    job_id = studio.job(studio.dataset("prompts.jsonl", PROMPTS_20), held_out, method="grpo")
     trained(studio, job_id)
     metrics = step_metrics(studio, job_id)
+    evaluation = [data for _, kind, data in events(studio, job_id) if kind == "metric" and "eval_loss" in data]
+    assert [m["step"] for m in evaluation] == [2] and "eval_reward" in evaluation[0]
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
         for key in ("reward", "reward_std", "rewards/regex/mean", "rewards/contains_answer/mean",

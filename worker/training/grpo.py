@@ -112,6 +112,8 @@ def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, 
     train, evaluation = split(rows, options)
     args = common_args(options, output_dir, evaluation is not None)
     del args["max_length"]  # GRPO bounds the completion (max_completion_length), not the row
+    # An evaluation batch holds whole groups too, whatever the training micro-batch is.
+    args["per_device_eval_batch_size"] = grpo.num_generations
     functions = [function.model_dump(mode="json", exclude_none=True) for function in grpo.reward_functions]
     args = GRPOConfig(**args, num_generations=grpo.num_generations, max_completion_length=grpo.max_completion_len,
                       temperature=grpo.temperature, beta=grpo.beta,
