@@ -88,3 +88,11 @@ def test_reward_functions_are_tried_on_sample_completions_in_the_sandbox(team):
     wrong = team.alice.post("/api/rewards/test", json={"dataset_id": chat, "completions": ["x"],
                                                        "reward_functions": [{"kind": "exact_match"}]})
     assert wrong.status_code == 422 and "reward functions are tried on a prompt dataset" in wrong.text
+
+
+def test_a_prompt_dataset_previews_its_prompts_with_nothing_trained(team, allowed_smollm2):
+    prompts = upload(team.alice, "prompts.jsonl", PROMPTS).json()["id"]
+    shown = team.alice.get(f"/api/datasets/{prompts}/preview", params={"model": str(allowed_smollm2), "rows": 1})
+    assert shown.status_code == 200, shown.text
+    row = shown.json()["rows"][0]
+    assert row["sequence"] == "prompt" and row["trained_tokens"] == 0 and "What is 0 plus 0?" in row["segments"][0]["text"]

@@ -1248,7 +1248,7 @@ export interface components {
        * Sequence
        * @enum {string}
        */
-      sequence: "text" | "completion" | "chosen" | "rejected";
+      sequence: "text" | "completion" | "chosen" | "rejected" | "prompt";
       /**
        * Tokens
        * @description Tokens of the whole rendered sequence
