@@ -10,7 +10,8 @@ from lanner.backend.frontend_files import mount_frontend
 from lanner.backend.openapi_document import document_messages
 from lanner.backend.origin_check import SameOriginWrites
 from lanner.backend.security_headers import SecurityHeaders
-from lanner.backend.routers import artifacts, auth, catalog, datasets, health, jobs, live, metrics, playground, tokens, users
+from lanner.backend.routers import (artifacts, auth, catalog, datasets, health, jobs, live, metrics, playground, rewards,
+                                    tokens, users)
 from lanner.core.settings import get_settings
 
 # One router per resource; another part of the studio adds its router with one line here.
@@ -26,6 +27,7 @@ ROUTERS = [
     artifacts.router,
     live.router,
     playground.router,
+    rewards.router,
 ]
 # Dataset uploads stream to disk under their own, larger limit (LANNER_MAX_UPLOAD_BYTES).
 STREAMING_UPLOAD_PATHS = ("/api/datasets",)

@@ -72,6 +72,9 @@ def _rendered(tokenizer, prompt: list[dict] | None, answer: list[dict] | None, t
         ids = _ids(tokenizer, text + (tokenizer.eos_token or ""))
         return ids, [True] * len(ids)
     prompt_text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    if not answer:
+        ids = _ids(tokenizer, prompt_text)
+        return ids, [False] * len(ids)
     full_text = tokenizer.apply_chat_template(prompt + answer, tokenize=False)
     ids = _ids(tokenizer, full_text)
     if not full_text.startswith(prompt_text):  # a template that rewrites earlier turns: mark it all
@@ -87,6 +90,8 @@ def _sequences(row: dict[str, Any], task: str):
     elif task == "preference":
         yield "chosen", row["prompt"], row["chosen"], None
         yield "rejected", row["prompt"], row["rejected"], None
+    elif task == "prompt":  # GRPO: the model writes the completions
+        yield "prompt", row["prompt"], [], None
     else:  # sft and kto: a prompt and its completion
         yield "completion", row["prompt"], row["completion"], None
 

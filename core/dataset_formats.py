@@ -12,6 +12,8 @@ Detected formats and what they become (the canonical shapes TRL's trainers take)
 - text (text)                                        -> text: {"text": str}
 - preference (prompt, chosen, rejected)              -> preference: {"prompt": [...], "chosen": [...], "rejected": [...]}
 - kto (prompt, completion, label)                    -> kto: {"prompt": [...], "completion": [...], "label": bool}
+- prompt (prompt, or chat messages, ending with a user turn; other columns kept, e.g. a reference answer)
+                                                     -> prompt: {"prompt": [messages], <column>: value, ...} (GRPO)
 
 Conversations become prompt/completion pairs split before the last assistant turn, so that "loss
 on the completion only" is TRL's plain prompt-completion masking and needs no generation tags in
@@ -61,6 +63,7 @@ FORMATS: dict[str, tuple[str, frozenset[str]]] = {
     "alpaca": ("sft", frozenset({"instruction", "output"})),
     "prompt_completion": ("sft", frozenset({"prompt", "completion"})),
     "text": ("text", frozenset({"text"})),
+    "prompt": ("prompt", frozenset({"prompt"})),
 }
 OPTIONAL_FIELDS: dict[str, frozenset[str]] = {"alpaca": frozenset({"input", "system"})}
 MESSAGE_KEYS = ("role", "content", "from", "value")
@@ -345,12 +348,22 @@ def _detect(records: list[tuple[int, Any]]) -> str | None:
         if not isinstance(row, dict):
             continue
         keys = {key for key, value in row.items() if value is not None}
+        if _asks(row):
+            counts["prompt"] += 1
+            continue
         for name, (_, fields) in FORMATS.items():
             if fields <= keys:
                 counts[name] += 1
                 break
     best = max(FORMATS, key=lambda name: counts[name])
     return best if counts[best] else None
+
+
+def _asks(row: dict) -> bool:
+    """A conversation that ends with the user's turn: a prompt for the model to answer (GRPO)."""
+    messages = row.get("messages")
+    return ("prompt" not in row and isinstance(messages, list) and bool(messages)
+            and isinstance(messages[-1], dict) and messages[-1].get("role") == "user")
 
 
 def _squashed(key: Any) -> str | None:
@@ -489,6 +502,13 @@ def _as_answer(row: dict, name: str) -> list[dict]:
     return messages
 
 
+def _as_question(row: dict, name: str) -> list[dict]:
+    messages = _as_prompt(row, name)
+    if messages[-1]["role"] != "user":
+        raise BadRow(f"'{name}' ends with the {messages[-1]['role']}'s message; a prompt to answer ends with the user's")
+    return messages
+
+
 def _label(row: dict, name: str) -> bool:
     value = _required(row, name)
     if isinstance(value, bool):
@@ -510,10 +530,13 @@ FIELD_CHECKS: dict[str, dict[str, Check]] = {
     "text": {"text": _text},
     "preference": {"prompt": _as_prompt, "chosen": _as_answer, "rejected": _as_answer},
     "kto": {"prompt": _as_prompt, "completion": _as_answer, "label": _label},
+    "prompt": {"prompt": _as_question},
 }
+# A prompt row's other columns that reward functions may read (a reference answer): plain values only.
+REFERENCE_VALUE = (str, int, float, bool, type(None))
 
 
-def _canonical(fmt: str, values: dict[str, Any]) -> dict:
+def _canonical(fmt: str, values: dict[str, Any], row: dict) -> dict:
     if fmt == "alpaca":
         instruction, extra, system = values["instruction"], values["input"], values["system"]
         prompt = [{"role": "system", "content": system}] if system.strip() else []
@@ -523,6 +546,9 @@ def _canonical(fmt: str, values: dict[str, Any]) -> dict:
         return next(iter(values.values()))
     if fmt == "text":
         return {"text": values["text"]}
+    if fmt == "prompt":
+        return {**{key: value for key, value in row.items() if isinstance(key, str) and isinstance(value, REFERENCE_VALUE)},
+                **values}
     return values  # prompt_completion, preference and kto: the fields are the canonical row
 
 
@@ -531,6 +557,8 @@ def _normalise(fmt: str, row: Any) -> tuple[dict, list[str]]:
     problem when it cannot be used."""
     if not isinstance(row, dict):
         raise BadRow(f"{_a(row)}, not an object with fields")
+    if fmt == "prompt" and "prompt" not in row and "messages" in row:  # a conversation to answer
+        row = {("prompt" if key == "messages" else key): value for key, value in row.items()}
     values, problems = {}, []
     for name, check in FIELD_CHECKS[fmt].items():
         try:
@@ -544,7 +572,7 @@ def _normalise(fmt: str, row: Any) -> tuple[dict, list[str]]:
                 if name in row or name in OPTIONAL_FIELDS.get(fmt, ()) for key in _lookalikes(row, name)]
     if problems:
         raise BadRow(*problems, *warnings)
-    return _canonical(fmt, values), warnings
+    return _canonical(fmt, values, row), warnings
 
 
 # ------------------------------------------------------------------------------------------ API

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lanner.core.spec import ADAPTER_METHODS, JobSpec, trains_adapter
+from lanner.core.spec import ADAPTER_METHODS, JobSpec, quantized_base, trains_adapter
 
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64
@@ -107,7 +107,7 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
         parts = {"total": total, "linear": total, "other": 0}
     else:
         parts = count_parameters(model)
-    if spec.method == "qlora":
+    if quantized_base(spec):
         weights = int(parts["linear"] * NF4_BYTES_PER_WEIGHT + parts["other"] * 2)
     else:
         weights = parts["total"] * weight_bytes

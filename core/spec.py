@@ -3,15 +3,17 @@ queued, stored in the job's config as {"version": SPEC_VERSION, "spec": {...}} (
 read back by the worker, clone and retry (load_spec). docs/job-spec.md lists the fields."""
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
 from lanner.core.errors import UserError
 from lanner.core.model_paths import NOT_ALLOWED, allowed_model_folder
+from lanner.core.rewards.builtin import BUILTIN_KINDS
 from lanner.core.settings import get_settings
 
 # Bumped when a stored spec would mean something else to this code: a field renamed or removed, a
@@ -21,8 +23,10 @@ SPEC_VERSION = 2
 # model folder) were made when it was queued and belong to the machine that runs it.
 STORED = "stored"
 
-Method = Literal["lora", "qlora", "full", "pretrain", "dpo", "orpo", "kto"]
+Method = Literal["lora", "qlora", "full", "pretrain", "dpo", "orpo", "kto", "grpo"]
 ADAPTER_METHODS = {"lora", "qlora"}
+# Reinforcement learning from reward functions: an adapter by default, as the preference methods.
+RL_METHODS = {"grpo"}
 PREFERENCE_METHODS = {"dpo", "orpo", "kto"}
 WHOLE_MODEL_METHODS = {"full", "pretrain"}
 # NaN and Infinity pass every bound check (comparisons with NaN are all false) and cannot be stored as JSON.
@@ -32,7 +36,7 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[A-Za-z0-9][\w.\-]{0,95}$")
 # Learning rates that work for each method when the user gives none: adapters take large steps,
 # whole-model and preference tuning small ones.
 DEFAULT_LEARNING_RATE = {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5, "pretrain": 1e-4,
-                         "dpo": 5e-6, "orpo": 8e-6, "kto": 5e-6}
+                         "dpo": 5e-6, "orpo": 8e-6, "kto": 5e-6, "grpo": 1e-5}
 # Times a job goes back to the queue after losing its worker (requeue_on_worker_loss) before it fails:
 # a job that takes its worker down every time must not loop.
 MAX_REQUEUES = 3
@@ -103,13 +107,99 @@ class PreferenceSettings(BaseModel):
     max_prompt_len: int | None = Field(default=None, ge=8, le=131_072)
 
 
+REWARD_KINDS = (*BUILTIN_KINDS, "python")
+# A user's reward function is source text stored in the job's spec.
+REWARD_SOURCE_LIMIT = 20_000
+# What each kind of reward function reads besides kind, name and weight; nothing else may be given.
+REWARD_FIELDS = {"exact_match": {"column"}, "numeric_match": {"column", "tolerance"}, "regex": {"pattern"},
+                 "length_penalty": {"max_chars"}, "json_schema": {"json_schema"}, "python": {"source"}}
+REWARD_REQUIRED = {"regex": "pattern", "length_penalty": "max_chars", "json_schema": "json_schema", "python": "source"}
+
+
+class RewardFunction(BaseModel):
+    """One of a GRPO job's reward functions (lanner.core.rewards): a built-in or Python source that
+    defines reward(prompts, completions, **columns) -> one number (or None) per completion."""
+    model_config = SPEC_MODEL_CONFIG
+
+    kind: Literal[REWARD_KINDS]  # type: ignore[valid-type]
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,39}$",
+                             description="Its label on the charts; default: the kind")
+    weight: float = Field(default=1.0, ge=-100, le=100, description="Its share of the reward")
+    column: str | None = Field(default=None, min_length=1, max_length=200,
+                               description="exact_match, numeric_match: the dataset's reference column (default answer)")
+    tolerance: float | None = Field(default=None, ge=0, le=1e12,
+                                    description="numeric_match: absolute or relative (default 1e-6)")
+    pattern: str | None = Field(default=None, min_length=1, max_length=2000, description="regex: searched for")
+    max_chars: int | None = Field(default=None, ge=1, le=1_000_000,
+                                  description="length_penalty: 0 up to this, -1 at twice it")
+    json_schema: dict[str, Any] | None = Field(default=None, description="json_schema: type, properties, required, "
+                                                                         "items, enum, additionalProperties")
+    source: str | None = Field(default=None, min_length=1, max_length=REWARD_SOURCE_LIMIT,
+                               description="python: defines reward(prompts, completions, **columns)")
+
+    @model_validator(mode="after")
+    def _fits_kind(self) -> "RewardFunction":
+        given = {name for name in ("column", "tolerance", "pattern", "max_chars", "json_schema", "source")
+                 if getattr(self, name) is not None}
+        if stray := given - REWARD_FIELDS[self.kind]:
+            raise ValueError(f"{', '.join(sorted(stray))} does not apply to a {self.kind} reward function")
+        if (required := REWARD_REQUIRED.get(self.kind)) and getattr(self, required) is None:
+            raise ValueError(f"a {self.kind} reward function needs {required}")
+        if self.kind in ("exact_match", "numeric_match") and self.column is None:
+            self.column = "answer"
+        if self.kind == "numeric_match" and self.tolerance is None:
+            self.tolerance = 1e-6
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as error:
+                raise ValueError(f"pattern {self.pattern!r} is not a regular expression: {error}") from None
+        if self.source is not None:
+            try:  # parsed, never run: the code runs in the reward sandbox only
+                tree = ast.parse(self.source)
+            except SyntaxError as error:
+                raise ValueError(f"the code does not parse: {error.msg} on line {error.lineno}") from None
+            if not any(isinstance(node, ast.FunctionDef) and node.name == "reward" for node in tree.body):
+                raise ValueError("the code must define a function reward(prompts, completions, **columns)")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.name or self.kind
+
+
+def _distinct_labels(value: list[RewardFunction]) -> list[RewardFunction]:
+    labels = [function.label for function in value]
+    if repeated := sorted({label for label in labels if labels.count(label) > 1}):
+        raise ValueError(f"two reward functions are called {repeated[0]}: give each a name of its own")
+    return value
+
+
+RewardFunctions = Annotated[list[RewardFunction], Field(min_length=1, max_length=8), AfterValidator(_distinct_labels)]
+
+
+class GrpoSettings(BaseModel):
+    model_config = SPEC_MODEL_CONFIG
+
+    reward_functions: RewardFunctions
+    num_generations: int = Field(default=4, ge=2, le=64, description="Completions per prompt (the group)")
+    max_completion_len: int = Field(default=256, ge=1, le=32_768, description="Tokens per completion")
+    temperature: float = Field(default=1.0, gt=0, le=2)
+    beta: float = Field(default=0.04, ge=0, le=10, description="KL coefficient; 0: no reference model")
+    samples_logged: int = Field(default=4, ge=0, le=64,
+                                description="Sampled completions with their rewards kept per logged step")
+    reward_timeout_s: float = Field(default=30, gt=0, le=600,
+                                    description="Time limit of the reward functions on one batch")
+    load_in_4bit: bool = Field(default=False, description="The base in 4-bit NF4 under the adapter, as qlora; GPU")
+
+
 class JobSpec(BaseModel):
     """Fields are checked in order, so the later checks can read `method` and `hyperparameters`."""
     model_config = SPEC_MODEL_CONFIG
 
     method: Method = Field(json_schema_extra={"x-method-groups": {
         "adapter": sorted(ADAPTER_METHODS), "preference": sorted(PREFERENCE_METHODS),
-        "whole_model": sorted(WHOLE_MODEL_METHODS)}})
+        "whole_model": sorted(WHOLE_MODEL_METHODS), "rl": sorted(RL_METHODS)}})
     model: str = Field(min_length=1, max_length=1024,
                        description="builtin/SmolLM2-135M-Instruct, a hub id (org/name) or an absolute local path")
     dataset_id: int = Field(ge=1, le=2**31 - 1, strict=True)
@@ -119,6 +209,8 @@ class JobSpec(BaseModel):
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters, validate_default=True)
     lora: LoraSettings | None = Field(default=None, validate_default=True, description="lora, qlora and preference methods; defaults for lora/qlora")
     preference: PreferenceSettings | None = Field(default=None, validate_default=True, description="dpo, orpo, kto only")
+    grpo: GrpoSettings | None = Field(default=None, validate_default=True,
+                                      description="grpo only (required): the reward functions and the sampling")
     priority: int = Field(default=0, ge=-10, le=10, description="Higher runs first; above 0 is for admins")
     gpus: int = Field(default=1, ge=0, le=8, description="0 runs on the CPU")
     resume_from: str | None = Field(default=None, max_length=255, pattern=r"^[\w.\-]+$",
@@ -176,8 +268,9 @@ class JobSpec(BaseModel):
         method = info.data.get("method")
         if method is None:
             return value
-        if value.packing and method in PREFERENCE_METHODS:
-            raise ValueError(f"packing does not apply to {method}: preference pairs are never packed")
+        if value.packing and (method in PREFERENCE_METHODS or method in RL_METHODS):
+            raise ValueError(f"packing does not apply to {method}: " + ("preference pairs are never packed"
+                             if method in PREFERENCE_METHODS else "prompts to answer are never packed"))
         engine_options = [name for name in ("memory_budget_gib", "offload_checkpoints") if getattr(value, name)]
         if engine_options:
             names = " and ".join(engine_options)
@@ -200,7 +293,7 @@ class JobSpec(BaseModel):
         method = info.data.get("method")
         if method in WHOLE_MODEL_METHODS and value is not None:
             raise ValueError(f"LoRA settings (rank, alpha, …) do not apply to {method}, which trains every weight")
-        if method in ADAPTER_METHODS and value is None:
+        if (method in ADAPTER_METHODS or method in RL_METHODS) and value is None:
             return LoraSettings()
         return value
 
@@ -216,11 +309,32 @@ class JobSpec(BaseModel):
             return PreferenceSettings()
         return value
 
+    @field_validator("grpo")
+    @classmethod
+    def _grpo_fits_method(cls, value: GrpoSettings | None, info: ValidationInfo):
+        method, hp = info.data.get("method"), info.data.get("hyperparameters")
+        if method is None:
+            return value
+        if method not in RL_METHODS:
+            if value is not None:
+                raise ValueError(f"grpo settings (reward functions, …) apply to grpo, not to {method}")
+            return value
+        if value is None:
+            raise ValueError("grpo needs a grpo section with one reward function at least")
+        if hp is not None and (hp.batch_size * hp.gradient_accumulation) % value.num_generations:
+            raise ValueError(f"batch_size × gradient_accumulation ({hp.batch_size} × {hp.gradient_accumulation}) must "
+                             f"be a multiple of num_generations ({value.num_generations}): each step scores whole "
+                             "groups of completions")
+        return value
+
     @field_validator("gpus")
     @classmethod
     def _qlora_needs_gpu(cls, value: int, info: ValidationInfo) -> int:
         if value == 0 and info.data.get("method") == "qlora":
             raise ValueError("qlora needs a GPU (4-bit weights): set gpus to 1 or more, or use lora")
+        grpo = info.data.get("grpo")
+        if value == 0 and grpo is not None and grpo.load_in_4bit:
+            raise ValueError("grpo's load_in_4bit needs a GPU (4-bit weights): set gpus to 1 or more, or turn it off")
         return value
 
 
@@ -228,6 +342,11 @@ def trains_adapter(spec: JobSpec) -> bool:
     """lora and qlora train a LoRA adapter, full and pretrain every weight; a preference method an
     adapter when its spec gives LoRA settings, every weight otherwise."""
     return spec.lora is not None
+
+
+def quantized_base(spec: JobSpec) -> bool:
+    """Whether the adapter trains over a 4-bit NF4 base: qlora, and grpo with load_in_4bit."""
+    return spec.method == "qlora" or (spec.grpo is not None and spec.grpo.load_in_4bit)
 
 
 def stored_config(spec: JobSpec) -> dict[str, Any]:

@@ -29,6 +29,7 @@ METHODS = {
     "dpo": ("lanner.worker.training.dpo", ("preference",)),
     "orpo": ("lanner.worker.training.orpo", ("preference",)),
     "kto": ("lanner.worker.training.kto", ("kto", "preference")),
+    "grpo": ("lanner.worker.training.grpo", ("prompt",)),
 }
 
 log = logging.getLogger("lanner.train")

@@ -79,7 +79,7 @@ class Segment(BaseModel):
 
 class PreviewSequence(BaseModel):
     line: int = Field(description=LINE)
-    sequence: Literal["text", "completion", "chosen", "rejected"]
+    sequence: Literal["text", "completion", "chosen", "rejected", "prompt"]  # prompt: GRPO's, answered by the model
     tokens: int = Field(description="Tokens of the whole rendered sequence")
     trained_tokens: int = Field(description="Trained tokens within max_seq_len")
     truncated: bool = Field(description="Longer than max_seq_len: the tail is cut off in training")

@@ -119,6 +119,9 @@ def _check_against_database(session: Session, spec: JobSpec, user: User) -> Data
     if spec.method == "kto" and fmt not in UNPAIRED_PREFERENCE_FORMATS:
         raise field_error("dataset_id", f"kto needs preference data (prompt, completion, label); "
                                         f"dataset {dataset.id} is {fmt}")
+    if spec.method == "grpo" and fmt != "prompt":
+        raise field_error("dataset_id", f"grpo needs a prompt dataset (a prompt column, or messages, ending with the user's turn, "
+                                        f"and any reference columns); dataset {dataset.id} is {fmt}")
     if dataset.usable_rows <= 0:
         raise field_error("dataset_id", f"dataset {dataset.id} has no usable rows")
     if spec.priority > 0 and user.role != Role.admin:

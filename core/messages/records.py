@@ -26,6 +26,7 @@ class JobEventType(enum.StrEnum):
     evaluation = "evaluation"              # the before/after evaluation's result
     progress = "progress"                  # an export's stage and fraction done
     verification = "verification"          # an export's checks of what it wrote
+    completions = "completions"            # GRPO: sampled completions of a logged step, with their rewards
 
 
 class RecordEvent(BaseModel):
@@ -138,7 +139,22 @@ class ExportVerification(RecordEvent):
     formats: dict[str, FormatOutcome] = {}
 
 
+class CompletionSample(BaseModel):
+    prompt: str                            # the prompt's last message, its end kept
+    completion: str
+    rewards: dict[str, float | None]       # per reward function (None: it gave none), before weighting
+    advantage: float | None = None         # the weighted reward against its group's, as GRPO trains on it
+
+
+class CompletionSamples(RecordEvent):
+    """GRPO: a few of a logged step's completions with their rewards (the spec's samples_logged)."""
+    TYPE = JobEventType.completions
+
+    step: int
+    samples: list[CompletionSample]
+
+
 # Every event type's model, one each.
 RECORD_EVENTS: tuple[type[RecordEvent], ...] = (
     StepMetrics, DeviceReading, LogLine, StatusChange, CancelRequested, CheckpointSaved, DatasetChecked,
-    EvaluationResult, ExportProgress, ExportVerification)
+    EvaluationResult, ExportProgress, ExportVerification, CompletionSamples)

@@ -47,3 +47,13 @@ describe('parseJobIds', () => {
     expect(parseJobIds(null)).toEqual([])
   })
 })
+
+describe('GRPO runs side by side', () => {
+  it('overlays their rewards and shows their reward functions as a setting', () => {
+    expect(overlay([[m(1, { loss: 0.1, reward: 0.5 }), m(2, { reward: 1 })], []], 'reward')).toEqual([[1, 2], [0.5, 1], [null, null]])
+    const grpo = (id: number, functions: unknown[]) => job(id, { method: 'grpo', grpo: { reward_functions: functions } })
+    const row = configRows([grpo(1, [{ kind: 'regex', pattern: 'a' }]), grpo(2, [{ kind: 'exact_match' }])])
+      .find((r) => r.key === 'grpo.reward_functions')!
+    expect(row).toEqual({ key: 'grpo.reward_functions', values: ['[{"kind":"regex","pattern":"a"}]', '[{"kind":"exact_match"}]'], differs: true })
+  })
+})

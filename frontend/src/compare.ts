@@ -5,7 +5,7 @@
 import type uPlot from 'uplot'
 import type { Job, MetricRow } from './types'
 
-export type CurveKey = 'loss' | 'eval_loss' | 'learning_rate'
+export type CurveKey = 'loss' | 'eval_loss' | 'learning_rate' | 'reward' | 'kl'
 
 /**
  * uPlot columns for one metric of several runs: x is the union of their steps, each run one
@@ -27,13 +27,15 @@ export function overlay(runs: MetricRow[][], key: CurveKey): uPlot.AlignedData {
 /** The spec fields a comparison leaves out: they name or place the run rather than shape it. */
 const NOT_COMPARED = new Set(['name', 'priority', 'resume_from'])
 /** The nested spec, not the flat copies for the training process that a job's config also holds. */
-const SPEC_KEYS = ['method', 'model', 'dataset_id', 'preset', 'gpus', 'hyperparameters', 'lora', 'preference']
+const SPEC_KEYS = ['method', 'model', 'dataset_id', 'preset', 'gpus', 'hyperparameters', 'lora', 'preference', 'grpo']
 
 function flatten(value: unknown, prefix: string, out: Map<string, string>) {
   if (value && typeof value === 'object' && !Array.isArray(value)) {
     for (const [key, inner] of Object.entries(value as Record<string, unknown>)) flatten(inner, prefix ? `${prefix}.${key}` : key, out)
   } else if (value !== undefined) {
-    out.set(prefix, value === null ? '—' : Array.isArray(value) ? value.join(', ') : String(value))
+    // A list of objects (GRPO's reward functions) is shown as JSON, a list of names joined.
+    out.set(prefix, value === null ? '—' : Array.isArray(value)
+      ? (value.some((v) => v && typeof v === 'object') ? JSON.stringify(value) : value.join(', ')) : String(value))
   }
 }
 

@@ -164,3 +164,37 @@ describe('bounds and defaults from the API', () => {
     expect(METHODS.map((m) => m.value).sort()).toEqual([...components.schemas.JobCreate.properties.method.enum].sort())
   })
 })
+
+describe('GRPO in the form', () => {
+  const grpo = (values: Record<string, string> = {}, change: Partial<JobForm> = {}) =>
+    form({ 'hyperparameters.batch_size': '4', 'hyperparameters.gradient_accumulation': '1', ...values },
+      { method: 'grpo', ...change })
+
+  it('sends the grpo section with its reward functions, and LoRA settings', () => {
+    const functions = [{ kind: 'regex' as const, pattern: '^\\d+$', weight: 2 }]
+    const spec = buildJobSpec(grpo({ 'grpo.num_generations': '2' }, { rewardFunctions: functions }))
+    expect(spec.grpo).toMatchObject({ num_generations: 2, max_completion_len: 256, beta: 0.04, reward_functions: functions })
+    expect(spec.lora).toMatchObject({ rank: 16 })
+    expect(spec.preference).toBeUndefined()
+    expect(buildJobSpec(form()).grpo).toBeUndefined()
+  })
+
+  it('asks for a reward function and whole groups per step', () => {
+    expect(validateJobForm(grpo({ 'grpo.num_generations': '3' }, { rewardFunctions: [] }))).toEqual({
+      'grpo.reward_functions': 'Add a reward function.',
+      'grpo.num_generations': 'Batch size × accumulation (4) must be a multiple of the group size.',
+    })
+  })
+
+  it('asks for a GPU for a 4-bit base', () => {
+    expect(validateJobForm(grpo({ 'grpo.load_in_4bit': 'true', gpus: '0' }))).toEqual({
+      gpus: 'A base in 4-bit needs a GPU: set GPUs to 1, or turn it off.',
+    })
+    expect(buildJobSpec(grpo({ 'grpo.load_in_4bit': 'true', gpus: '1' })).grpo).toMatchObject({ load_in_4bit: true })
+  })
+
+  it('a clone keeps the reward functions', () => {
+    const functions = [{ kind: 'python' as const, source: 'def reward(p, c):\n    return [0.0] * len(c)\n' }]
+    expect(formFromConfig({ method: 'grpo', grpo: { reward_functions: functions } }, 'm').rewardFunctions).toEqual(functions)
+  })
+})

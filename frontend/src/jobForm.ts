@@ -7,10 +7,10 @@
  * client-side check.
  */
 import { specExtension, specField } from './specSchema'
-import type { Method } from './types'
+import type { Method, RewardFunction } from './types'
 
 export type FieldType = 'int' | 'float' | 'select' | 'bool'
-export type Section = 'training' | 'lora' | 'preference' | 'run'
+export type Section = 'training' | 'lora' | 'preference' | 'grpo' | 'run'
 
 /** What the form says about a field, written by hand. */
 interface FieldText {
@@ -39,8 +39,10 @@ export interface FieldDef extends FieldText {
   initial: string
 }
 
-const METHOD_GROUPS = specExtension('method', 'x-method-groups') as Record<'adapter' | 'preference' | 'whole_model', Method[]>
+const METHOD_GROUPS = specExtension('method', 'x-method-groups') as Record<'adapter' | 'preference' | 'whole_model' | 'rl', Method[]>
 export const ADAPTER_METHODS: Method[] = METHOD_GROUPS.adapter
+/** Reinforcement learning from reward functions (GRPO): an adapter, as lora, with a grpo section. */
+export const RL_METHODS: Method[] = METHOD_GROUPS.rl
 export const PREFERENCE_METHODS: Method[] = METHOD_GROUPS.preference
 export const WHOLE_MODEL_METHODS: Method[] = METHOD_GROUPS.whole_model
 
@@ -52,6 +54,7 @@ export const METHODS: { value: Method; label: string; help: string }[] = [
   { value: 'dpo', label: 'DPO', help: 'Preference tuning on prompt / chosen / rejected pairs.' },
   { value: 'orpo', label: 'ORPO', help: 'Preference tuning without a reference model, on chosen / rejected pairs.' },
   { value: 'kto', label: 'KTO', help: 'Preference tuning on single answers labelled good or bad.' },
+  { value: 'grpo', label: 'GRPO', help: 'Reinforcement learning: the model answers prompts, reward functions you choose or write score the answers.' },
 ]
 
 /** The API's learning rate when none is given. */
@@ -76,6 +79,14 @@ const FIELD_TEXTS: FieldText[] = [
     help: 'Scales the adapter’s effect (alpha / rank). Twice the rank is a common start.' },
   { path: 'preference.beta', label: 'Beta', section: 'preference',
     help: 'How far the model may drift from the reference. Lower allows more; 0.1 is the usual start.' },
+  { path: 'grpo.num_generations', label: 'Group size', section: 'grpo',
+    help: 'Completions sampled per prompt; each is judged against its group. Batch size × accumulation must be a multiple of it.' },
+  { path: 'grpo.max_completion_len', label: 'Max completion length', section: 'grpo',
+    help: 'Tokens the model may write per completion.' },
+  { path: 'grpo.temperature', label: 'Temperature', section: 'grpo',
+    help: 'Sampling temperature: higher gives the group more varied answers to learn from.' },
+  { path: 'grpo.beta', label: 'KL coefficient', section: 'grpo',
+    help: 'How strongly the model is held near where it started; 0 drops the reference model.' },
   // Advanced
   { path: 'hyperparameters.warmup_ratio', label: 'Warmup ratio', section: 'training', advanced: true,
     help: 'Share of the run during which the learning rate ramps up from 0.' },
@@ -112,6 +123,8 @@ const FIELD_TEXTS: FieldText[] = [
     help: 'Steps between checkpoints, which a retry can resume from.' },
   { path: 'hyperparameters.seed', label: 'Seed', section: 'training', advanced: true,
     help: 'Makes the shuffle and initialisation repeatable.' },
+  { path: 'grpo.load_in_4bit', label: 'Base in 4-bit (QLoRA)', section: 'grpo', advanced: true,
+    help: 'Keeps the base model’s weights in 4-bit NF4 under the adapter: about a third of the memory. Needs a GPU.' },
   { path: 'lora.dropout', label: 'LoRA dropout', section: 'lora', advanced: true,
     help: 'Randomly drops adapter inputs while training; 0.05 can help small datasets.' },
   { path: 'gpus', label: 'GPUs', section: 'run', advanced: true,
@@ -165,6 +178,8 @@ export const PRESETS = Object.fromEntries(Object.entries(PRESET_TEXTS).map(([nam
 
 export interface JobForm {
   method: Method
+  /** GRPO's reward functions. */
+  rewardFunctions: RewardFunction[]
   /** builtin/…, a hub id, or an absolute path. */
   model: string
   datasetId: string
@@ -178,6 +193,7 @@ export const DEFAULT_VALUES: Record<string, string> = Object.fromEntries(FIELDS.
 export function newJobForm(model: string, gpus = 1): JobForm {
   return {
     method: 'lora',
+    rewardFunctions: [{ kind: 'exact_match' }],
     model,
     datasetId: '',
     name: '',
@@ -195,7 +211,8 @@ export function applyPreset(form: JobForm, preset: PresetName): JobForm {
 /** Whether a field applies to the chosen method. */
 export function fieldApplies(field: FieldDef, method: Method): boolean {
   if (field.methods) return field.methods.includes(method)
-  if (field.section === 'lora') return ADAPTER_METHODS.includes(method)
+  if (field.section === 'lora') return ADAPTER_METHODS.includes(method) || RL_METHODS.includes(method)
+  if (field.section === 'grpo') return RL_METHODS.includes(method)
   if (field.section === 'preference') return PREFERENCE_METHODS.includes(method)
   return true
 }
@@ -240,6 +257,15 @@ export function validateJobForm(form: JobForm): Record<string, string> {
     if (form.values[budget]?.trim() && !errors[budget]) errors[budget] = `The memory budget needs ${engineNeeds} on.`
     if (form.values[offload] === 'true') errors[offload] = `Offloading checkpoints needs ${engineNeeds} on.`
   }
+  if (RL_METHODS.includes(form.method)) {
+    if (form.rewardFunctions.length === 0) errors['grpo.reward_functions'] = 'Add a reward function.'
+    const group = Number(form.values['grpo.num_generations'])
+    const batch = Number(form.values['hyperparameters.batch_size']) * Number(form.values['hyperparameters.gradient_accumulation'])
+    if (!errors['grpo.num_generations'] && group > 0 && batch > 0 && batch % group !== 0)
+      errors['grpo.num_generations'] = `Batch size × accumulation (${batch}) must be a multiple of the group size.`
+    if (form.values['grpo.load_in_4bit'] === 'true' && form.values.gpus?.trim() === '0')
+      errors.gpus = 'A base in 4-bit needs a GPU: set GPUs to 1, or turn it off.'
+  }
   if (form.method === 'qlora' && form.values.gpus?.trim() === '0')
     errors.gpus = 'QLoRA needs a GPU (4-bit weights): set GPUs to 1, or use LoRA.'
   return errors
@@ -257,6 +283,7 @@ export function buildJobSpec(form: JobForm): Record<string, unknown> {
   const hyperparameters: Record<string, unknown> = {}
   const lora: Record<string, unknown> = {}
   const preference: Record<string, unknown> = {}
+  const grpo: Record<string, unknown> = {}
   const spec: Record<string, unknown> = {
     method: form.method,
     model: form.model.trim(),
@@ -272,11 +299,13 @@ export function buildJobSpec(form: JobForm): Record<string, unknown> {
     if (group === 'hyperparameters') hyperparameters[key!] = value
     else if (group === 'lora') lora[key!] = value
     else if (group === 'preference') preference[key!] = value
+    else if (group === 'grpo') grpo[key!] = value
     else spec[key!] = value
   }
   spec.hyperparameters = hyperparameters
-  if (ADAPTER_METHODS.includes(form.method)) spec.lora = lora
+  if (ADAPTER_METHODS.includes(form.method) || RL_METHODS.includes(form.method)) spec.lora = lora
   if (PREFERENCE_METHODS.includes(form.method)) spec.preference = preference
+  if (RL_METHODS.includes(form.method)) spec.grpo = { ...grpo, reward_functions: form.rewardFunctions }
   return spec
 }
 
@@ -291,8 +320,10 @@ export function formFromConfig(config: Record<string, unknown>, fallbackModel: s
     if (value === undefined || value === null) continue
     values[field.path] = String(value)
   }
+  const grpo = config.grpo as { reward_functions?: RewardFunction[] } | null | undefined
   return {
     method,
+    rewardFunctions: grpo?.reward_functions ?? [{ kind: 'exact_match' }],
     model: typeof config.model === 'string' ? config.model : fallbackModel,
     datasetId: config.dataset_id != null ? String(config.dataset_id) : '',
     name: typeof config.name === 'string' ? (copy ? `${config.name} (copy)` : config.name).slice(0, 200) : '',

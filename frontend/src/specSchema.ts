@@ -21,7 +21,7 @@ export interface JsonSchema {
   'x-default-by-method'?: Record<string, number>
   /** Each preset's hyperparameters. */
   'x-presets'?: Record<string, Record<string, string | number | boolean>>
-  'x-method-groups'?: Record<'adapter' | 'preference' | 'whole_model', string[]>
+  'x-method-groups'?: Record<'adapter' | 'preference' | 'whole_model' | 'rl', string[]>
 }
 
 const SCHEMAS = components.schemas as unknown as Record<string, JsonSchema>

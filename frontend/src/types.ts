@@ -72,6 +72,14 @@ interface Entry<Type extends Schemas['JobEventType'], Data> {
 export type FormatOutcome = Schemas['FormatOutcome']
 
 /** The events of lanner.core.messages.records, one type of entry each. */
+/** A GRPO reward function as the spec takes it (lanner.core.spec.RewardFunction). */
+export type RewardFunction = Omit<Schemas['RewardFunction'], 'weight'> & { weight?: number }
+/** POST /api/rewards/test: the functions tried on sample completions in the sandbox. */
+export type RewardTestResult = Schemas['RewardTestResult']
+
+/** GRPO: a few of a logged step's completions with their rewards. */
+export type CompletionSamples = Schemas['CompletionSamples']
+
 export type StreamEvent =
   | Entry<'metric', Schemas['StepMetrics']>
   | Entry<'device', Schemas['DeviceReading']>
@@ -83,6 +91,7 @@ export type StreamEvent =
   | Entry<'evaluation', Schemas['EvaluationResult']>
   | Entry<'progress', Schemas['ExportProgress']>
   | Entry<'verification', Schemas['ExportVerification']>
+  | Entry<'completions', Schemas['CompletionSamples']>
 
 // ---- Evaluation ------------------------------------------------------------
 

@@ -34,7 +34,18 @@ EXAMPLES = {
                    {"prompt": [USER], "chosen": [ASSISTANT], "rejected": [{"role": "assistant", "content": "Lyon."}]}),
     "kto": ({"prompt": "Capital of France?", "completion": "Paris.", "label": True},
             {"prompt": [USER], "completion": [ASSISTANT], "label": True}),
+    "prompt": ({"prompt": "Capital of France?", "answer": "Paris", "level": 1}, {"prompt": [USER], "answer": "Paris", "level": 1}),
 }
+
+
+def test_conversations_ending_with_the_users_turn_are_prompts(tmp_path):
+    path = write_jsonl(tmp_path / "ask.jsonl", [{"messages": [USER], "answer": "Paris"},
+                                                {"messages": [USER, ASSISTANT, USER], "answer": "Paris"},
+                                                {"prompt": [USER, ASSISTANT], "answer": "Paris"}])
+    fmt, rows, bad = load_rows(path)
+    assert (fmt, rows[0]) == ("prompt", {"prompt": [USER], "answer": "Paris"})
+    assert rows[1]["prompt"] == [USER, ASSISTANT, USER] and len(rows) == 2
+    assert "'prompt' ends with the assistant's message; a prompt to answer ends with the user's" in bad[0]["reason"]
 
 
 @pytest.mark.parametrize("fmt", sorted(EXAMPLES))

@@ -7,13 +7,17 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from lanner.core.messages.records import CompletionSample, CompletionSamples
 from lanner.worker.distributed.ranks import any_rank
 from lanner.worker.events import JobEvents
 
 # Per-step values from TRL/transformers' logs passed on as they are (besides the ones computed here).
 PASSED_ON = ("loss", "learning_rate", "grad_norm", "epoch", "mean_token_accuracy", "entropy", "num_tokens",
-             "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-             "nll_loss", "log_odds_ratio", "kl")  # ORPO's SFT and odds-ratio terms; KTO's KL estimate
+             "nll_loss", "log_odds_ratio", "kl",  # ORPO's SFT and odds-ratio terms; KTO's and GRPO's KL estimate
+             # GRPO's
+             "reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/min_length",
+             "completions/max_length", "completions/clipped_ratio", "generation_time", "reward_time")
+PASSED_ON_PREFIXES = ("rewards/",)  # DPO/ORPO/KTO's rewards/chosen, ...; GRPO's per reward function
 
 
 class MetricsCallback(TrainerCallback):
@@ -46,9 +50,13 @@ class MetricsCallback(TrainerCallback):
         if "loss" not in logs or step == self.last_step_published:
             return  # the end-of-training summary, or a repeat
         self.last_step_published = step
-        values = {key: logs[key] for key in PASSED_ON if key in logs}
+        values = {key: value for key, value in logs.items()
+                  if (key in PASSED_ON or key.startswith(PASSED_ON_PREFIXES)) and value is not None}
         if self.step_time:
             values["step_time"] = self.step_time
+            if "generation_time" in values:  # GRPO: the step's time split
+                values["training_time"] = max(0.0, self.step_time - values["generation_time"]
+                                              - values.get("reward_time", 0.0))
             values["samples_per_second"] = self.samples_per_step / self.step_time
             if "num_tokens" in logs:
                 if self.tokens_seen is None and step == 1:
@@ -58,6 +66,9 @@ class MetricsCallback(TrainerCallback):
                 self.tokens_seen = logs["num_tokens"]
         values["total_steps"] = state.max_steps
         self.events.metric(step, values, total_steps=state.max_steps)
+
+    def completions(self, step: int, samples: list[CompletionSample]) -> None:
+        self.events.publish(CompletionSamples(step=step, samples=samples))
 
     def on_save(self, args, state, control, **kwargs):
         name = f"checkpoint-{state.global_step}"

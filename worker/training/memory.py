@@ -75,7 +75,7 @@ def _tips(options: TrainingOptions) -> list[str]:
         tips.append("gradient checkpointing")
     if not options.lora:
         tips.append("LoRA rather than training every weight")
-    elif options.method != "qlora":
+    elif not options.load_in_4bit:
         tips.append("QLoRA")
     if options.memory_limit_mb:
         tips.append("a higher memory_limit_mb")

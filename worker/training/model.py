@@ -49,7 +49,7 @@ def load_tokenizer(path: str, options: TrainingOptions):
 
 def load_model(path: str, options: TrainingOptions, events: JobEvents):
     """The model the job's method trains, on the kernels unless the job switched them off."""
-    if options.method == "qlora":
+    if options.load_in_4bit:
         model, how = _nf4_lora_model(path, options), "LoRA over a 4-bit NF4 base"
     elif options.lora:
         model, how = _lora_model(_load(path, options), options), "LoRA"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lanner.core.spec import JobSpec, trains_adapter
+from lanner.core.spec import GrpoSettings, JobSpec, quantized_base, trains_adapter
 
 # KTO estimates its KL term from the other completions of a micro-batch: it needs two at least.
 SMALLEST_MICRO_BATCH = {"kto": 2}
@@ -16,6 +16,7 @@ DTYPES = {"auto": "auto", "bf16": "bfloat16", "fp16": "float16", "fp32": "float3
 class TrainingOptions:
     method: str
     lora: bool                          # train a LoRA adapter; False: every weight
+    load_in_4bit: bool                  # the adapter over a 4-bit NF4 base (qlora; grpo's load_in_4bit)
     max_steps: int                      # > 0 overrides num_train_epochs
     num_train_epochs: float
     per_device_train_batch_size: int
@@ -47,6 +48,7 @@ class TrainingOptions:
     oom_retry: bool
     memory_limit_mb: int | None         # a cap on what the training steps may allocate (lanner.worker.training.memory)
     before_after_eval: bool
+    grpo: GrpoSettings | None           # grpo: the reward functions and the sampling (grpo.py)
 
     def problem(self) -> str | None:
         """Why these options cannot train, in words; None when they can."""
@@ -67,7 +69,7 @@ class TrainingOptions:
 def training_options(spec: JobSpec) -> TrainingOptions:
     hp, lora, preference = spec.hyperparameters, spec.lora if trains_adapter(spec) else None, spec.preference
     return TrainingOptions(
-        method=spec.method, lora=lora is not None,
+        method=spec.method, lora=lora is not None, load_in_4bit=quantized_base(spec),
         max_steps=hp.max_steps or -1, num_train_epochs=hp.epochs,
         per_device_train_batch_size=hp.batch_size, gradient_accumulation_steps=hp.gradient_accumulation,
         learning_rate=hp.learning_rate, lr_scheduler_type=hp.lr_scheduler, warmup_ratio=hp.warmup_ratio,
@@ -80,4 +82,5 @@ def training_options(spec: JobSpec) -> TrainingOptions:
         dtype=DTYPES[hp.precision], seed=hp.seed, validation_split=hp.eval_fraction,
         eval_steps=hp.eval_steps or hp.save_steps, save_steps=hp.save_steps,
         beta=preference and preference.beta, max_prompt_len=preference and preference.max_prompt_len,
-        oom_retry=hp.oom_retry, memory_limit_mb=hp.memory_limit_mb, before_after_eval=hp.before_after_eval)
+        oom_retry=hp.oom_retry, memory_limit_mb=hp.memory_limit_mb, before_after_eval=hp.before_after_eval,
+        grpo=spec.grpo)

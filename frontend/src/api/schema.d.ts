@@ -270,6 +270,14 @@ export interface paths {
      */
     post: operations["close_gpu_session_api_playground_gpu_sessions__session_id__close_post"];
   };
+  "/api/rewards/test": {
+    /**
+     * Test Rewards
+     * @description Runs the reward functions on the completions in the reward sandbox (a subprocess with limits:
+     * docs/rewards.md). A function that fails answers 200 with the failure and its traceback.
+     */
+    post: operations["test_rewards_api_rewards_test_post"];
+  };
 }
 
 export type webhooks = Record<string, never>;
@@ -668,6 +676,52 @@ export interface components {
        */
       idle_seconds?: number | null;
     };
+    /** GrpoSettings */
+    GrpoSettings: {
+      /** Reward Functions */
+      reward_functions: components["schemas"]["RewardFunction"][];
+      /**
+       * Num Generations
+       * @description Completions per prompt (the group)
+       * @default 4
+       */
+      num_generations: number;
+      /**
+       * Max Completion Len
+       * @description Tokens per completion
+       * @default 256
+       */
+      max_completion_len: number;
+      /**
+       * Temperature
+       * @default 1
+       */
+      temperature: number;
+      /**
+       * Beta
+       * @description KL coefficient; 0: no reference model
+       * @default 0.04
+       */
+      beta: number;
+      /**
+       * Samples Logged
+       * @description Sampled completions with their rewards kept per logged step
+       * @default 4
+       */
+      samples_logged: number;
+      /**
+       * Reward Timeout S
+       * @description Time limit of the reward functions on one batch
+       * @default 30
+       */
+      reward_timeout_s: number;
+      /**
+       * Load In 4Bit
+       * @description The base in 4-bit NF4 under the adapter, as qlora; GPU
+       * @default false
+       */
+      load_in_4bit: boolean;
+    };
     /** HTTPValidationError */
     HTTPValidationError: {
       /** Detail */
@@ -850,7 +904,7 @@ export interface components {
        * Method
        * @enum {string}
        */
-      method: "lora" | "qlora" | "full" | "pretrain" | "dpo" | "orpo" | "kto";
+      method: "lora" | "qlora" | "full" | "pretrain" | "dpo" | "orpo" | "kto" | "grpo";
       /**
        * Model
        * @description builtin/SmolLM2-135M-Instruct, a hub id (org/name) or an absolute local path
@@ -870,6 +924,8 @@ export interface components {
       lora?: components["schemas"]["LoraSettings"] | null;
       /** @description dpo, orpo, kto only */
       preference?: components["schemas"]["PreferenceSettings"] | null;
+      /** @description grpo only (required): the reward functions and the sampling */
+      grpo?: components["schemas"]["GrpoSettings"] | null;
       /**
        * Priority
        * @description Higher runs first; above 0 is for admins
@@ -1257,7 +1313,7 @@ export interface components {
        * Sequence
        * @enum {string}
        */
-      sequence: "text" | "completion" | "chosen" | "rejected";
+      sequence: "text" | "completion" | "chosen" | "rejected" | "prompt";
       /**
        * Tokens
        * @description Tokens of the whole rendered sequence
@@ -1311,6 +1367,127 @@ export interface components {
        * @description A checkpoint artifact of this job to resume from
        */
       resume_from?: string | null;
+    };
+    /** RewardFailure */
+    RewardFailure: {
+      /** Function */
+      function: string | null;
+      /** Message */
+      message: string;
+      /** Traceback */
+      traceback: string;
+      /**
+       * Output
+       * @description What the functions printed (its end)
+       */
+      output: string;
+    };
+    /**
+     * RewardFunction
+     * @description One of a GRPO job's reward functions (lanner.core.rewards): a built-in or Python source that
+     * defines reward(prompts, completions, **columns) -> one number (or None) per completion.
+     */
+    RewardFunction: {
+      /**
+       * Kind
+       * @enum {string}
+       */
+      kind: "exact_match" | "numeric_match" | "regex" | "length_penalty" | "json_schema" | "python";
+      /**
+       * Name
+       * @description Its label on the charts; default: the kind
+       */
+      name?: string | null;
+      /**
+       * Weight
+       * @description Its share of the reward
+       * @default 1
+       */
+      weight: number;
+      /**
+       * Column
+       * @description exact_match, numeric_match: the dataset's reference column (default answer)
+       */
+      column?: string | null;
+      /**
+       * Tolerance
+       * @description numeric_match: absolute or relative (default 1e-6)
+       */
+      tolerance?: number | null;
+      /**
+       * Pattern
+       * @description regex: searched for
+       */
+      pattern?: string | null;
+      /**
+       * Max Chars
+       * @description length_penalty: 0 up to this, -1 at twice it
+       */
+      max_chars?: number | null;
+      /**
+       * Json Schema
+       * @description json_schema: type, properties, required, items, enum, additionalProperties
+       */
+      json_schema?: {
+        [key: string]: unknown;
+      } | null;
+      /**
+       * Source
+       * @description python: defines reward(prompts, completions, **columns)
+       */
+      source?: string | null;
+    };
+    /**
+     * RewardTest
+     * @description Reward functions tried on completions written for the test, each paired in turn with a row of
+     * the dataset (its prompt and reference columns) when one is given.
+     */
+    RewardTest: {
+      /** Reward Functions */
+      reward_functions: components["schemas"]["RewardFunction"][];
+      /**
+       * Completions
+       * @description Sample completions
+       */
+      completions: string[];
+      /**
+       * Dataset Id
+       * @description A prompt dataset: its first rows
+       */
+      dataset_id?: number | null;
+      /**
+       * Timeout S
+       * @description The sandbox's time limit for the batch
+       * @default 10
+       */
+      timeout_s: number;
+    };
+    /** RewardTestResult */
+    RewardTestResult: {
+      /** Rows */
+      rows: components["schemas"]["RewardTestRow"][];
+      failure?: components["schemas"]["RewardFailure"] | null;
+      /**
+       * Network Isolated
+       * @description Whether the sandbox ran without network on this machine
+       */
+      network_isolated: boolean;
+    };
+    /** RewardTestRow */
+    RewardTestRow: {
+      /** Prompt */
+      prompt: string;
+      /** Completion */
+      completion: string;
+      /** Rewards */
+      rewards: {
+        [key: string]: number | null;
+      };
+      /**
+       * Total
+       * @description The weighted sum, as GRPO scores the completion; None if no function gave one
+       */
+      total: number | null;
     };
     /**
      * Role
@@ -1568,6 +1745,29 @@ export interface components {
       /** Name */
       name: string;
     };
+    /** CompletionSample */
+    CompletionSample: {
+      /** Prompt */
+      prompt: string;
+      /** Completion */
+      completion: string;
+      /** Rewards */
+      rewards: {
+        [key: string]: number | null;
+      };
+      /** Advantage */
+      advantage?: number | null;
+    };
+    /**
+     * CompletionSamples
+     * @description GRPO: a few of a logged step's completions with their rewards (the spec's samples_logged).
+     */
+    CompletionSamples: {
+      /** Step */
+      step: number;
+      /** Samples */
+      samples: components["schemas"]["CompletionSample"][];
+    };
     /** DatasetChecked */
     DatasetChecked: {
       [key: string]: unknown;
@@ -1713,7 +1913,7 @@ export interface components {
      * JobEventType
      * @enum {string}
      */
-    JobEventType: "metric" | "device" | "log" | "status" | "cancel_requested" | "dataset" | "checkpoint" | "evaluation" | "progress" | "verification";
+    JobEventType: "metric" | "device" | "log" | "status" | "cancel_requested" | "dataset" | "checkpoint" | "evaluation" | "progress" | "verification" | "completions";
     /** LogLine */
     LogLine: {
       /**
@@ -4057,6 +4257,62 @@ export interface operations {
       422: {
         content: {
           "application/json": components["schemas"]["HTTPValidationError"];
+        };
+      };
+    };
+  };
+  /**
+   * Test Rewards
+   * @description Runs the reward functions on the completions in the reward sandbox (a subprocess with limits:
+   * docs/rewards.md). A function that fails answers 200 with the failure and its traceback.
+   */
+  test_rewards_api_rewards_test_post: {
+    requestBody: {
+      content: {
+        "application/json": components["schemas"]["RewardTest"];
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      200: {
+        content: {
+          "application/json": components["schemas"]["RewardTestResult"];
+        };
+      };
+      /** @description The body is not what its content type says (not JSON, not UTF-8) */
+      400: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description No such resource */
+      404: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description The request body is over its limit */
+      413: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
         };
       };
     };

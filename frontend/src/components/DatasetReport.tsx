@@ -10,6 +10,7 @@ const FORMAT_NAMES: Record<string, string> = {
   preference: 'preference pairs (prompt / chosen / rejected)',
   kto: 'labelled answers (prompt / completion / label)',
   unpaired_preference: 'labelled answers (prompt / completion / label)',
+  prompt: 'prompts to answer, with reference columns (GRPO)',
 }
 
 export function formatName(format: string | null | undefined): string {

@@ -51,7 +51,7 @@ export function withHistory(live: JobLive, metrics: MetricRow[], samples: Sample
     points.push({
       t: m.t[i]! + shift,
       step: m.step[i]!,
-      point: { isEval: false, loss: m.loss[i]!, evalLoss: m.evalLoss[i]!, learningRate: m.learningRate[i]!, gradNorm: m.gradNorm[i]!, tokensPerSecond: m.tokensPerSecond[i]! },
+      point: { isEval: false, loss: m.loss[i]!, evalLoss: m.evalLoss[i]!, learningRate: m.learningRate[i]!, gradNorm: m.gradNorm[i]!, tokensPerSecond: m.tokensPerSecond[i]!, values: m.values[i]! },
     })
   }
   points.sort((a, b) => a.t - b.t || a.step - b.step)
@@ -63,6 +63,7 @@ export function withHistory(live: JobLive, metrics: MetricRow[], samples: Sample
     learningRate: points.map((p) => p.point.learningRate),
     gradNorm: points.map((p) => p.point.gradNorm),
     tokensPerSecond: points.map((p) => p.point.tokensPerSecond),
+    values: points.map((p) => p.point.values),
   }
 
   const d = live.device

@@ -1,4 +1,4 @@
-import type { FormatOutcome, StreamEvent } from '../types'
+import type { CompletionSamples, FormatOutcome, StreamEvent } from '../types'
 import { compareStreamIds, streamIdTime } from './streamIds'
 
 /** Column arrays for the charts; x is seconds since the job's first event. */
@@ -10,7 +10,10 @@ export interface MetricColumns {
   learningRate: (number | null)[]
   gradNorm: (number | null)[]
   tokensPerSecond: (number | null)[]
+  /** Each point's values as logged, for the method's own charts (GRPO's rewards, KL, …). */
+  values: Record<string, unknown>[]
 }
+
 
 export interface DeviceColumns {
   t: number[]
@@ -47,17 +50,20 @@ export interface JobLive {
   lastMetric: Record<string, unknown> | null
   /** An export job's formats, kept or left out with its checks' figures (its verification event). */
   formats: Record<string, FormatOutcome> | null
+  /** GRPO's sampled completions, the newest MAX_COMPLETION_STEPS logged steps. */
+  completions: CompletionSamples[]
   eventCount: number
 }
 
 export const MAX_LOG_LINES = 500
+export const MAX_COMPLETION_STEPS = 50
 const GIB = 1024 ** 3
 
 export function emptyJobLive(): JobLive {
   return {
     lastId: null,
     t0: null,
-    metrics: { t: [], step: [], loss: [], evalLoss: [], learningRate: [], gradNorm: [], tokensPerSecond: [] },
+    metrics: { t: [], step: [], loss: [], evalLoss: [], learningRate: [], gradNorm: [], tokensPerSecond: [], values: [] },
     device: { t: [], utilisation: [], memoryUsedGiB: [], processMemoryGiB: [], memoryTotalGiB: [] },
     deviceKind: null,
     memoryTotalBytes: null,
@@ -66,6 +72,7 @@ export function emptyJobLive(): JobLive {
     error: null,
     lastMetric: null,
     formats: null,
+    completions: [],
     eventCount: 0,
   }
 }
@@ -89,6 +96,7 @@ export function metricPoint(data: Record<string, unknown>) {
     learningRate: isEval ? null : num(data.learning_rate),
     gradNorm: isEval ? null : num(data.grad_norm),
     tokensPerSecond: isEval ? null : num(data.tokens_per_second),
+    values: data,
   }
 }
 
@@ -121,13 +129,14 @@ export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
   const metrics: MetricColumns = {
     t: [...m.t], step: [...m.step], loss: [...m.loss], evalLoss: [...m.evalLoss],
     learningRate: [...m.learningRate], gradNorm: [...m.gradNorm], tokensPerSecond: [...m.tokensPerSecond],
+    values: [...m.values],
   }
   const device: DeviceColumns = {
     t: [...d.t], utilisation: [...d.utilisation], memoryUsedGiB: [...d.memoryUsedGiB],
     processMemoryGiB: [...d.processMemoryGiB], memoryTotalGiB: [...d.memoryTotalGiB],
   }
   let logs = state.logs
-  let { t0, deviceKind, memoryTotalBytes, status, error, lastMetric, formats } = state
+  let { t0, deviceKind, memoryTotalBytes, status, error, lastMetric, formats, completions } = state
   const newLogs: LogLine[] = []
 
   for (const event of unique) {
@@ -143,6 +152,7 @@ export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
       metrics.learningRate.push(point.learningRate)
       metrics.gradNorm.push(point.gradNorm)
       metrics.tokensPerSecond.push(point.tokensPerSecond)
+      metrics.values.push(point.values)
       if (!point.isEval) lastMetric = event.data
     } else if (event.type === 'device') {
       const kind = typeof event.data.kind === 'string' ? event.data.kind : null
@@ -167,6 +177,9 @@ export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
       error = typeof event.data.error === 'string' ? event.data.error : null
     } else if (event.type === 'verification') {
       formats = event.data.formats ?? null
+    } else if (event.type === 'completions') {
+      const { step, samples } = event.data
+      if (typeof step === 'number') completions = [...completions, { step, samples: samples ?? [] }].slice(-MAX_COMPLETION_STEPS)
     }
   }
   if (newLogs.length > 0) logs = [...logs, ...newLogs].slice(-MAX_LOG_LINES)
@@ -182,6 +195,7 @@ export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
     error,
     lastMetric,
     formats,
+    completions,
     eventCount: state.eventCount + unique.length,
   }
 }

@@ -19,7 +19,11 @@ const CURVES: { key: CurveKey; title: string; testId: string }[] = [
   { key: 'loss', title: 'Training loss', testId: 'compare-loss' },
   { key: 'eval_loss', title: 'Eval loss', testId: 'compare-eval-loss' },
   { key: 'learning_rate', title: 'Learning rate', testId: 'compare-lr' },
+  // GRPO runs: drawn when a run logged them
+  { key: 'reward', title: 'Reward (GRPO)', testId: 'compare-reward' },
+  { key: 'kl', title: 'KL to the reference', testId: 'compare-kl' },
 ]
+const SPARSE: CurveKey[] = ['eval_loss', 'reward', 'kl']
 
 interface Run {
   job: Job
@@ -143,7 +147,7 @@ export function ComparePage() {
             {curves.find((c) => c.key === 'eval_loss')!.data[0].length === 0 && ' None of these runs measured an eval loss (set an evaluation share to hold rows out).'}
           </p>
           <div className="grid grid--charts" data-testid="compare-charts">
-            {curves.filter((c) => c.key !== 'eval_loss' || c.data[0].length > 0).map((c) => (
+            {curves.filter((c) => !SPARSE.includes(c.key) || c.data[0].length > 0).map((c) => (
               <LiveChart key={`${c.key}-${ids.join(',')}`} title={c.title} testId={c.testId} data={c.data} series={series}
                 xLabel="step" yFormat={formatFloat} yTickFormat={c.key === 'learning_rate' ? formatFloat : undefined} syncKey="compare" />
             ))}

@@ -8,6 +8,7 @@ import { CheckpointList } from '../components/CheckpointList'
 import { EvaluationSection } from '../components/EvaluationSection'
 import { ExportOutcomeTable } from '../components/ExportOutcomeTable'
 import { ExportPanel, fetchExports, savedWeights } from '../components/ExportPanel'
+import { GrpoPanel } from '../components/GrpoPanel'
 import { ErrorNotice, errorText } from '../components/Field'
 import { JobStatusBadge, ProgressBar } from '../components/JobStatusBadge'
 import { LiveChart } from '../components/LiveChart'
@@ -209,6 +210,7 @@ export function JobPage() {
         <LiveChart title={deviceKind === 'cpu' ? 'CPU utilisation' : 'GPU utilisation'} testId="chart-util" data={utilData} series={UTIL} xLabel="time" xFormat={clock} yFormat={(v) => `${v.toFixed(0)} %`} syncKey={`job-${id}`} xDomain={xDomain} yDomain={[0, 100]} />
         <LiveChart title={`${deviceKind === 'cpu' ? 'Memory' : 'GPU memory'}${memTotal ? ` (of ${(memTotal / 1024 ** 3).toFixed(1)} GiB)` : ''}`} testId="chart-mem" data={memData} series={MEM} xLabel="time" xFormat={clock} yFormat={(v) => `${v.toFixed(2)} GiB`} syncKey={`job-${id}`} xDomain={xDomain} yDomain={[0, 1]} />
       </div>
+      {job?.method === 'grpo' && <GrpoPanel metrics={m} completions={live.completions} jobId={id} xDomain={xDomain} />}
       <div className="grid grid--two">
         <section className="panel" aria-labelledby="log-heading">
           <header className="panel__header">

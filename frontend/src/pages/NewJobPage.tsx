@@ -9,11 +9,12 @@ import { ErrorNotice, errorText, Field } from '../components/Field'
 import { MemoryEstimatePanel } from '../components/MemoryEstimatePanel'
 import { ModelSearch } from '../components/ModelSearch'
 import { PageHeader } from '../components/PageHeader'
+import { RewardFunctionsEditor } from '../components/RewardFunctionsEditor'
 import { formatParameters } from '../format'
 import { useHealth } from '../health'
 import {
   applyPreset, buildJobSpec, DEFAULT_LEARNING_RATE, estimatedSteps, fieldApplies, FIELDS, formFromConfig,
-  METHODS, newJobForm, PRESETS, validateJobForm, type FieldDef, type JobForm, type PresetName,
+  METHODS, newJobForm, PRESETS, RL_METHODS, validateJobForm, type FieldDef, type JobForm, type PresetName,
 } from '../jobForm'
 import type { Catalog, CatalogModel, Dataset, Job, DatasetPage, Method, ParsedConfig } from '../types'
 
@@ -199,7 +200,7 @@ export function NewJobPage() {
   const visible = FIELDS.filter((f) => fieldApplies(f, form.method))
   const basic = visible.filter((f) => !f.advanced)
   const advanced = visible.filter((f) => f.advanced)
-  const wholeSpecError = serverErrors.hyperparameters ?? serverErrors.lora ?? serverErrors.preference ?? serverErrors['']
+  const wholeSpecError = serverErrors.hyperparameters ?? serverErrors.lora ?? serverErrors.preference ?? serverErrors.grpo ?? serverErrors['']
   const summary = useMemo(() => (reviewing ? buildJobSpec(form) : null), [reviewing, form])
 
   return (
@@ -329,6 +330,12 @@ export function NewJobPage() {
               <summary>Advanced</summary>
               <div className="field-grid">{advanced.map(renderField)}</div>
             </details>
+            {RL_METHODS.includes(form.method) && (
+              <RewardFunctionsEditor functions={form.rewardFunctions} datasetId={form.datasetId}
+                error={Object.entries(errors).filter(([path]) => path.startsWith('grpo.reward_functions'))
+                  .map(([path, text]) => `${path.replace('grpo.reward_functions', 'function').replace(/\.(\d+)/, (_, i) => ` ${Number(i) + 1}`)}: ${text}`).join('; ') || undefined}
+                onChange={(rewardFunctions) => update({ rewardFunctions }, ['grpo', 'grpo.reward_functions'])} />
+            )}
             <Field label="Job name (optional)" error={errors.name} help="Defaults to method, model and dataset.">
               <input type="text" value={form.name} maxLength={200} onChange={(e) => update({ name: e.target.value }, ['name'])} />
             </Field>
