@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import RedirectResponse
 
 from lanner.backend.errors import BodyLimit, document_common_errors, install_error_handlers
 from lanner.backend.frontend_files import mount_frontend
@@ -33,16 +34,27 @@ ROUTERS = [
 STREAMING_UPLOAD_PATHS = ("/api/datasets",)
 
 
+def redirect_root_documents(app: FastAPI) -> None:
+    """The API's documents live under /api/; their usual root paths, which the web UI would answer
+    otherwise, point there (308: permanent)."""
+    for path, target in (("/openapi.json", app.openapi_url), ("/docs", app.docs_url), ("/redoc", app.redoc_url)):
+        async def redirect(_: Request, target: str = target) -> RedirectResponse:
+            return RedirectResponse(target, status_code=308)
+        app.add_route(path, redirect, methods=["GET", "HEAD"], include_in_schema=False)
+
+
 def create_app() -> FastAPI:
     settings = get_settings()
     logging.basicConfig(level=settings.log_level.upper())
-    app = FastAPI(title="Lanner", version=health.VERSION, docs_url="/api/docs", openapi_url="/api/openapi.json")
+    app = FastAPI(title="Lanner", version=health.VERSION, docs_url="/api/docs",
+                  redoc_url="/api/redoc", openapi_url="/api/openapi.json")
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, exempt=STREAMING_UPLOAD_PATHS)
     app.add_middleware(SameOriginWrites)  # a forged request is refused before its body is read
     app.add_middleware(SecurityHeaders)  # outermost: refusals carry the headers too
+    redirect_root_documents(app)
     mount_frontend(app, settings.frontend_dir)
     document_common_errors(app)
     document_messages(app)

@@ -1,20 +1,25 @@
 """Artifacts: list per job, download (one HTTP range at a time, so large files resume; HEAD for the
-size and ETag alone; If-None-Match answered 304 when the file is unchanged), delete.
-Every path is resolved (symlinks and '..' included) and must stay inside the data dir."""
+size and ETag alone; If-None-Match answered 304 when the file is unchanged; a whole folder as a tar
+stream), delete. Every path is resolved (symlinks and '..' included) and must stay inside the data dir."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import stat as stat_mode
+import tarfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db, require_owner_or_admin
 from lanner.core.models import Artifact, Job, User
-from lanner.backend.paths import inside
+from lanner.backend.paths import inside, safe_filename
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, PathId, errors
 from lanner.backend.schemas.artifacts import ArtifactOut
 from lanner.core.settings import Settings, get_settings
@@ -22,6 +27,8 @@ from lanner.core.settings import Settings, get_settings
 router = APIRouter(tags=["artifacts"], responses={**SIGNED_IN_ERRORS, **errors(404)})
 SINGLE_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
 MAX_LISTED_FILES = 1000
+ARCHIVE_CHUNK = 1 << 20
+BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 
 def _artifact(session: Session, artifact_id: int) -> Artifact:
@@ -39,8 +46,15 @@ def _location(settings: Settings, artifact: Artifact) -> Path | None:
 
 
 def _files(folder: Path) -> list[str]:
-    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*")
-                  if path.is_file() and not path.is_symlink())[:MAX_LISTED_FILES]
+    """The regular files under a folder, relative and sorted. A symlink, to a file or to a folder, is
+    neither listed nor entered, so nothing outside the folder is reached through one."""
+    found = []
+    for root, _, names in os.walk(folder):  # followlinks=False
+        for name in names:
+            path = Path(root, name)
+            if path.is_file() and not path.is_symlink():
+                found.append(str(path.relative_to(folder)))
+    return sorted(found)
 
 
 @router.get("/api/jobs/{job_id}/artifacts", response_model=list[ArtifactOut])
@@ -53,7 +67,7 @@ def list_artifacts(job_id: PathId, _: User = Depends(current_user), session: Ses
         out = ArtifactOut.model_validate(artifact)
         location = _location(settings, artifact)
         if location is not None and location.is_dir():
-            out.files = _files(location)
+            out.files = _files(location)[:MAX_LISTED_FILES]
         found.append(out)
     return found
 
@@ -80,30 +94,73 @@ def _unchanged(if_none_match: str | None, etag: str) -> bool:
     return "*" in tags or etag.removeprefix("W/") in tags
 
 
+def _tar_stream(folder: Path, top: str) -> Iterator[bytes]:
+    """The folder's files as an uncompressed tar, read as it is sent: no copy on disk, whatever its size."""
+    for relative in _files(folder):
+        try:  # O_NOFOLLOW: a file swapped for a symlink since the walk is not followed
+            handle = os.fdopen(os.open(folder / relative, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+        except OSError:
+            continue  # removed since the walk
+        with handle:
+            status = os.fstat(handle.fileno())
+            if not stat_mode.S_ISREG(status.st_mode):
+                continue
+            member = tarfile.TarInfo(f"{top}/{relative}")
+            member.size, member.mtime = status.st_size, int(status.st_mtime)
+            member.mode = stat_mode.S_IMODE(status.st_mode)
+            yield member.tobuf(tarfile.GNU_FORMAT, "utf-8", "surrogateescape")
+            left = member.size
+            while left and (chunk := handle.read(min(ARCHIVE_CHUNK, left))):
+                left -= len(chunk)
+                yield chunk
+            yield bytes(left)  # a file that shrank meanwhile is padded to the size its header gave
+            yield bytes(-member.size % tarfile.BLOCKSIZE)
+    yield bytes(2 * tarfile.BLOCKSIZE)  # the end-of-archive marker
+
+
+def _archive(artifact: Artifact, folder: Path, head: bool) -> StreamingResponse:
+    """A folder artifact as one tar stream. Its size is not known before it is written, so it has no
+    Content-Length, no ETag and no ranges (Accept-Ranges: none; a Range header is ignored, as RFC 9110
+    allows); HEAD answers these headers alone, without reading the folder."""
+    top = safe_filename(f"job-{artifact.job_id}-{artifact.name}")
+    return StreamingResponse(iter(()) if head else _tar_stream(folder, top), media_type="application/x-tar",
+                             headers={"Content-Disposition": f'attachment; filename="{top}.tar"',
+                                      "Accept-Ranges": "none"})
+
+
 @router.head("/api/artifacts/{artifact_id}/download", include_in_schema=False)
 @router.get("/api/artifacts/{artifact_id}/download",
             response_class=FileResponse,
-            responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-                             "description": "The whole file"},
-                       206: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            responses={200: {"content": {"application/octet-stream": BINARY, "application/x-tar": BINARY},
+                             "description": "The whole file; with ?archive=tar, the whole folder as a tar stream"},
+                       206: {"content": {"application/octet-stream": BINARY},
                              "description": "The requested range"}, **errors(416)})
 def download_artifact(artifact_id: PathId, request: Request,
                       file: str | None = Query(default=None, max_length=1024,
                                                description="For a folder artifact: the file inside it"),
+                      archive: Literal["tar"] | None = Query(
+                          default=None, description="For a folder artifact: all its files as one (uncompressed) tar "
+                                                    "stream, without ranges"),
                       _: User = Depends(current_user), session: Session = Depends(get_db),
-                      settings: Settings = Depends(get_settings)) -> FileResponse:
+                      settings: Settings = Depends(get_settings)) -> Response:
+    if file and archive:
+        raise HTTPException(422, "Give ?file= (one file of a folder) or ?archive= (the whole folder), not both")
     artifact = _artifact(session, artifact_id)
     location = _location(settings, artifact)
     if location is None:
         raise HTTPException(404, f"Artifact {artifact_id} has no file inside the data directory")
     if location.is_dir():
+        if archive:
+            return _archive(artifact, location, head=request.method == "HEAD")
         if not file:
-            raise HTTPException(422, f"Artifact {artifact_id} is a folder: name one of its files with ?file=")
+            raise HTTPException(422, f"Artifact {artifact_id} is a folder: name one of its files with ?file=, "
+                                     "or download it whole with ?archive=tar")
         if not inside(location, file):
             raise HTTPException(404, f"No file {file!r} in artifact {artifact_id}")
         location = (location / file).resolve()
-    elif file:
-        raise HTTPException(422, f"Artifact {artifact_id} is a single file: leave out ?file=")
+    elif file or archive:
+        raise HTTPException(422, f"Artifact {artifact_id} is a single file, not a folder: download it as it is, "
+                                 f"without ?{'file' if file else 'archive'}=")
     if not location.is_file():
         raise HTTPException(404, f"The file of artifact {artifact_id} is missing")
     stat = location.stat()

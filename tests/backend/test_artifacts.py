@@ -1,7 +1,9 @@
 """Artifacts: listing, ranged downloads, deletion, and no way out of the data directory."""
 from __future__ import annotations
 
+import io
 import os
+import tarfile
 
 import pytest
 
@@ -67,7 +69,7 @@ def test_download_whole_and_in_ranges(team, produced):
         assert refused.headers["content-range"] == f"bytes */{len(CONTENT)}" and "detail" in refused.json()
     inner = team.bob.get(f"/api/artifacts/{ids['adapter']}/download", params={"file": "adapter_config.json"})
     assert inner.status_code == 200 and inner.text == "{}"
-    assert team.bob.get(f"/api/artifacts/{ids['adapter']}/download").status_code == 422
+    assert "?archive=tar" in team.bob.get(f"/api/artifacts/{ids['adapter']}/download").json()["detail"]
     assert team.bob.get(url, params={"file": "x"}).status_code == 422
     assert team.bob.get(f"/api/artifacts/{ids['missing']}/download").status_code == 404
     assert team.anonymous.get(url).status_code == 401
@@ -122,3 +124,35 @@ def test_head_answers_the_size_and_if_none_match_answers_304_while_the_file_is_u
     assert inner.status_code == 200 and inner.headers["content-length"] == "2"
     assert team.bob.head(f"/api/artifacts/{ids['missing']}/download").status_code == 404
     assert team.anonymous.head(url).status_code == 401
+
+
+def test_a_folder_downloads_whole_as_a_tar_stream_without_following_links_out(team, produced):
+    job_id, ids, secret = produced
+    adapter = team.api.settings.artifacts_dir / str(job_id) / "adapter"
+    files = {"adapter_config.json": b"{}", "adapter_model.safetensors": CONTENT + b"\x00" * 3,
+             "nested/tokenizer.json": b'{"a": 1}', "README.md": b""}
+    (adapter / "nested").mkdir()
+    for name, content in files.items():
+        (adapter / name).write_bytes(content)
+    os.symlink(secret.parent, adapter / "linked-folder")  # with link.txt: links out of the data dir
+    url = f"/api/artifacts/{ids['adapter']}/download"
+    response = team.bob.get(url, params={"archive": "tar"}, headers={"Range": "bytes=0-9"})
+    assert response.status_code == 200 and response.headers["content-type"] == "application/x-tar"
+    assert response.headers["content-disposition"] == 'attachment; filename="job-%d-adapter.tar"' % job_id
+    assert response.headers["accept-ranges"] == "none" and "outside the data dir" not in response.text
+    with tarfile.open(fileobj=io.BytesIO(response.content)) as archive:
+        read = {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.isfile()}
+    assert read == {f"job-{job_id}-adapter/{name}": content for name, content in files.items()}
+    head = team.bob.head(url, params={"archive": "tar"})
+    assert head.status_code == 200 and head.content == b"" and head.headers["accept-ranges"] == "none"
+    assert team.anonymous.get(url, params={"archive": "tar"}).status_code == 401
+
+
+@pytest.mark.parametrize("name, params, words", [
+    ("gguf", {"archive": "tar"}, "is a single file"), ("adapter", {"archive": "tar", "file": "README.md"}, "not both"),
+])
+def test_an_archive_is_only_of_a_folder(team, produced, name, params, words):
+    _, ids, _ = produced
+    response = team.bob.get(f"/api/artifacts/{ids[name]}/download", params=params)
+    assert response.status_code == 422 and words in response.json()["detail"]
+    assert team.bob.get(f"/api/artifacts/{ids['adapter']}/download", params={"archive": "zip"}).status_code == 422

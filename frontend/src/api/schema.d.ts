@@ -3994,16 +3994,19 @@ export interface operations {
       query?: {
         /** @description For a folder artifact: the file inside it */
         file?: string | null;
+        /** @description For a folder artifact: all its files as one (uncompressed) tar stream, without ranges */
+        archive?: "tar" | null;
       };
       path: {
         artifact_id: number;
       };
     };
     responses: {
-      /** @description The whole file */
+      /** @description The whole file; with ?archive=tar, the whole folder as a tar stream */
       200: {
         content: {
           "application/octet-stream": string;
+          "application/x-tar": string;
         };
       };
       /** @description The requested range */

@@ -15,6 +15,11 @@ export function downloadUrl(artifact: Artifact, file?: string): string {
   return file ? `${base}?file=${encodeURIComponent(file)}` : base
 }
 
+/** A folder artifact's files as one tar stream (no ranges: an interrupted download starts again). */
+export function archiveUrl(artifact: Artifact): string {
+  return `${downloadUrl(artifact)}?archive=tar`
+}
+
 interface ArtifactListProps {
   artifacts: Artifact[] | null
   finished: boolean
@@ -24,8 +29,8 @@ interface ArtifactListProps {
 }
 
 /**
- * Artifacts with their sizes and verification results; a folder artifact lists each of its files
- * for download.
+ * Artifacts with their sizes and verification results; a folder artifact downloads whole (.tar) or
+ * lists each of its files for download.
  */
 export function ArtifactList({ artifacts, finished, emptyText, testId = 'artifacts' }: ArtifactListProps) {
   if (!artifacts) return <p className="muted">Loading…</p>
@@ -47,16 +52,21 @@ export function ArtifactList({ artifacts, finished, emptyText, testId = 'artifac
               Download<span className="visually-hidden"> {artifact.name}</span>
             </a>
           ) : (
-            <details className="artifact__files" open={artifact.kind === 'adapter'}>
-              <summary>{artifact.files.length} files</summary>
-              <ul>
-                {artifact.files.map((file) => (
-                  <li key={file}>
-                    <a href={downloadUrl(artifact, file)} download className="mono">{file}</a>
-                  </li>
-                ))}
-              </ul>
-            </details>
+            <>
+              <a className="button button--small" href={archiveUrl(artifact)} download>
+                Download folder (.tar)<span className="visually-hidden"> {artifact.name}</span>
+              </a>
+              <details className="artifact__files" open={artifact.kind === 'adapter'}>
+                <summary>{artifact.files.length} files</summary>
+                <ul>
+                  {artifact.files.map((file) => (
+                    <li key={file}>
+                      <a href={downloadUrl(artifact, file)} download className="mono">{file}</a>
+                    </li>
+                  ))}
+                </ul>
+              </details>
+            </>
           )}
         </li>
       ))}
