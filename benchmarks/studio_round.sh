@@ -7,8 +7,8 @@
 set -o pipefail
 out=${OUT:?}
 source tools/device/env.sh
-python3 benchmarks/studio_bench.py --steps 30 --warmup 5 2> >(tail -40 >&2) | tee "$out/studio.json"
+python3 benchmarks/studio_bench.py --steps 25 --warmup 5 2> >(tail -40 >&2) | tee "$out/studio.json"
 budget=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['budget_gib'])" "$out/studio.json") || exit 1
 cd benchmarks
-python3 run.py --models llama-8b --systems unsloth --lanner-variants "budget=$budget" --steps 10 --warmup 3 \
+python3 run.py --models llama-8b --systems unsloth --lanner-variants "budget=$budget" --steps 8 --warmup 3 \
   --timeout 300 --out "$out/results.jsonl"
