@@ -36,6 +36,14 @@ def require_room(settings: Settings, size: int) -> None:
         raise UserError(507, str(exc)) from None
 
 
+def dataset_file(settings: Settings, dataset: Dataset) -> Path:
+    """The dataset's file in the data dir; 404 in words when it is gone."""
+    path = settings.data_dir / dataset.path
+    if not inside(settings.data_dir, dataset.path) or not path.is_file():
+        raise UserError(404, f"The file of dataset {dataset.id} is missing")
+    return path
+
+
 def get_dataset(session: Session, dataset_id: int) -> Dataset:
     dataset = session.get(Dataset, dataset_id)
     if dataset is None:
@@ -108,9 +116,7 @@ def rows_and_tokenizer(dataset: Dataset, model: str, settings: Settings):
         folder = dataset_preview.tokenizer_dir(model, settings)
     except dataset_preview.TokenizerUnavailable as exc:
         raise UserError(409, str(exc)) from None
-    path = settings.data_dir / dataset.path
-    if not inside(settings.data_dir, dataset.path) or not path.is_file():
-        raise UserError(404, f"The file of dataset {dataset.id} is missing")
+    path = dataset_file(settings, dataset)
     try:
         report, rows = examine_lines(path)
     except DatasetError as exc:

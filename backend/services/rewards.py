@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from lanner.backend.paths import inside
 from lanner.backend.schemas.rewards import RewardFailure, RewardTest, RewardTestResult, RewardTestRow
-from lanner.backend.services.datasets import get_dataset
+from lanner.backend.services.datasets import dataset_file, get_dataset
 from lanner.core.dataset_formats import DatasetError, examine
 from lanner.core.errors import UserError
 from lanner.core.rewards.sandbox import RewardFunctionFailed, SandboxLimits, network_isolated, run_reward_functions
@@ -18,9 +17,7 @@ def _dataset_rows(session: Session, settings: Settings, dataset_id: int, count: 
     if dataset.format != "prompt":
         raise UserError(422, f"Dataset {dataset.id} is {dataset.format}; reward functions are tried on a prompt "
                              "dataset (a prompt column and reference columns)")
-    path = settings.data_dir / dataset.path
-    if not inside(settings.data_dir, dataset.path) or not path.is_file():
-        raise UserError(404, f"The file of dataset {dataset.id} is missing")
+    path = dataset_file(settings, dataset)
     try:
         _, rows = examine(path)
     except DatasetError as error:
