@@ -64,6 +64,14 @@ def test_empty_dataset_fails_clearly(studio):
     assert studio.get_job(job_id).error == "Dataset: empty.jsonl is empty: it has no rows."
 
 
+def test_rows_whose_answers_do_not_fit_max_seq_len_fail_in_words(studio):
+    # With SmolLM2's chat template (its system prompt included) 16 tokens hold no answer: TRL drops every row.
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(4)), {"hyperparameters": {"max_seq_len": 16}})
+    done = run_train_process(studio, job_id)
+    assert done.returncode == 1
+    assert studio.get_job(job_id).error.startswith("No training row has any of its answer within max_seq_len (16 tokens)")
+
+
 def test_an_exception_in_training_fails_the_job_with_its_reason(studio):
     # A chat template that raises on every row (a number format for text), once the trainer applies it.
     job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(4)), {"chat_template": "{{ '{:d}'.format(messages[0]['content']) }}"})

@@ -16,6 +16,7 @@ import random
 from trl import SFTConfig, SFTTrainer
 
 from lanner.kernels.packing import padded_tokens
+from lanner.worker.job_process import JobFailed
 from lanner.worker.training.callbacks import MetricsCallback
 from lanner.worker.training.common import common_args, split
 from lanner.worker.training.evaluation import with_before_after_evaluation
@@ -31,6 +32,14 @@ def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, 
     trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
                          processing_class=tokenizer, callbacks=callbacks)
     metrics = next((cb for cb in callbacks if isinstance(cb, MetricsCallback)), None)
+    # TRL drops the rows with no label left to learn (an answer cut off whole by max_seq_len)
+    if len(trainer.train_dataset) == 0:
+        raise JobFailed(f"No training row has any of its answer within max_seq_len ({options.max_seq_length} tokens) "
+                        "once the chat template is applied: raise max_seq_len or shorten the prompts.")
+    if not options.packing and len(trainer.train_dataset) < len(train) and metrics is not None:
+        metrics.events.log(f"{len(train) - len(trainer.train_dataset)} of {len(train)} training rows were left out: "
+                           f"none of their answer fits within max_seq_len ({options.max_seq_length} tokens)",
+                           level="warning")
     if options.packing and metrics is not None:
         seq_lengths = trainer.train_dataset["seq_lengths"]
         metrics.events.log(packing_report(seq_lengths, options))
