@@ -3,7 +3,7 @@ import { useNavigate } from 'react-router'
 import { postJson } from '../api'
 import { formatBytes, formatTime } from '../format'
 import type { Artifact, Job } from '../types'
-import { downloadUrl } from './ArtifactList'
+import { archiveUrl, downloadUrl } from './ArtifactList'
 import { errorText } from './Field'
 
 /** "checkpoint-40" → 40; null for other names. */
@@ -58,6 +58,11 @@ export function CheckpointList({ job, checkpoints, canManage }: { job: Job; chec
                   <button type="button" className="button button--small" disabled={busy != null} onClick={() => void resume(c.name)}>
                     {busy === c.name ? 'Queueing…' : 'Resume from here'}<span className="visually-hidden"> ({c.name})</span>
                   </button>
+                )}{' '}
+                {c.files && c.files.length > 0 && (
+                  <a className="button button--small" href={archiveUrl(c)} download>
+                    Download (.tar)<span className="visually-hidden"> {c.name}</span>
+                  </a>
                 )}{' '}
                 {c.files && c.files.length > 0 && (
                   <details className="artifact__files">
