@@ -136,7 +136,7 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
             activations = s["layers"] * layer_input + per_layer
         else:
             activations = s["layers"] * per_layer
-        if not (hp.use_kernels and device_kind == "cuda"):
+        if not kernels:
             logits = tokens * s["vocab"] * (2 + 4 + 4 + 2)
         budget = None if hp.memory_budget_gib is None else int(float(hp.memory_budget_gib) * 2**30)
         if budget is None and device_free_bytes is not None and _memory_engine_on(spec, device_kind):

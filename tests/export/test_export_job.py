@@ -32,6 +32,17 @@ def trained_job(settings: Settings, adapter) -> tuple[int, int]:
         return owner, job.id
 
 
+def running_export_job(settings: Settings, owner: int, parent: int, export: dict) -> int:
+    """An export job of `parent` as the worker has just claimed it (running), for the export process
+    to be run on directly; returns its id."""
+    with db.session_factory(settings.database_url)() as session:
+        job = Job(owner_id=owner, kind=JobKind.export, name="export", method="export", model="builtin/SmolLM2-135M-Instruct",
+                  parent_job_id=parent, status=JobStatus.running, config={"export": export})
+        session.add(job)
+        session.commit()
+        return job.id
+
+
 def test_an_export_job_runs_on_a_worker_and_records_verified_artifacts(settings, trained_adapter):
     owner, parent = trained_job(settings, trained_adapter)
     sessions = db.session_factory(settings.database_url)
@@ -138,13 +149,7 @@ def test_an_export_job_keeps_what_passed_and_its_final_status_names_what_failed(
     get_settings.cache_clear()  # the process reads this test's environment
     owner, parent = trained_job(settings, trained_adapter)
     sessions = db.session_factory(settings.database_url)
-    with sessions() as session:
-        job = Job(owner_id=owner, kind=JobKind.export, name="export", method="export", model="builtin/SmolLM2-135M-Instruct",
-                  parent_job_id=parent, status=JobStatus.running,
-                  config={"export": {"adapter": True, "merged": False, "gguf_types": ["f16", "q8_0"]}})
-        session.add(job)
-        session.commit()
-        job_id = job.id
+    job_id = running_export_job(settings, owner, parent, {"adapter": True, "merged": False, "gguf_types": ["f16", "q8_0"]})
 
     assert ExportProcess(job_id).run() == EXIT_PARTIAL  # the process the worker starts, run here
 
@@ -208,13 +213,7 @@ def test_an_export_that_fails_its_check_sends_its_figures_in_words_and_as_a_type
     get_settings.cache_clear()  # the process reads this test's environment
     owner, parent = trained_job(settings, trained_adapter)
     sessions = db.session_factory(settings.database_url)
-    with sessions() as session:
-        job = Job(owner_id=owner, kind=JobKind.export, name="export", method="export", model="builtin/SmolLM2-135M-Instruct",
-                  parent_job_id=parent, status=JobStatus.running,
-                  config={"export": {"adapter": False, "merged": True, "gguf_types": ["q8_0"]}})
-        session.add(job)
-        session.commit()
-        job_id = job.id
+    job_id = running_export_job(settings, owner, parent, {"adapter": False, "merged": True, "gguf_types": ["q8_0"]})
 
     assert main(ExportProcess, ["export_process", str(job_id)]) == EXIT_FAILED
 

@@ -81,7 +81,5 @@ def small_model() -> str:
 
 
 @pytest.fixture(scope="session")
-def studio(gpu_stack, small_model) -> StudioClient:
-    client = StudioClient.signed_up(gpu_stack.url)
-    client.small_model = small_model
-    return client
+def studio(gpu_stack) -> StudioClient:
+    return StudioClient.signed_up(gpu_stack.url)

@@ -36,7 +36,6 @@ class ApiError(AssertionError):
 class StudioClient:
     url: str
     token: str = ""
-    small_model: str = "builtin/SmolLM2-135M-Instruct"  # what tests/gpu/test_smollm2_jobs.py trains
 
     def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None, timeout: float = 60) -> Any:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)

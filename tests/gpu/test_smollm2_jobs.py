@@ -24,8 +24,7 @@ def preference_rows(count: int) -> list[dict]:
             for i in range(count)]
 
 
-def job(studio, dataset: int, method: str = "lora", steps: int = 20, **fields) -> dict:
-    model = studio.small_model
+def job(studio, model: str, dataset: int, method: str = "lora", steps: int = 20, **fields) -> dict:
     hyperparameters = {"max_steps": steps, "batch_size": 8, "gradient_accumulation": 1, "max_seq_len": 256,
                        "save_steps": 10_000, "before_after_eval": False, **fields.pop("hyperparameters", {})}
     return studio.request("POST", "/api/jobs", {"method": method, "model": model, "dataset_id": dataset,
@@ -37,8 +36,8 @@ def qa_dataset(studio) -> int:
     return studio.upload("qa.jsonl", qa_rows(64))
 
 
-def test_a_gpu_trained_adapter_exports_verified_files_and_answers_in_a_gpu_chat(studio, qa_dataset):
-    trained = studio.wait(job(studio, qa_dataset)["id"], 300)
+def test_a_gpu_trained_adapter_exports_verified_files_and_answers_in_a_gpu_chat(studio, qa_dataset, small_model):
+    trained = studio.wait(job(studio, small_model, qa_dataset)["id"], 300)
     assert trained["status"] == "succeeded", studio.logs(trained["id"])[-20:]
     assert trained["device"]["kind"] == "cuda"
 
@@ -75,16 +74,16 @@ def test_a_gpu_trained_adapter_exports_verified_files_and_answers_in_a_gpu_chat(
     assert studio.wait(chat["id"], 60)["status"] in ("succeeded", "cancelled")
 
 
-def test_dpo_on_the_gpu(studio):
+def test_dpo_on_the_gpu(studio, small_model):
     dataset = studio.upload("pairs.jsonl", preference_rows(48))
-    done = studio.wait(job(studio, dataset, "dpo", 12)["id"], 300)
+    done = studio.wait(job(studio, small_model, dataset, "dpo", 12)["id"], 300)
     assert done["status"] == "succeeded", studio.logs(done["id"])[-20:]
     metrics = [m for m in studio.of_type(done["id"], "metric") if "loss" in m]
     assert len(metrics) >= 10 and all(m["loss"] > 0 for m in metrics)
 
 
-def test_a_full_fine_tune_in_bf16(studio, qa_dataset):
-    done = studio.wait(job(studio, qa_dataset, "full", 12, hyperparameters={"precision": "bf16"})["id"], 300)
+def test_a_full_fine_tune_in_bf16(studio, qa_dataset, small_model):
+    done = studio.wait(job(studio, small_model, qa_dataset, "full", 12, hyperparameters={"precision": "bf16"})["id"], 300)
     assert done["status"] == "succeeded", studio.logs(done["id"])[-20:]
     assert "bfloat16" in "\n".join(studio.logs(done["id"]))
     kinds = {artifact["kind"] for artifact in studio.request("GET", f"/api/jobs/{done['id']}/artifacts")}
@@ -95,8 +94,8 @@ def _celery_workers(up_pid: int) -> list[psutil.Process]:
     return [child for child in psutil.Process(up_pid).children() if "celery" in " ".join(child.cmdline())]
 
 
-def test_a_killed_worker_s_job_resumes_from_its_checkpoint(studio, gpu_stack, qa_dataset):
-    started = job(studio, qa_dataset, steps=1000, requeue_on_worker_loss=True, hyperparameters={"save_steps": 20})
+def test_a_killed_worker_s_job_resumes_from_its_checkpoint(studio, gpu_stack, qa_dataset, small_model):
+    started = job(studio, small_model, qa_dataset, steps=1000, requeue_on_worker_loss=True, hyperparameters={"save_steps": 20})
     studio.wait(started["id"], 300, until=lambda j: j["step"] >= 30 or j["status"] in ("succeeded", "failed"))
     assert studio.of_type(started["id"], "checkpoint"), "no checkpoint before the kill"
     for worker in _celery_workers(gpu_stack.process.pid):
@@ -108,10 +107,10 @@ def test_a_killed_worker_s_job_resumes_from_its_checkpoint(studio, gpu_stack, qa
     assert statuses[-3:] == ["queued", "running", "succeeded"], statuses
 
 
-def test_out_of_memory_under_a_memory_cap_is_retried_then_reported_in_words(studio):
+def test_out_of_memory_under_a_memory_cap_is_retried_then_reported_in_words(studio, small_model):
     idle = gpu_memory_used_bytes()
     dataset = studio.upload("long.jsonl", long_rows(64))
-    done = studio.wait(job(studio, dataset, steps=4, hyperparameters={
+    done = studio.wait(job(studio, small_model, dataset, steps=4, hyperparameters={
         "batch_size": 64, "max_seq_len": 4096, "gradient_checkpointing": False, "memory_limit_mb": 3000})["id"], 300)
     logs = "\n".join(studio.logs(done["id"]))
     assert "Out of memory" in (done["error"] or "") + logs, logs
