@@ -3,6 +3,7 @@ for the same shape and settings: `lanner up` on SQLite, a job created through th
 random-weight Llama-3 8B shape, its per-step metrics read back from the job's WebSocket stream.
 
     python benchmarks/studio_bench.py [--seq 2048 --bs 4 --rank 16 --steps 30 --warmup 5] [--budget GIB]
+                                      [--set max_grad_norm=0 ...]
 
 Prints one JSON line like peer_bench.py's (mode "studio"), with the memory plan the job chose and
 its budget, so that `run.py --lanner-variants budget=<that>` runs the harness on the same plan.
@@ -36,6 +37,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the median")
     parser.add_argument("--budget", type=float, default=None, help="memory_budget_gib (default: the studio's pick)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                        help="another hyperparameter of the job, e.g. max_grad_norm=0 (repeatable)")
     args = parser.parse_args()
 
     models = TEST_CACHE / "gpu-models"
@@ -50,6 +53,7 @@ def main() -> int:
         hyperparameters = {"max_steps": args.steps, "batch_size": args.bs, "gradient_accumulation": 1,
                            "max_seq_len": args.seq, "packing": False, "save_steps": 100_000,
                            "before_after_eval": False, "warmup_ratio": 0.0, "memory_budget_gib": args.budget}
+        hyperparameters.update({key: json.loads(value) for key, value in (item.split("=", 1) for item in args.set)})
         job = studio.request("POST", "/api/jobs", {
             "method": "lora", "model": str(model), "dataset_id": dataset, "hyperparameters": hyperparameters,
             "lora": {"rank": args.rank, "alpha": args.rank, "dropout": 0.0, "target_modules": "all-linear"}})
@@ -66,7 +70,7 @@ def main() -> int:
         started, finished = (datetime.fromisoformat(done[key]) for key in ("started_at", "finished_at"))
         peak = max(sample["memory_used_bytes"] for sample in studio.of_type(job["id"], "device"))
         print(json.dumps({
-            "mode": "studio", "model": "llama-8b", "seq": args.seq, "bs": args.bs, "rank": args.rank,
+            "mode": "studio", "set": args.set, "model": "llama-8b", "seq": args.seq, "bs": args.bs, "rank": args.rank,
             "tok_s": round(statistics.median(m["tokens_per_second"] for m in timed)),
             "step_ms": round(statistics.median(m["step_time"] for m in timed) * 1000, 1),
             "tokens_per_step": round(statistics.median(m["tokens_per_second"] * m["step_time"] for m in timed)),

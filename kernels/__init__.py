@@ -21,6 +21,7 @@ _EXPORTS = {
     "get_lora_model": ".lora_model",
     "FAMILIES": ".patching",
     "PatchReport": ".patching",
+    "has_fused_loss": ".patching",
     "patch_model": ".patching",
     "unpatch_model": ".patching",
     "NF4Linear": ".quant",

@@ -11,7 +11,7 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
 from ..ops.fused_linear_ce import fused_linear_cross_entropy
-from .binding import bind_forward, plain_forward
+from .binding import bind_forward, is_patched, plain_forward
 
 IGNORE_INDEX = -100
 # Arguments that only the head uses; everything else goes to the backbone as the model's forward does.
@@ -77,3 +77,10 @@ def patch_causal_lm_loss(model: nn.Module) -> bool:
         return False
     bind_forward(model, _causal_lm_forward)
     return True
+
+
+def has_fused_loss(model: nn.Module) -> bool:
+    """Whether the causal LM (or PEFT around one) computes its training loss with labels on the fused
+    linear + cross-entropy kernel, so a trainer should call it with its labels."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return is_patched(base) and type(base.get_output_embeddings()) is nn.Linear

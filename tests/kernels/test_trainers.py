@@ -28,16 +28,19 @@ def text_dataset(rows: int, vocab_size: int) -> Dataset:
     return Dataset.from_dict({"text": texts})
 
 
-def sft_losses(model, tokenizer, dataset, output_dir):
-    args = SFTConfig(
-        output_dir=str(output_dir), max_steps=3, per_device_train_batch_size=2, learning_rate=1e-2,
-        logging_steps=1, report_to=[], save_strategy="no", max_length=16, seed=0,
-        gradient_checkpointing=False, use_cpu=not torch.cuda.is_available(), bf16=False, fp16=False,
-        dataloader_num_workers=0,
-    )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+def sft_logs(model, tokenizer, dataset, output_dir, trainer_class=SFTTrainer, **config):
+    args = SFTConfig(**{
+        "output_dir": str(output_dir), "max_steps": 3, "per_device_train_batch_size": 2, "learning_rate": 1e-2,
+        "logging_steps": 1, "report_to": [], "save_strategy": "no", "max_length": 16, "seed": 0,
+        "gradient_checkpointing": False, "use_cpu": not torch.cuda.is_available(), "bf16": False, "fp16": False,
+        "dataloader_num_workers": 0, **config})
+    trainer = trainer_class(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     trainer.train()
-    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return [entry for entry in trainer.state.log_history if "loss" in entry]
+
+
+def sft_losses(model, tokenizer, dataset, output_dir):
+    return [entry["loss"] for entry in sft_logs(model, tokenizer, dataset, output_dir)]
 
 
 def test_sft_trainer_trains_like_plain_peft_and_the_adapter_loads_in_plain_peft(tmp_path, device):
@@ -64,3 +67,26 @@ def test_sft_trainer_trains_like_plain_peft_and_the_adapter_loads_in_plain_peft(
     ids = torch.randint(3, plain.config.vocab_size, (2, 6), device=device)
     with torch.no_grad():
         torch.testing.assert_close(fast(input_ids=ids).logits, reloaded(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_the_studio_sft_trainer_takes_its_loss_from_the_fused_head_with_trls_numbers(tmp_path, device, monkeypatch):
+    """TRL's SFTTrainer computes the loss through a head of its own; the studio's runs the kernels'
+    fused linear + cross-entropy instead, with the same loss (over accumulated micro-batches too) and
+    the same token count."""
+    from lanner.kernels.patching import loss as loss_module
+    from lanner.worker.training.sft import KernelLossSFTTrainer
+
+    fused = loss_module.fused_linear_cross_entropy
+    calls = []
+    monkeypatch.setattr(loss_module, "fused_linear_cross_entropy", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    plain, fast = twins("llama", device=device)
+    tokenizer = word_tokenizer(plain.config.vocab_size)
+    dataset = text_dataset(12, plain.config.vocab_size)
+
+    reference = sft_logs(plain, tokenizer, dataset, tmp_path / "trl", gradient_accumulation_steps=2)
+    ours = sft_logs(fast, tokenizer, dataset, tmp_path / "ours", KernelLossSFTTrainer, gradient_accumulation_steps=2)
+    assert len(calls) == 6  # 3 steps of 2 micro-batches, each through the kernels' loss
+    assert len(ours) == 3 and "entropy" not in ours[0]
+    for entry, expected in zip(ours, reference, strict=True):
+        assert abs(entry["loss"] - expected["loss"]) <= LOSS_RTOL * abs(expected["loss"])
+        assert entry["num_tokens"] == expected["num_tokens"]

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import random
 
+import torch
+from transformers import Trainer
 from trl import SFTConfig, SFTTrainer
 
+from lanner.kernels import has_fused_loss
 from lanner.kernels.packing import padded_tokens
 from lanner.worker.job_process import JobFailed
 from lanner.worker.training.callbacks import MetricsCallback
@@ -29,7 +32,7 @@ def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, 
     args = SFTConfig(**common_args(options, output_dir, evaluation is not None),
                      packing=options.packing, packing_strategy="bfd", padding_free=options.packing,
                      completion_only_loss=options.completion_only_loss)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
+    trainer = KernelLossSFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
                          processing_class=tokenizer, callbacks=callbacks)
     metrics = next((cb for cb in callbacks if isinstance(cb, MetricsCallback)), None)
     # TRL drops the rows with no label left to learn (an answer cut off whole by max_seq_len)
@@ -45,6 +48,36 @@ def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, 
         metrics.events.log(packing_report(seq_lengths, options))
         metrics.samples_per_step *= sum(map(len, seq_lengths)) / len(seq_lengths)  # a step reads rows of samples
     return with_before_after_evaluation(trainer, evaluation, train, callbacks, options.before_after_eval)
+
+
+class KernelLossSFTTrainer(SFTTrainer):
+    """SFTTrainer whose training loss is the model's own when lanner.kernels fused its head with the
+    cross-entropy: TRL's SFTTrainer otherwise calls the model through a head of its own (the logits in
+    PyTorch tiles, with entropy and top-1 accuracy on every step), and the kernels' never runs. The
+    loss is the same (the token sum over the accumulated batch's label count); the per-step
+    `entropy` and `mean_token_accuracy` metrics are not computed. Evaluation keeps TRL's path."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if (return_outputs or not self.model.training or self.label_smoother is not None
+                or self.compute_loss_func is not None or not has_fused_loss(self.model)):
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        inputs["use_cache"] = False
+        if getattr(self, "aux_loss_enabled", False):  # an MoE model's router loss, as TRL asks for it
+            inputs["output_router_logits"] = True
+        loss = Trainer.compute_loss(self, model, inputs, num_items_in_batch=num_items_in_batch)
+        self._count_train_tokens(inputs)
+        return loss
+
+    def _count_train_tokens(self, inputs) -> None:
+        """TRL's `num_tokens` metric (what the job's tokens/s is computed from), as its compute_loss
+        counts it: the attention mask's tokens, or a padding-free row's length."""
+        if "attention_mask" in inputs:
+            local = inputs["attention_mask"].sum()
+        else:
+            local = torch.tensor(inputs["position_ids"].size(1), device=inputs["position_ids"].device)
+        self._total_train_tokens += self.accelerator.gather_for_metrics(local).sum().item() // getattr(self, "_tp_size", 1)
+        self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
 
 
 def packing_report(seq_lengths: list[list[int]], options: TrainingOptions) -> str:
