@@ -120,8 +120,9 @@ def gpu_memory_used_bytes(index: int = 0) -> int:
 
 def saved_llama3_8b(target: Path, tokenizer_dir: Path | str) -> Path:
     """Random bf16 weights of the Llama-3 8B shape saved at `target` (once) with a tokenizer whose ids
-    fit its vocabulary."""
-    if (target / "model.safetensors.index.json").exists():
+    fit its vocabulary. The folder appears whole (renamed from a partial one), so its presence says it is
+    complete, however many shards it holds."""
+    if target.exists():
         return target
     import shutil
 

@@ -21,7 +21,7 @@ ROOT=$PWD; VENV=${LANNER_VENV:-$ROOT/.venv}; OUTDIR=.device; PART_BYTES=$((56 * 
 [ -f ../shared/tools/peers.sh ] || { echo "bundle.sh: ../shared/tools/peers.sh (the peers) is missing" >&2; exit 1; }
 grep -qx '/.device/' .git/info/exclude 2>/dev/null || { mkdir -p .git/info; echo '/.device/' >> .git/info/exclude; }
 version() { "$VENV/bin/python" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$OUTDIR"; tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 site=$tmp/site; mkdir -p "$site" "$tmp/wheels"
 
 # 1. The peers first (their pins of trl and datasets are in this studio's ranges and Unsloth needs them).
