@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lanner.core.default_model import DEFAULT_MODEL_ID  # a plain constant; that module imports no torch
-from lanner.core.memory_estimate import estimate_memory
+from lanner.core import default_model  # imports no torch
+from lanner.core.default_model import DEFAULT_MODEL_ID
+from lanner.core.memory_estimate import count_parameters, estimate_memory
 from lanner.core.spec import JobSpec
 
 # (hub id, family, parameters in billions, needs an access request on the hub)
@@ -61,19 +62,18 @@ def local_models(models_dir: Path) -> list[dict]:
     return found
 
 
-BUILTIN_PARAMETERS = 134_515_008
+BUILTIN_PARAMETERS = count_parameters(default_model.SHAPE)["total"]
 
 
 def model_shape(model: str, models_dir: Path) -> dict | None:
-    """The model's config.json when it is on this machine, else its parameter count when the
-    catalog knows it, else None (an unknown hub model: no estimate)."""
+    """The built-in model's shape (known whether or not it is imported yet); else the model's
+    config.json when it is on this machine, else its parameter count when the catalog knows it, else
+    None (an unknown hub model: no estimate)."""
     if model == DEFAULT_MODEL_ID:
-        folder = models_dir / "SmolLM2-135M-Instruct"
-        fallback = {"parameters": BUILTIN_PARAMETERS}
-    else:
-        folder = Path(model) if model.startswith("/") else models_dir / model
-        known = {hub_id: billions for hub_id, _, billions, _ in CURATED}
-        fallback = {"parameters": int(known[model] * 1e9)} if model in known else None
+        return dict(default_model.SHAPE)
+    folder = Path(model) if model.startswith("/") else models_dir / model
+    known = {hub_id: billions for hub_id, _, billions, _ in CURATED}
+    fallback = {"parameters": int(known[model] * 1e9)} if model in known else None
     config = folder / "config.json"
     if config.is_file():
         try:

@@ -536,6 +536,11 @@ export interface components {
        * @description Why there are no token statistics
        */
       token_stats_error?: string | null;
+      /**
+       * Token Stats Waiting For
+       * @description The model whose tokenizer was not on this machine at the upload (the built-in one still being imported): the statistics are measured when it is there
+       */
+      token_stats_waiting_for?: string | null;
       [key: string]: unknown;
     };
     /** Device */
@@ -3693,6 +3698,12 @@ export interface operations {
           "application/json": components["schemas"]["ErrorOut"];
         };
       };
+      /** @description The built-in model is being imported: ask again after Retry-After seconds */
+      503: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
     };
   };
   /**
@@ -3744,6 +3755,12 @@ export interface operations {
       };
       /** @description Too many requests: wait Retry-After seconds */
       429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description The built-in model is being imported: ask again after Retry-After seconds */
+      503: {
         content: {
           "application/json": components["schemas"]["ErrorOut"];
         };
