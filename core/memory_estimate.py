@@ -23,7 +23,11 @@ Deliberately simple (refine it against measured peaks on the GPU box):
   GPU job that sets no budget gets `default_budget_bytes` of the GPU it will run on (all of its
   memory but the CUDA context is free for the job, which has the GPU to itself), which on a large
   GPU keeps every layer;
-- overhead: 5% of the rest plus a fixed 512 MiB on a GPU (CUDA context, allocator slack).
+- overhead: 5% of the rest plus, on a GPU, a fixed 512 MiB (CUDA context, allocator slack); on the
+  CPU, the training process's own resident memory before its model (CPU_RUNTIME_BYTES). So each
+  estimate counts what its device's measured peak counts: on a GPU, the memory in use on the GPU
+  (NVML); on the CPU, the resident memory (RSS) of the job's processes, which holds the Python
+  runtime and its libraries as well as the tensors.
 """
 from __future__ import annotations
 
@@ -35,6 +39,10 @@ PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64
 ADAM_BYTES = 8
 CUDA_OVERHEAD_BYTES = 512 * 2**20
+# A CPU training process's resident memory before its model: Python with PyTorch, transformers, TRL, PEFT and
+# datasets imported (557 MiB), the tokenizer (48 MiB), the database and Redis clients (measured on the 2-core
+# machine, torch 2.13 CPU, transformers 5.24; docs/benchmarks.md "Memory estimate against measured peaks").
+CPU_RUNTIME_BYTES = 640 * 2**20
 # A job on a GPU that sets no memory budget plans for what it holds plus this share of what is free
 # (its lease gives it the device alone; the rest is the allocator's and CUDA's headroom), so layers
 # are kept rather than recomputed wherever the memory allows (docs/memory-engine.md).
@@ -154,7 +162,7 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
                 activations = max(activations, min(room, s["layers"] * per_layer))
 
     subtotal = weights + adapter + gradients + optimizer + activations + logits
-    overhead = subtotal // 20 + (CUDA_OVERHEAD_BYTES if device_kind == "cuda" else 0)
+    overhead = subtotal // 20 + (CUDA_OVERHEAD_BYTES if device_kind == "cuda" else CPU_RUNTIME_BYTES)
     return {"parameters": parts["total"], "trainable_parameters": trainable, "lora_parameters": lora,
             "weights_bytes": weights + adapter, "gradients_bytes": gradients, "optimizer_bytes": optimizer,
             "activations_bytes": activations, "logits_bytes": logits, "overhead_bytes": overhead,

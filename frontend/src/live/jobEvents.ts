@@ -205,3 +205,23 @@ export function remainingSeconds(step: number, totalSteps: number | null, elapse
   if (!totalSteps || step <= 0 || elapsedSeconds <= 0) return null
   return (elapsedSeconds / step) * Math.max(totalSteps - step, 0)
 }
+
+/** What a job's memory peak and its estimate count, on each kind of device: the same things, so
+ * that the two compare (lanner.core.memory_estimate). */
+export const MEMORY_COUNTS = {
+  cpu: {
+    peak: "resident memory (RSS) of the job's processes",
+    estimate: 'weights, adapter, gradients, optimizer state, activations and logits, plus the Python and PyTorch runtime',
+  },
+  cuda: {
+    peak: 'memory in use on the GPU (NVML)',
+    estimate: 'weights, adapter, gradients, optimizer state, activations and logits, plus the CUDA context',
+  },
+} as const
+
+/** The job's memory peak in GiB: on the CPU its processes' resident memory (not the machine's, which
+ * other programs share), on a GPU the memory in use on it. */
+export function memoryPeakGiB(device: DeviceColumns, kind: string | null): number | null {
+  const values = kind === 'cpu' ? device.processMemoryGiB : device.memoryUsedGiB
+  return values.reduce<number | null>((a, b) => (b == null ? a : Math.max(a ?? 0, b)), null)
+}
