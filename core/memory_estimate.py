@@ -15,7 +15,8 @@ Deliberately simple (refine it against measured peaks on the GPU box):
   keeps 0.857 GiB a layer at 8,192 tokens on the kernels: this counts 0.844);
 - logits: the model's 16-bit logits, transformers' float32 upcast for the loss, and both their
   gradients (tokens × vocab × (2 + 4 + 4 + 2) bytes), which lanner.kernels' fused linear +
-  cross-entropy avoids (then one chunk, counted as the overhead);
+  cross-entropy avoids (then one chunk, counted as the overhead); on the CPU, where the kernels do not
+  run, CPU_LOGITS_BYTES a token and vocabulary entry (measured);
 - lanner.kernels' memory engine (lora/qlora on the kernels on a GPU, docs/memory-engine.md): with
   `offload_checkpoints` the layer inputs wait in host memory (two on the GPU while they come back);
   with `memory_budget_gib` the engine keeps activations while the whole step fits the budget, so the
@@ -43,6 +44,10 @@ CUDA_OVERHEAD_BYTES = 512 * 2**20
 # datasets imported (557 MiB), the tokenizer (48 MiB), the database and Redis clients (measured on the 2-core
 # machine, torch 2.13 CPU, transformers 5.24; docs/benchmarks.md "Memory estimate against measured peaks").
 CPU_RUNTIME_BYTES = 640 * 2**20
+# What a CPU step holds per token and vocabulary entry, measured there (SmolLM2 in float32 under TRL's SFT,
+# 1,024 tokens a step: the peak is 1.9 GiB over the rest): the float32 logits, the loss's log-softmax, the
+# copies TRL makes for its entropy and accuracy metrics, their gradients, and what the allocator keeps of them.
+CPU_LOGITS_BYTES = 40
 # A job on a GPU that sets no memory budget plans for what it holds plus this share of what is free
 # (its lease gives it the device alone; the rest is the allocator's and CUDA's headroom), so layers
 # are kept rather than recomputed wherever the memory allows (docs/memory-engine.md).
@@ -145,7 +150,7 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
         else:
             activations = s["layers"] * per_layer
         if not kernels:
-            logits = tokens * s["vocab"] * (2 + 4 + 4 + 2)
+            logits = tokens * s["vocab"] * (CPU_LOGITS_BYTES if device_kind == "cpu" else 2 + 4 + 4 + 2)
         budget = None if hp.memory_budget_gib is None else int(float(hp.memory_budget_gib) * 2**30)
         if budget is None and device_free_bytes is not None and _memory_engine_on(spec, device_kind):
             loaded = weights + adapter  # what the job holds when the engine picks its budget

@@ -1804,6 +1804,8 @@ export interface components {
       process_cpu_percent?: number | null;
       /** Process Rss Bytes */
       process_rss_bytes?: number | null;
+      /** Process Peak Rss Bytes */
+      process_peak_rss_bytes?: number | null;
       /** Device Id */
       device_id?: string | null;
       /** Rank */

@@ -28,9 +28,11 @@ describe('stream ids', () => {
 
 describe('memoryPeakGiB', () => {
   it("is the job's processes' resident memory on the CPU (not the machine's) and the GPU's memory in use on a GPU", () => {
-    const device = { t: [1, 2], utilisation: [50, 60], memoryUsedGiB: [2.2, 2.1], processMemoryGiB: [1.1, 1.3], memoryTotalGiB: [24, 24] }
+    const device = { t: [1, 2], utilisation: [50, 60], memoryUsedGiB: [2.2, 2.1], processMemoryGiB: [1.1, 1.3],
+      processPeakGiB: [null, null], memoryTotalGiB: [24, 24] }
     expect(memoryPeakGiB(device, 'cpu')).toBe(1.3)
     expect(memoryPeakGiB(device, 'cuda')).toBe(2.2)
+    expect(memoryPeakGiB({ ...device, processPeakGiB: [1.2, 1.6] }, 'cpu')).toBe(1.6)  // a step's peak between samples
     expect(memoryPeakGiB({ ...device, processMemoryGiB: [null, null] }, 'cpu')).toBeNull()
   })
 })
