@@ -104,14 +104,17 @@ def _memory_engine_on(spec: JobSpec, device_kind: str) -> bool:
 
 
 def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cuda",
-                    device_free_bytes: int | None = None) -> dict[str, int]:
+                    device_free_bytes: int | None = None, longest_row: int | None = None) -> dict[str, int]:
     """Bytes a job of this spec needs. model: the model's config.json as a dict (hidden_size,
     intermediate_size, num_hidden_layers, vocab_size, num_attention_heads, num_key_value_heads,
     head_dim, tie_word_embeddings) or {"parameters": N} when only the count is known (then
     activations are not estimated). device_free_bytes: what is free for the job on the GPU it will
     run on (its memory; the CUDA context is taken off here), for the memory engine's default budget
     (unknown: the smallest plan is assumed). A method that trains every weight (full, pretrain, a preference
-    method without LoRA settings) is estimated as a full fine-tune. Returns the parts and "total_bytes"."""
+    method without LoRA settings) is estimated as a full fine-tune. longest_row: the dataset's longest row in
+    tokens, when measured: a batch is padded to its longest row, so without packing a step holds
+    batch_size × min(longest_row, max_seq_len) tokens (max_seq_len when unknown). Returns the parts and
+    "total_bytes"."""
     hp = spec.hyperparameters
     weight_bytes = PRECISION_BYTES.get(hp.precision, 2 if device_kind == "cuda" else 4)
     act_bytes = weight_bytes
@@ -138,7 +141,8 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
     activations = logits = 0
     if "hidden_size" in model:
         s = _shape(model)
-        tokens = hp.batch_size * hp.max_seq_len
+        row = hp.max_seq_len if hp.packing or not longest_row else min(longest_row, hp.max_seq_len)
+        tokens = hp.batch_size * row
         # What a decoder layer keeps per token for its backward: its input and the norms' outputs, q/k/v,
         # the attention output, the post-attention input and norm, gate and up; plain PyTorch also keeps
         # the GLU's product for the down projection, which lanner.kernels' fused GLU recomputes.

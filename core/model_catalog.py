@@ -85,10 +85,13 @@ def model_shape(model: str, models_dir: Path) -> dict | None:
     return fallback
 
 
-def estimate_job_memory(spec: JobSpec, models_dir: Path, gpu_bytes: int | None = None) -> dict | None:
+def estimate_job_memory(spec: JobSpec, models_dir: Path, gpu_bytes: int | None = None,
+                        longest_row: int | None = None) -> dict | None:
     """lanner.core.memory_estimate's estimate for a job spec on the device its gpus ask for (a GPU of
-    gpu_bytes, when known: the job has it to itself); None when the model's size is unknown."""
+    gpu_bytes, when known: the job has it to itself), with its dataset's longest row when measured;
+    None when the model's size is unknown."""
     shape = model_shape(spec.model, models_dir)
     if shape is None:
         return None
-    return estimate_memory(spec, shape, "cuda" if spec.gpus else "cpu", gpu_bytes if spec.gpus else None)
+    return estimate_memory(spec, shape, "cuda" if spec.gpus else "cpu", gpu_bytes if spec.gpus else None,
+                           longest_row)

@@ -70,7 +70,8 @@ export interface paths {
   "/api/jobs/estimate": {
     /**
      * Estimate Job
-     * @description The device memory a spec would need, without queueing it (the dataset is not checked).
+     * @description The device memory a spec would need, without queueing it (the dataset is not checked; when it
+     * exists and its report measured its rows with the spec's model, its longest row sizes a batch).
      */
     post: operations["estimate_job_api_jobs_estimate_post"];
   };
@@ -2710,7 +2711,8 @@ export interface operations {
   };
   /**
    * Estimate Job
-   * @description The device memory a spec would need, without queueing it (the dataset is not checked).
+   * @description The device memory a spec would need, without queueing it (the dataset is not checked; when it
+   * exists and its report measured its rows with the spec's model, its longest row sizes a batch).
    */
   estimate_job_api_jobs_estimate_post: {
     requestBody: {
