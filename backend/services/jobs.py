@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from lanner.backend.paths import inside
 from lanner.backend.schemas.jobs import QueueMove
+from lanner.backend.services import datasets
 from lanner.core.db import LIKE_ESCAPE, like_literal
 from lanner.core.errors import UserError
 from lanner.core.export_spec import ExportSpec
@@ -161,6 +162,7 @@ def create(session: Session, redis: Redis, settings: Settings, user: User, spec:
     """Queues a training job (a clone or retry names the job it came from)."""
     dataset = _check_against_database(session, spec, user)
     waiting = _check_against_machines(redis, spec)
+    datasets.refresh_token_stats(session, settings, [dataset])  # measured once its tokenizer is here
     estimate = memory_estimate(spec, settings, redis, dataset)
     name = spec.name or f"{spec.method} {spec.model.rsplit('/', 1)[-1]} on {dataset.name}"
     return _enqueue(session, redis, settings, user, name, kind=JobKind.train, method=spec.method, model=spec.model, dataset_id=spec.dataset_id,

@@ -148,7 +148,7 @@ def test_preview_needs_a_tokenizer_on_this_machine(team):
     assert team.anonymous.get(f"/api/datasets/{dataset['id']}/preview").status_code == 401
 
 
-def test_while_the_builtin_model_is_imported_previews_wait_and_then_the_report_is_measured(team, smollm2_dir):
+def test_while_the_builtin_model_is_imported_previews_wait_and_then_the_report_is_measured(team, smollm2_dir, wakes):
     """An import under way in another process (`lanner up`'s) holds its lock: the routes answer at
     once that it is coming; once it lands, the report stored at the upload gets its token lengths."""
     import fcntl
@@ -164,6 +164,13 @@ def test_while_the_builtin_model_is_imported_previews_wait_and_then_the_report_i
             assert waiting.status_code == 503 and "being imported" in waiting.json()["detail"]
             assert int(waiting.headers["Retry-After"]) > 0
         (models / smollm2_dir.name).symlink_to(smollm2_dir)  # the import lands (renamed into place)
+    spec = {"method": "lora", "model": "builtin/SmolLM2-135M-Instruct", "dataset_id": dataset["id"], "gpus": 0}
+    job = team.alice.post("/api/jobs", json=spec).json()  # its estimate sizes a batch by the rows, measured now
+
+    def estimate(**changes) -> int:
+        return team.alice.post("/api/jobs/estimate", json={**spec, **changes}).json()["estimate"]["total_bytes"]
+
+    assert job["memory_estimate_bytes"] == estimate() < estimate(dataset_id=99)  # 99: no dataset, no rows measured
     assert team.bob.get(f"/api/datasets/{dataset['id']}/preview").status_code == 200
     report = team.bob.get(f"/api/datasets/{dataset['id']}").json()["report"]
     assert report["token_stats"]["model"] == "builtin/SmolLM2-135M-Instruct" and report["token_stats"]["sequences"] == 5
