@@ -54,7 +54,8 @@ def get_dataset(session: Session, dataset_id: int) -> Dataset:
 def upload_token_stats(path: Path, model: str | None, settings: Settings) -> dict[str, Any]:
     """The report's token statistics; an upload never fails for want of them. Without the model's
     tokenizer on this machine yet, the report names the model it waits for, and the statistics are
-    measured when the dataset is next read once the tokenizer is there (refresh_token_stats)."""
+    measured when the dataset is next read, or a job is created on it, once the tokenizer is there
+    (refresh_token_stats)."""
     from lanner.core.dataset_formats import load_rows, task_of
 
     chosen = model or DEFAULT_MODEL_ID
