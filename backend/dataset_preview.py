@@ -9,27 +9,33 @@ import threading
 from functools import lru_cache
 from typing import Any
 
+from lanner.core import default_model
 from lanner.core.model_paths import NOT_ALLOWED, allowed_model_folder
 from lanner.core.settings import Settings
-from lanner.core.default_model import DEFAULT_MODEL_ID
 
-BUILTIN_DIR_NAME = "SmolLM2-135M-Instruct"
-BUILTIN_COMPLETE_MARK = ".lanner-import-complete"  # written by lanner.core.default_model's import
 MAX_ROWS_MEASURED = 2000
+IMPORT_RETRY_SECONDS = 15  # how soon to ask again while the built-in model is being imported
 
 
 class TokenizerUnavailable(Exception):
     pass
 
 
+class BuiltinImporting(TokenizerUnavailable):
+    """The built-in model is being imported (by `lanner up`, `lanner api`, a job or the command): soon there."""
+
+
 def tokenizer_dir(model: str, settings: Settings) -> str:
     """Where the model's tokenizer is on this machine; the hub is never asked."""
-    if model == DEFAULT_MODEL_ID:
-        folder = settings.models_dir / BUILTIN_DIR_NAME
-        if not (folder / BUILTIN_COMPLETE_MARK).exists():
-            raise TokenizerUnavailable("the built-in model is not imported yet: run `lanner import-default-model` "
-                                       "(the first job does it too)")
-        return str(folder)
+    if model == default_model.DEFAULT_MODEL_ID:
+        if default_model.is_imported(settings.models_dir):
+            return str(default_model.builtin_dir(settings.models_dir))
+        started = default_model.import_started_at(settings.models_dir)
+        if started is not None:
+            raise BuiltinImporting(f"the built-in model is being imported (since {started:%H:%M:%S} UTC; it takes "
+                                   "about a minute)")
+        raise TokenizerUnavailable("the built-in model is not imported: `lanner up` imports it as it starts, or run "
+                                   "`lanner import-default-model`")
     path = allowed_model_folder(model, settings)
     if path is None:
         raise TokenizerUnavailable(NOT_ALLOWED)

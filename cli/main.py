@@ -64,10 +64,12 @@ def main(argv: list[str] | None = None) -> None:
 
         up(settings)
     elif args.command == "api":
+        from lanner.cli.stack import start_builtin_import
         from lanner.core import db
 
         settings.ensure_dirs()
         db.migrate(settings.database_url)
+        start_builtin_import(settings)  # goes on in the background while the API answers
         os.execv(sys.executable, [sys.executable, "-m", "uvicorn", "lanner.backend.app:create_app", "--factory",
                                   "--host", settings.host, "--port", str(settings.port)])
     elif args.command == "worker":

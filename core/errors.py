@@ -6,6 +6,6 @@ from __future__ import annotations
 
 
 class UserError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None):
+    def __init__(self, status: int, message: str, code: str | None = None, retry_after: int | None = None):
         super().__init__(message)
-        self.status, self.message, self.code = status, message, code
+        self.status, self.message, self.code, self.retry_after = status, message, code, retry_after

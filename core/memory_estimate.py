@@ -15,7 +15,8 @@ Deliberately simple (refine it against measured peaks on the GPU box):
   keeps 0.857 GiB a layer at 8,192 tokens on the kernels: this counts 0.844);
 - logits: the model's 16-bit logits, transformers' float32 upcast for the loss, and both their
   gradients (tokens × vocab × (2 + 4 + 4 + 2) bytes), which lanner.kernels' fused linear +
-  cross-entropy avoids (then one chunk, counted as the overhead);
+  cross-entropy avoids (then one chunk, counted as the overhead); on the CPU, where the kernels do not
+  run, CPU_LOGITS_BYTES a token and vocabulary entry (measured);
 - lanner.kernels' memory engine (lora/qlora on the kernels on a GPU, docs/memory-engine.md): with
   `offload_checkpoints` the layer inputs wait in host memory (two on the GPU while they come back);
   with `memory_budget_gib` the engine keeps activations while the whole step fits the budget, so the
@@ -23,7 +24,11 @@ Deliberately simple (refine it against measured peaks on the GPU box):
   GPU job that sets no budget gets `default_budget_bytes` of the GPU it will run on (all of its
   memory but the CUDA context is free for the job, which has the GPU to itself), which on a large
   GPU keeps every layer;
-- overhead: 5% of the rest plus a fixed 512 MiB on a GPU (CUDA context, allocator slack).
+- overhead: 5% of the rest plus, on a GPU, a fixed 512 MiB (CUDA context, allocator slack); on the
+  CPU, the training process's own resident memory before its model (CPU_RUNTIME_BYTES). So each
+  estimate counts what its device's measured peak counts: on a GPU, the memory in use on the GPU
+  (NVML); on the CPU, the resident memory (RSS) of the job's processes, which holds the Python
+  runtime and its libraries as well as the tensors.
 """
 from __future__ import annotations
 
@@ -35,6 +40,14 @@ PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64
 ADAM_BYTES = 8
 CUDA_OVERHEAD_BYTES = 512 * 2**20
+# A CPU training process's resident memory before its model: Python with PyTorch, transformers, TRL, PEFT and
+# datasets imported (557 MiB), the tokenizer (48 MiB), the database and Redis clients (measured on the 2-core
+# machine, torch 2.13 CPU, transformers 5.24; docs/benchmarks.md "Memory estimate against measured peaks").
+CPU_RUNTIME_BYTES = 640 * 2**20
+# What a CPU step holds per token and vocabulary entry, measured there (SmolLM2 in float32 under TRL's SFT,
+# 1,024 tokens a step: the peak is 1.9 GiB over the rest): the float32 logits, the loss's log-softmax, the
+# copies TRL makes for its entropy and accuracy metrics, their gradients, and what the allocator keeps of them.
+CPU_LOGITS_BYTES = 40
 # A job on a GPU that sets no memory budget plans for what it holds plus this share of what is free
 # (its lease gives it the device alone; the rest is the allocator's and CUDA's headroom), so layers
 # are kept rather than recomputed wherever the memory allows (docs/memory-engine.md).
@@ -91,14 +104,17 @@ def _memory_engine_on(spec: JobSpec, device_kind: str) -> bool:
 
 
 def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cuda",
-                    device_free_bytes: int | None = None) -> dict[str, int]:
+                    device_free_bytes: int | None = None, longest_row: int | None = None) -> dict[str, int]:
     """Bytes a job of this spec needs. model: the model's config.json as a dict (hidden_size,
     intermediate_size, num_hidden_layers, vocab_size, num_attention_heads, num_key_value_heads,
     head_dim, tie_word_embeddings) or {"parameters": N} when only the count is known (then
     activations are not estimated). device_free_bytes: what is free for the job on the GPU it will
     run on (its memory; the CUDA context is taken off here), for the memory engine's default budget
     (unknown: the smallest plan is assumed). A method that trains every weight (full, pretrain, a preference
-    method without LoRA settings) is estimated as a full fine-tune. Returns the parts and "total_bytes"."""
+    method without LoRA settings) is estimated as a full fine-tune. longest_row: the dataset's longest row in
+    tokens, when measured: a batch is padded to its longest row, so without packing a step holds
+    batch_size × min(longest_row, max_seq_len) tokens (max_seq_len when unknown). Returns the parts and
+    "total_bytes"."""
     hp = spec.hyperparameters
     weight_bytes = PRECISION_BYTES.get(hp.precision, 2 if device_kind == "cuda" else 4)
     act_bytes = weight_bytes
@@ -125,7 +141,8 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
     activations = logits = 0
     if "hidden_size" in model:
         s = _shape(model)
-        tokens = hp.batch_size * hp.max_seq_len
+        row = hp.max_seq_len if hp.packing or not longest_row else min(longest_row, hp.max_seq_len)
+        tokens = hp.batch_size * row
         # What a decoder layer keeps per token for its backward: its input and the norms' outputs, q/k/v,
         # the attention output, the post-attention input and norm, gate and up; plain PyTorch also keeps
         # the GLU's product for the down projection, which lanner.kernels' fused GLU recomputes.
@@ -137,7 +154,7 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
         else:
             activations = s["layers"] * per_layer
         if not kernels:
-            logits = tokens * s["vocab"] * (2 + 4 + 4 + 2)
+            logits = tokens * s["vocab"] * (CPU_LOGITS_BYTES if device_kind == "cpu" else 2 + 4 + 4 + 2)
         budget = None if hp.memory_budget_gib is None else int(float(hp.memory_budget_gib) * 2**30)
         if budget is None and device_free_bytes is not None and _memory_engine_on(spec, device_kind):
             loaded = weights + adapter  # what the job holds when the engine picks its budget
@@ -154,7 +171,7 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
                 activations = max(activations, min(room, s["layers"] * per_layer))
 
     subtotal = weights + adapter + gradients + optimizer + activations + logits
-    overhead = subtotal // 20 + (CUDA_OVERHEAD_BYTES if device_kind == "cuda" else 0)
+    overhead = subtotal // 20 + (CUDA_OVERHEAD_BYTES if device_kind == "cuda" else CPU_RUNTIME_BYTES)
     return {"parameters": parts["total"], "trainable_parameters": trainable, "lora_parameters": lora,
             "weights_bytes": weights + adapter, "gradients_bytes": gradients, "optimizer_bytes": optimizer,
             "activations_bytes": activations, "logits_bytes": logits, "overhead_bytes": overhead,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lanner.core.default_model import DEFAULT_MODEL_ID  # a plain constant; that module imports no torch
-from lanner.core.memory_estimate import estimate_memory
+from lanner.core import default_model  # imports no torch
+from lanner.core.default_model import DEFAULT_MODEL_ID
+from lanner.core.memory_estimate import count_parameters, estimate_memory
 from lanner.core.spec import JobSpec
 
 # (hub id, family, parameters in billions, needs an access request on the hub)
@@ -61,19 +62,18 @@ def local_models(models_dir: Path) -> list[dict]:
     return found
 
 
-BUILTIN_PARAMETERS = 134_515_008
+BUILTIN_PARAMETERS = count_parameters(default_model.SHAPE)["total"]
 
 
 def model_shape(model: str, models_dir: Path) -> dict | None:
-    """The model's config.json when it is on this machine, else its parameter count when the
-    catalog knows it, else None (an unknown hub model: no estimate)."""
+    """The built-in model's shape (known whether or not it is imported yet); else the model's
+    config.json when it is on this machine, else its parameter count when the catalog knows it, else
+    None (an unknown hub model: no estimate)."""
     if model == DEFAULT_MODEL_ID:
-        folder = models_dir / "SmolLM2-135M-Instruct"
-        fallback = {"parameters": BUILTIN_PARAMETERS}
-    else:
-        folder = Path(model) if model.startswith("/") else models_dir / model
-        known = {hub_id: billions for hub_id, _, billions, _ in CURATED}
-        fallback = {"parameters": int(known[model] * 1e9)} if model in known else None
+        return dict(default_model.SHAPE)
+    folder = Path(model) if model.startswith("/") else models_dir / model
+    known = {hub_id: billions for hub_id, _, billions, _ in CURATED}
+    fallback = {"parameters": int(known[model] * 1e9)} if model in known else None
     config = folder / "config.json"
     if config.is_file():
         try:
@@ -85,10 +85,13 @@ def model_shape(model: str, models_dir: Path) -> dict | None:
     return fallback
 
 
-def estimate_job_memory(spec: JobSpec, models_dir: Path, gpu_bytes: int | None = None) -> dict | None:
+def estimate_job_memory(spec: JobSpec, models_dir: Path, gpu_bytes: int | None = None,
+                        longest_row: int | None = None) -> dict | None:
     """lanner.core.memory_estimate's estimate for a job spec on the device its gpus ask for (a GPU of
-    gpu_bytes, when known: the job has it to itself); None when the model's size is unknown."""
+    gpu_bytes, when known: the job has it to itself), with its dataset's longest row when measured;
+    None when the model's size is unknown."""
     shape = model_shape(spec.model, models_dir)
     if shape is None:
         return None
-    return estimate_memory(spec, shape, "cuda" if spec.gpus else "cpu", gpu_bytes if spec.gpus else None)
+    return estimate_memory(spec, shape, "cuda" if spec.gpus else "cpu", gpu_bytes if spec.gpus else None,
+                           longest_row)

@@ -35,6 +35,18 @@ def _gpu_sampler(index: int) -> Callable[[], DeviceReading]:
     return sample
 
 
+def _peak_rss(pid: int) -> int:
+    """The process's high-water mark of resident memory (Linux's VmHWM); 0 where the system keeps none."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def _cpu_sampler(pid: int | None) -> Callable[[], DeviceReading]:
     root = psutil.Process(pid) if pid else None
     known: dict[int, psutil.Process] = {}  # kept between samples: cpu_percent measures since the last call
@@ -58,16 +70,19 @@ def _cpu_sampler(pid: int | None) -> Callable[[], DeviceReading]:
         memory, machine_cpu = psutil.virtual_memory(), psutil.cpu_percent(None)
         values = {}
         if root:
-            cpu, rss = 0.0, 0
+            cpu, rss, peak = 0.0, 0, 0
             for process in tree():
                 try:
                     with process.oneshot():
                         cpu += process.cpu_percent(None)
                         rss += int(process.memory_info().rss)
+                    peak += _peak_rss(process.pid)
                 except psutil.Error:  # this one just ended
                     pass
             if rss:
                 values["process_cpu_percent"], values["process_rss_bytes"] = cpu, rss
+            if peak:  # a step's peak falls between two samples: the kernel keeps it
+                values["process_peak_rss_bytes"] = peak
         return DeviceReading(kind="cpu", cpu_percent=machine_cpu,
                              memory_used_bytes=int(memory.total - memory.available),
                              memory_total_bytes=int(memory.total), **values)

@@ -88,7 +88,7 @@ async def upload_dataset(request: Request, filename: str = Query(min_length=1, m
 @router.get("/api/datasets", response_model=DatasetPage)
 def list_datasets(owner_id: QueryId = None, mine: bool = False, offset: Offset = 0,
                   limit: int = Query(default=50, ge=1, le=MAX_PAGE), user: User = Depends(current_user),
-                  session: Session = Depends(get_db)) -> DatasetPage:
+                  session: Session = Depends(get_db), settings: Settings = Depends(get_settings)) -> DatasetPage:
     """The team's datasets, newest first."""
     query = select(Dataset)
     if mine:
@@ -96,13 +96,17 @@ def list_datasets(owner_id: QueryId = None, mine: bool = False, offset: Offset =
     if owner_id is not None:
         query = query.where(Dataset.owner_id == owner_id)
     total = session.scalar(select(func.count()).select_from(query.subquery()))
-    items = session.scalars(query.order_by(Dataset.id.desc()).offset(offset).limit(limit))
-    return DatasetPage(items=list(items), total=total, offset=offset, limit=limit)
+    items = list(session.scalars(query.order_by(Dataset.id.desc()).offset(offset).limit(limit)))
+    datasets.refresh_token_stats(session, settings, items)
+    return DatasetPage(items=items, total=total, offset=offset, limit=limit)
 
 
 @router.get("/api/datasets/{dataset_id}", response_model=DatasetOut, responses=errors(404))
-def get_dataset(dataset_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db)) -> Dataset:
-    return datasets.get_dataset(session, dataset_id)
+def get_dataset(dataset_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db),
+                settings: Settings = Depends(get_settings)) -> Dataset:
+    dataset = datasets.get_dataset(session, dataset_id)
+    datasets.refresh_token_stats(session, settings, [dataset])
+    return dataset
 
 
 @router.delete("/api/datasets/{dataset_id}", status_code=204, responses=errors(403, 404, 409))
@@ -116,7 +120,9 @@ ModelQuery = Query(default=DEFAULT_MODEL_ID, min_length=1, max_length=1024,
                    description="Whose tokenizer and chat template to use")
 
 
-PREVIEW_ERRORS = {**errors(404), 409: {**errors(409)[409], "description": "No tokenizer of that model on this machine"}}
+PREVIEW_ERRORS = {**errors(404), 409: {**errors(409)[409], "description": "No tokenizer of that model on this machine"},
+                  503: {**errors(503)[503], "description": "The built-in model is being imported: ask again after "
+                                                           "Retry-After seconds"}}
 
 
 @router.get("/api/datasets/{dataset_id}/preview", response_model=DatasetPreview, responses=PREVIEW_ERRORS,

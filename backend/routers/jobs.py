@@ -18,7 +18,7 @@ from lanner.backend.services import jobs
 from lanner.core import spec_files
 from lanner.core.errors import UserError
 from lanner.core.messages.signals import cancel_requested
-from lanner.core.models import Job, JobKind, JobStatus, User
+from lanner.core.models import Dataset, Job, JobKind, JobStatus, User
 from lanner.core.queue import order as queue_order
 from lanner.core.settings import Settings, get_settings
 from lanner.core.spec import load_spec
@@ -48,11 +48,12 @@ def create_job(body: JobCreate, user: User = Depends(current_user), session: Ses
 
 
 @router.post("/api/jobs/estimate", response_model=MemoryEstimate)
-def estimate_job(body: JobCreate, _: User = Depends(current_user), redis: Redis = Depends(redis_client),
-                 settings: Settings = Depends(get_settings)) -> MemoryEstimate:
-    """The device memory a spec would need, without queueing it (the dataset is not checked)."""
+def estimate_job(body: JobCreate, _: User = Depends(current_user), session: Session = Depends(get_db),
+                 redis: Redis = Depends(redis_client), settings: Settings = Depends(get_settings)) -> MemoryEstimate:
+    """The device memory a spec would need, without queueing it (the dataset is not checked; when it
+    exists and its report measured its rows with the spec's model, its longest row sizes a batch)."""
     return MemoryEstimate(model=body.model, device="cuda" if body.gpus else "cpu",
-                          estimate=jobs.memory_estimate(body, settings, redis))
+                          estimate=jobs.memory_estimate(body, settings, redis, session.get(Dataset, body.dataset_id)))
 
 
 @router.post("/api/jobs/config/parse", response_model=ParsedConfig, responses=errors(422))

@@ -42,6 +42,9 @@ class DatasetReport(BaseModel):
     error: str | None = Field(default=None, description="Why the file as a whole cannot be used")
     token_stats: TokenStats | None = Field(default=None, description="Token lengths for the model the upload named")
     token_stats_error: str | None = Field(default=None, description="Why there are no token statistics")
+    token_stats_waiting_for: str | None = Field(
+        default=None, description="The model whose tokenizer was not on this machine at the upload (the built-in "
+                                  "one still being imported): the statistics are measured when it is there")
 
 
 class DatasetOut(BaseModel):

@@ -52,7 +52,10 @@ def get_dataset(session: Session, dataset_id: int) -> Dataset:
 
 
 def upload_token_stats(path: Path, model: str | None, settings: Settings) -> dict[str, Any]:
-    """The report's token statistics; an upload never fails for want of them."""
+    """The report's token statistics; an upload never fails for want of them. Without the model's
+    tokenizer on this machine yet, the report names the model it waits for, and the statistics are
+    measured when the dataset is next read, or a job is created on it, once the tokenizer is there
+    (refresh_token_stats)."""
     from lanner.core.dataset_formats import load_rows, task_of
 
     chosen = model or DEFAULT_MODEL_ID
@@ -62,12 +65,34 @@ def upload_token_stats(path: Path, model: str | None, settings: Settings) -> dic
         stats = dataset_preview.token_stats(dataset_preview.load_tokenizer(folder), rows, task_of(fmt),
                                             SPEC_MAX_SEQ_LEN.default)
     except dataset_preview.TokenizerUnavailable as exc:
-        return {"token_stats": None, "token_stats_error": str(exc)}
+        return {"token_stats": None, "token_stats_error": str(exc), "token_stats_waiting_for": chosen}
     except Exception as exc:  # a broken tokenizer folder: the upload stands, the report says why
         log.warning("no token statistics with %s", chosen, exc_info=True)
         return {"token_stats": None, "token_stats_error": f"cannot measure with {chosen}: {exc}"}
     stats.pop("lengths", None)  # thousands of numbers: the token-stats route gives them when asked
     return {"token_stats": {"model": chosen, "task": task_of(fmt), **stats}}
+
+
+def refresh_token_stats(session: Session, settings: Settings, datasets: list[Dataset]) -> None:
+    """Measures, and stores, the token statistics of the datasets uploaded while their model's
+    tokenizer was missing (the built-in model still being imported, a model not downloaded yet), once
+    it is on this machine."""
+    changed = False
+    for dataset in datasets:
+        waiting = (dataset.report or {}).get("token_stats_waiting_for")
+        if not waiting:
+            continue
+        try:
+            dataset_preview.tokenizer_dir(waiting, settings)
+            path = dataset_file(settings, dataset)
+        except (dataset_preview.TokenizerUnavailable, UserError):
+            continue
+        report = {key: value for key, value in dataset.report.items()
+                  if key not in ("token_stats", "token_stats_error", "token_stats_waiting_for")}
+        dataset.report = {**report, **upload_token_stats(path, waiting, settings)}
+        changed = True
+    if changed:
+        session.commit()
 
 
 def store_upload(session: Session, settings: Settings, user: User, received: Path, filename: str, name: str | None,
@@ -114,6 +139,8 @@ def rows_and_tokenizer(dataset: Dataset, model: str, settings: Settings):
 
     try:
         folder = dataset_preview.tokenizer_dir(model, settings)
+    except dataset_preview.BuiltinImporting as exc:
+        raise UserError(503, str(exc), retry_after=dataset_preview.IMPORT_RETRY_SECONDS) from None
     except dataset_preview.TokenizerUnavailable as exc:
         raise UserError(409, str(exc)) from None
     path = dataset_file(settings, dataset)

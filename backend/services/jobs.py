@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from lanner.backend.paths import inside
 from lanner.backend.schemas.jobs import QueueMove
+from lanner.backend.services import datasets
 from lanner.core.db import LIKE_ESCAPE, like_literal
 from lanner.core.errors import UserError
 from lanner.core.export_spec import ExportSpec
@@ -92,10 +93,21 @@ def largest_gpu_bytes(redis: Redis) -> int | None:
     return max(gpus, default=None)
 
 
-def memory_estimate(spec: JobSpec, settings: Settings, redis: Redis) -> dict[str, int] | None:
-    """The device memory the spec needs, by part; None when it cannot be told."""
+def longest_row(dataset: Dataset | None, model: str) -> int | None:
+    """The dataset's longest row (of those its report measured) in `model`'s tokens, when the report
+    measured them with that model."""
+    if dataset is None:
+        return None
+    stats = (dataset.report or {}).get("token_stats") or {}
+    return stats.get("max") if stats.get("model") == model else None
+
+
+def memory_estimate(spec: JobSpec, settings: Settings, redis: Redis,
+                    dataset: Dataset | None = None) -> dict[str, int] | None:
+    """The device memory the spec needs on its dataset, by part; None when it cannot be told."""
     try:
-        return estimate_job_memory(spec, settings.models_dir, largest_gpu_bytes(redis) if spec.gpus else None)
+        return estimate_job_memory(spec, settings.models_dir, largest_gpu_bytes(redis) if spec.gpus else None,
+                                   longest_row(dataset, spec.model))
     except Exception:  # an estimate is advice (e.g. a local config.json of an odd shape): never a failure
         log.warning("no memory estimate for %s", spec.model, exc_info=True)
         return None
@@ -150,7 +162,8 @@ def create(session: Session, redis: Redis, settings: Settings, user: User, spec:
     """Queues a training job (a clone or retry names the job it came from)."""
     dataset = _check_against_database(session, spec, user)
     waiting = _check_against_machines(redis, spec)
-    estimate = memory_estimate(spec, settings, redis)
+    datasets.refresh_token_stats(session, settings, [dataset])  # measured once its tokenizer is here
+    estimate = memory_estimate(spec, settings, redis, dataset)
     name = spec.name or f"{spec.method} {spec.model.rsplit('/', 1)[-1]} on {dataset.name}"
     return _enqueue(session, redis, settings, user, name, kind=JobKind.train, method=spec.method, model=spec.model, dataset_id=spec.dataset_id,
                     parent_job_id=parent.id if parent else None, config=stored_config(spec),

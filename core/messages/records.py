@@ -72,6 +72,9 @@ class DeviceReading(RecordEvent):
     cpu_percent: float | None = None
     process_cpu_percent: float | None = None
     process_rss_bytes: int | None = None
+    # The highest resident memory each of the job's processes has had so far, summed (Linux's VmHWM):
+    # the peak that samples 2 s apart miss.
+    process_peak_rss_bytes: int | None = None
     device_id: str | None = None  # which of a job's devices
     rank: int | None = None       # in a job on several devices
 

@@ -7,13 +7,16 @@ export class ApiError extends Error {
   readonly detail: unknown
   /** The whole parsed error body (JSON, or text when it was not JSON). */
   readonly body: unknown
+  /** The Retry-After header in seconds (a 503 or 429 that says when to ask again), or null. */
+  readonly retryAfterSeconds: number | null
 
-  constructor(status: number, message: string, detail: unknown = null, body: unknown = null) {
+  constructor(status: number, message: string, detail: unknown = null, body: unknown = null, retryAfterSeconds: number | null = null) {
     super(message)
     this.name = 'ApiError'
     this.status = status
     this.detail = detail
     this.body = body
+    this.retryAfterSeconds = retryAfterSeconds
   }
 }
 
@@ -69,7 +72,8 @@ export async function apiFetch<T>(path: string, init: RequestInit = {}): Promise
       body && typeof body === 'object' && 'detail' in body ? (body as { detail: unknown }).detail : null
     const message =
       detailMessage(detail) ?? `${response.status} ${response.statusText || 'Request failed'}`.trim()
-    throw new ApiError(response.status, message, detail, body)
+    const retryAfter = Number(response.headers.get('Retry-After'))
+    throw new ApiError(response.status, message, detail, body, retryAfter > 0 ? retryAfter : null)
   }
   return body as T
 }

@@ -148,6 +148,36 @@ def test_preview_needs_a_tokenizer_on_this_machine(team):
     assert team.anonymous.get(f"/api/datasets/{dataset['id']}/preview").status_code == 401
 
 
+def test_while_the_builtin_model_is_imported_previews_wait_and_then_the_report_is_measured(team, smollm2_dir, wakes):
+    """An import under way in another process (`lanner up`'s) holds its lock: the routes answer at
+    once that it is coming; once it lands, the report stored at the upload gets its token lengths."""
+    import fcntl
+
+    models = team.api.settings.models_dir
+    with open(models / ".smollm2-import.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        dataset = upload(team.alice, "chat.jsonl", CHAT_ROWS).json()
+        assert dataset["report"]["token_stats"] is None
+        assert "being imported" in dataset["report"]["token_stats_error"]
+        for route in ("preview", "token-stats"):
+            waiting = team.bob.get(f"/api/datasets/{dataset['id']}/{route}")
+            assert waiting.status_code == 503 and "being imported" in waiting.json()["detail"]
+            assert int(waiting.headers["Retry-After"]) > 0
+        (models / smollm2_dir.name).symlink_to(smollm2_dir)  # the import lands (renamed into place)
+    spec = {"method": "lora", "model": "builtin/SmolLM2-135M-Instruct", "dataset_id": dataset["id"], "gpus": 0}
+    job = team.alice.post("/api/jobs", json=spec).json()  # its estimate sizes a batch by the rows, measured now
+
+    def estimate(**changes) -> int:
+        return team.alice.post("/api/jobs/estimate", json={**spec, **changes}).json()["estimate"]["total_bytes"]
+
+    assert job["memory_estimate_bytes"] == estimate() < estimate(dataset_id=99)  # 99: no dataset, no rows measured
+    assert team.bob.get(f"/api/datasets/{dataset['id']}/preview").status_code == 200
+    report = team.bob.get(f"/api/datasets/{dataset['id']}").json()["report"]
+    assert report["token_stats"]["model"] == "builtin/SmolLM2-135M-Instruct" and report["token_stats"]["sequences"] == 5
+    assert report["token_stats_error"] is None and report["token_stats_waiting_for"] is None
+    assert team.alice.get("/api/datasets").json()["items"][0]["report"] == report  # stored, not measured again
+
+
 def test_an_upload_that_would_fill_the_disk_is_refused(team_with):
     team = team_with(LANNER_MIN_FREE_BYTES=str(2**62))
     response = upload(team.alice, "chat.jsonl", CHAT_ROWS)

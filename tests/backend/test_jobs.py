@@ -335,6 +335,20 @@ def test_jobs_carry_a_memory_estimate_and_specs_can_be_estimated_alone(team, cha
     assert team.anonymous.post("/api/jobs/estimate", json={}).status_code == 401
 
 
+def test_an_estimate_sizes_a_batch_by_the_datasets_longest_row(team, allowed_smollm2, wakes):
+    """A batch is padded to its longest row: a dataset of short rows needs far less than max_seq_len."""
+    model = str(allowed_smollm2)
+    dataset = upload(team.alice, "chat.jsonl", CHAT_ROWS, model=model).json()
+    longest = dataset["report"]["token_stats"]["max"]
+    spec = {"method": "lora", "model": model, "gpus": 0, "dataset_id": dataset["id"]}
+    job = submit(team.alice, dataset["id"], model=model, gpus=0).json()
+    measured = team.bob.post("/api/jobs/estimate", json=spec).json()["estimate"]
+    unmeasured = team.bob.post("/api/jobs/estimate", json={**spec, "dataset_id": 99}).json()["estimate"]
+    assert job["memory_estimate_bytes"] == measured["total_bytes"] < unmeasured["total_bytes"] / 4
+    one_row = {**spec, "dataset_id": 99, "hyperparameters": {"max_seq_len": longest}}
+    assert team.bob.post("/api/jobs/estimate", json=one_row).json()["estimate"] == measured
+
+
 def test_an_odd_local_config_gives_no_estimate_but_the_job_is_queued(team, chat, wakes):
     odd = team.api.settings.models_dir / "odd"
     odd.mkdir(parents=True)

@@ -25,6 +25,19 @@ def test_counts_match_the_real_model(smollm2_dir):
     assert estimate["weights_bytes"] == 4 * (estimate["parameters"] + lora)
 
 
+def test_the_builtin_model_is_estimated_the_same_before_its_import_as_after(smollm2_dir, tmp_path):
+    """Its shape is known without the import (a job created before the import landed kept a lower
+    figure, counted from the parameters alone)."""
+    from lanner.core import default_model
+    from lanner.core.model_catalog import estimate_job_memory
+
+    imported = json.loads((smollm2_dir / "config.json").read_text())
+    assert {key: imported[key] for key in default_model.SHAPE} == default_model.SHAPE
+    spec = unchecked_spec(precision="fp32", batch_size=2, max_seq_len=64).model_copy(update={"gpus": 0})
+    assert not default_model.is_imported(tmp_path)
+    assert estimate_job_memory(spec, tmp_path) == estimate_memory(spec, imported, "cpu")
+
+
 def test_parts_follow_the_config(smollm2_dir):
     shape = json.loads((smollm2_dir / "config.json").read_text())
     base = {"precision": "bf16", "batch_size": 4, "max_seq_len": 1024}

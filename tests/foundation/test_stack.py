@@ -75,6 +75,19 @@ def test_ctrl_c_stops_what_up_started_and_nothing_else(tmp_path):
     assert not Redis.from_url(SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/13").keys("lanner:worker:*")
 
 
+def test_up_imports_the_builtin_model_in_the_background(stack):
+    from lanner.core.default_model import is_imported
+
+    assert "The built-in model is being imported in the background" in "".join(stack.output)
+    deadline = time.monotonic() + 300
+    while not is_imported(stack.data_dir / "models") and time.monotonic() < deadline:
+        time.sleep(1)
+    assert is_imported(stack.data_dir / "models"), "".join(stack.output)
+    while "The built-in model is imported." not in "".join(stack.output) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "The built-in model is imported." in "".join(stack.output)
+
+
 def test_up_starts_a_local_redis_and_stops_it(stack):
     port = int(stack.env["LANNER_REDIS_URL"].rsplit(":", 1)[1].split("/")[0])
     assert "starting a local redis-server" in "".join(stack.output)

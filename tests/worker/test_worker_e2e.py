@@ -14,9 +14,10 @@ from redis import Redis
 from lanner.cli.redis_server import start_local_redis
 from lanner.core.models import Artifact, DeviceSample, JobMetric, JobStatus
 from lanner.core.messages.signals import cancel_key
+from lanner.core.model_catalog import estimate_job_memory
 from lanner.core.queue.claim import wake_workers
 from lanner.core.settings import Settings
-from lanner.core.spec import MAX_REQUEUES
+from lanner.core.spec import MAX_REQUEUES, load_spec
 from lanner.core.streams import QUEUE_STREAM, job_stream, read_after
 
 from support import free_port
@@ -60,7 +61,11 @@ def test_jobs_run_in_priority_order_with_ordered_events_and_clear_failures(studi
     assert {"dataset", "log", "metric", "checkpoint", "device"} <= set(kinds)
     sample = next(data for _, kind, data in events if kind == "device")
     assert sample["kind"] == "cpu" and 0 < sample["memory_used_bytes"] < sample["memory_total_bytes"]
-    assert sample["process_rss_bytes"] > 0
+    assert 0 < sample["process_rss_bytes"] <= sample["process_peak_rss_bytes"]
+    # The job page's peak on the CPU is its processes' highest resident memory, which the estimate counts too.
+    peak = max(data["process_peak_rss_bytes"] for _, kind, data in events if kind == "device")
+    estimate = estimate_job_memory(load_spec(job.config), studio.data_dir / "models")["total_bytes"]
+    assert abs(estimate - peak) <= 0.15 * peak, f"estimate {estimate / 2**20:.0f} MiB, measured peak {peak / 2**20:.0f} MiB"
     with studio.sessions() as session:
         assert session.query(DeviceSample).filter(DeviceSample.job_id == good).count() >= 1
     steps = [data["step"] for _, kind, data in events if kind == "metric" and "loss" in data]

@@ -70,7 +70,8 @@ export interface paths {
   "/api/jobs/estimate": {
     /**
      * Estimate Job
-     * @description The device memory a spec would need, without queueing it (the dataset is not checked).
+     * @description The device memory a spec would need, without queueing it (the dataset is not checked; when it
+     * exists and its report measured its rows with the spec's model, its longest row sizes a batch).
      */
     post: operations["estimate_job_api_jobs_estimate_post"];
   };
@@ -536,6 +537,11 @@ export interface components {
        * @description Why there are no token statistics
        */
       token_stats_error?: string | null;
+      /**
+       * Token Stats Waiting For
+       * @description The model whose tokenizer was not on this machine at the upload (the built-in one still being imported): the statistics are measured when it is there
+       */
+      token_stats_waiting_for?: string | null;
       [key: string]: unknown;
     };
     /** Device */
@@ -1799,6 +1805,8 @@ export interface components {
       process_cpu_percent?: number | null;
       /** Process Rss Bytes */
       process_rss_bytes?: number | null;
+      /** Process Peak Rss Bytes */
+      process_peak_rss_bytes?: number | null;
       /** Device Id */
       device_id?: string | null;
       /** Rank */
@@ -2703,7 +2711,8 @@ export interface operations {
   };
   /**
    * Estimate Job
-   * @description The device memory a spec would need, without queueing it (the dataset is not checked).
+   * @description The device memory a spec would need, without queueing it (the dataset is not checked; when it
+   * exists and its report measured its rows with the spec's model, its longest row sizes a batch).
    */
   estimate_job_api_jobs_estimate_post: {
     requestBody: {
@@ -3693,6 +3702,12 @@ export interface operations {
           "application/json": components["schemas"]["ErrorOut"];
         };
       };
+      /** @description The built-in model is being imported: ask again after Retry-After seconds */
+      503: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
     };
   };
   /**
@@ -3744,6 +3759,12 @@ export interface operations {
       };
       /** @description Too many requests: wait Retry-After seconds */
       429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description The built-in model is being imported: ask again after Retry-After seconds */
+      503: {
         content: {
           "application/json": components["schemas"]["ErrorOut"];
         };

@@ -39,6 +39,21 @@ describe('DatasetInsights', () => {
     render(<DatasetInsights dataset={dataset} model="org/model" maxSeqLen={2048} />)
     expect(await screen.findByText(/needs org\/model’s tokenizer on the server: no tokenizer of org\/model/)).toBeInTheDocument()
   })
+
+  it('while the built-in model is being imported (503), says so and asks again after Retry-After', async () => {
+    let calls = 0
+    vi.stubGlobal('fetch', vi.fn<typeof fetch>().mockImplementation(async (input) => {
+      if (String(input).includes('/preview') && calls++ === 0) {
+        return new Response(JSON.stringify({ detail: 'the built-in model is being imported' }),
+          { status: 503, headers: { 'Content-Type': 'application/json', 'Retry-After': '1' } })
+      }
+      return jsonResponse(String(input).includes('/preview') ? preview : stats)
+    }))
+    render(<DatasetInsights dataset={dataset} model="builtin/SmolLM2-135M-Instruct" maxSeqLen={2048} />)
+    expect(await screen.findByText(/the built-in model is being imported/)).toBeInTheDocument()
+    expect(await screen.findByText('4.<|im_end|>', { selector: 'mark' }, { timeout: 4000 })).toBeInTheDocument()
+    expect(screen.queryByText(/the built-in model is being imported/)).not.toBeInTheDocument()
+  })
 })
 
 describe('the preview pages through every usable row', () => {

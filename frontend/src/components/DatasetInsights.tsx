@@ -25,6 +25,7 @@ export function DatasetInsights({ dataset, model, maxSeqLen }: Props) {
   const [stats, setStats] = useState<TokenStats | null>(null)
   const [error, setError] = useState<string | null>(null)
   const [unavailable, setUnavailable] = useState<string | null>(null)
+  const [attempt, setAttempt] = useState(0)  // asked again while the built-in model is being imported
   const length = maxSeqLen && maxSeqLen >= 16 ? maxSeqLen : null
   const paging = useRef<AbortController | null>(null)
 
@@ -32,10 +33,14 @@ export function DatasetInsights({ dataset, model, maxSeqLen }: Props) {
     if (!model || !length) return
     const abort = new AbortController()
     const query = new URLSearchParams({ model, max_seq_len: String(length) })
+    let retry: ReturnType<typeof setTimeout> | undefined
     const failed = (err: unknown) => {
       if (abort.signal.aborted) return
-      if (err instanceof ApiError && err.status === 409) setUnavailable(err.message)
-      else setError(errorText(err))
+      if (err instanceof ApiError && (err.status === 409 || err.status === 503)) {
+        setUnavailable(err.message)
+        // 503: the tokenizer is on its way (the built-in model being imported); ask again when the API says.
+        if (err.status === 503) retry = setTimeout(() => setAttempt((n) => n + 1), (err.retryAfterSeconds ?? 15) * 1000)
+      } else setError(errorText(err))
     }
     // One after the other: the first request loads the tokenizer into the API process, and the
     // second then finds it loaded (two first loads at once can trip over each other there).
@@ -58,8 +63,9 @@ export function DatasetInsights({ dataset, model, maxSeqLen }: Props) {
       abort.abort()
       paging.current?.abort()
       clearTimeout(timer)
+      clearTimeout(retry)
     }
-  }, [dataset.id, model, length])
+  }, [dataset.id, model, length, attempt])
 
   /** Another page of the preview, with the same model and length; the token statistics stay. */
   async function showPage(offset: number) {

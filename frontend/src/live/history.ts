@@ -67,19 +67,21 @@ export function withHistory(live: JobLive, metrics: MetricRow[], samples: Sample
   }
 
   const d = live.device
-  const device: DeviceColumns = { t: [], utilisation: [], memoryUsedGiB: [], processMemoryGiB: [], memoryTotalGiB: [] }
+  const device: DeviceColumns = { t: [], utilisation: [], memoryUsedGiB: [], processMemoryGiB: [], processPeakGiB: [], memoryTotalGiB: [] }
   for (const { row, at } of oldSamples) {
     const p = devicePoint(row.values)
     device.t.push((at - t0) / 1000)
     device.utilisation.push(p.utilisation)
     device.memoryUsedGiB.push(p.memoryUsedGiB)
     device.processMemoryGiB.push(p.processMemoryGiB)
+    device.processPeakGiB.push(p.processPeakGiB)
     device.memoryTotalGiB.push(p.memoryTotalGiB)
   }
   device.t.push(...d.t.map((t) => t + shift))
   device.utilisation.push(...d.utilisation)
   device.memoryUsedGiB.push(...d.memoryUsedGiB)
   device.processMemoryGiB.push(...d.processMemoryGiB)
+  device.processPeakGiB.push(...d.processPeakGiB)
   device.memoryTotalGiB.push(...d.memoryTotalGiB)
 
   const lastTrain = [...oldMetrics].reverse().find((x) => !x.point.isEval)

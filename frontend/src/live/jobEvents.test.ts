@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest'
 import type { StreamEvent } from '../types'
-import { applyJobEvents, emptyJobLive, remainingSeconds } from './jobEvents'
+import { applyJobEvents, emptyJobLive, memoryPeakGiB, remainingSeconds } from './jobEvents'
 import { compareStreamIds } from './streamIds'
 
 const T0 = 1_700_000_000_000
@@ -23,6 +23,17 @@ describe('stream ids', () => {
     expect(compareStreamIds('10-0', '9-5')).toBeGreaterThan(0)
     expect(compareStreamIds('10-1', '10-2')).toBeLessThan(0)
     expect(compareStreamIds('10-1', '10-1')).toBe(0)
+  })
+})
+
+describe('memoryPeakGiB', () => {
+  it("is the job's processes' resident memory on the CPU (not the machine's) and the GPU's memory in use on a GPU", () => {
+    const device = { t: [1, 2], utilisation: [50, 60], memoryUsedGiB: [2.2, 2.1], processMemoryGiB: [1.1, 1.3],
+      processPeakGiB: [null, null], memoryTotalGiB: [24, 24] }
+    expect(memoryPeakGiB(device, 'cpu')).toBe(1.3)
+    expect(memoryPeakGiB(device, 'cuda')).toBe(2.2)
+    expect(memoryPeakGiB({ ...device, processPeakGiB: [1.2, 1.6] }, 'cpu')).toBe(1.6)  // a step's peak between samples
+    expect(memoryPeakGiB({ ...device, processMemoryGiB: [null, null] }, 'cpu')).toBeNull()
   })
 })
 

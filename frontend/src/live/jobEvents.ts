@@ -22,6 +22,8 @@ export interface DeviceColumns {
   memoryUsedGiB: (number | null)[]
   /** The training process's own memory (CPU runs report it). */
   processMemoryGiB: (number | null)[]
+  /** Its highest resident memory so far (Linux keeps it), the peak that samples apart can miss. */
+  processPeakGiB: (number | null)[]
   memoryTotalGiB: (number | null)[]
 }
 
@@ -64,7 +66,7 @@ export function emptyJobLive(): JobLive {
     lastId: null,
     t0: null,
     metrics: { t: [], step: [], loss: [], evalLoss: [], learningRate: [], gradNorm: [], tokensPerSecond: [], values: [] },
-    device: { t: [], utilisation: [], memoryUsedGiB: [], processMemoryGiB: [], memoryTotalGiB: [] },
+    device: { t: [], utilisation: [], memoryUsedGiB: [], processMemoryGiB: [], processPeakGiB: [], memoryTotalGiB: [] },
     deviceKind: null,
     memoryTotalBytes: null,
     logs: [],
@@ -106,6 +108,7 @@ export function devicePoint(data: Record<string, unknown>) {
     utilisation: num(data.gpu_utilization_percent) ?? num(data.process_cpu_percent) ?? num(data.cpu_percent),
     memoryUsedGiB: gib(data.memory_used_bytes),
     processMemoryGiB: gib(data.process_rss_bytes),
+    processPeakGiB: gib(data.process_peak_rss_bytes),
     memoryTotalGiB: gib(data.memory_total_bytes),
   }
 }
@@ -133,7 +136,7 @@ export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
   }
   const device: DeviceColumns = {
     t: [...d.t], utilisation: [...d.utilisation], memoryUsedGiB: [...d.memoryUsedGiB],
-    processMemoryGiB: [...d.processMemoryGiB], memoryTotalGiB: [...d.memoryTotalGiB],
+    processMemoryGiB: [...d.processMemoryGiB], processPeakGiB: [...d.processPeakGiB], memoryTotalGiB: [...d.memoryTotalGiB],
   }
   let logs = state.logs
   let { t0, deviceKind, memoryTotalBytes, status, error, lastMetric, formats, completions } = state
@@ -164,6 +167,7 @@ export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
       device.utilisation.push(point.utilisation)
       device.memoryUsedGiB.push(point.memoryUsedGiB)
       device.processMemoryGiB.push(point.processMemoryGiB)
+      device.processPeakGiB.push(point.processPeakGiB)
       device.memoryTotalGiB.push(point.memoryTotalGiB)
     } else if (event.type === 'log') {
       newLogs.push({
@@ -204,4 +208,24 @@ export function applyJobEvents(state: JobLive, events: StreamEvent[]): JobLive {
 export function remainingSeconds(step: number, totalSteps: number | null, elapsedSeconds: number): number | null {
   if (!totalSteps || step <= 0 || elapsedSeconds <= 0) return null
   return (elapsedSeconds / step) * Math.max(totalSteps - step, 0)
+}
+
+/** What a job's memory peak and its estimate count, on each kind of device: the same things, so
+ * that the two compare (lanner.core.memory_estimate). */
+export const MEMORY_COUNTS = {
+  cpu: {
+    peak: "resident memory (RSS) of the job's processes",
+    estimate: 'weights, adapter, gradients, optimizer state, activations and logits, plus the Python and PyTorch runtime',
+  },
+  cuda: {
+    peak: 'memory in use on the GPU (NVML)',
+    estimate: 'weights, adapter, gradients, optimizer state, activations and logits, plus the CUDA context',
+  },
+} as const
+
+/** The job's memory peak in GiB: on the CPU its processes' resident memory (not the machine's, which
+ * other programs share) at its highest, as the kernel kept it when it did; on a GPU the memory in use on it. */
+export function memoryPeakGiB(device: DeviceColumns, kind: string | null): number | null {
+  const values = kind === 'cpu' ? [...device.processMemoryGiB, ...device.processPeakGiB] : device.memoryUsedGiB
+  return values.reduce<number | null>((a, b) => (b == null ? a : Math.max(a ?? 0, b)), null)
 }

@@ -15,7 +15,7 @@ import { LiveChart } from '../components/LiveChart'
 import { PageHeader } from '../components/PageHeader'
 import { clock, formatDuration, formatGiB, formatFloat, formatRate, formatTime, parseApiTime, requeueSummary } from '../format'
 import { memoryTotalBytes, withHistory } from '../live/history'
-import { remainingSeconds } from '../live/jobEvents'
+import { MEMORY_COUNTS, memoryPeakGiB, remainingSeconds } from '../live/jobEvents'
 import { useJobHistory } from '../live/useJobHistory'
 import { useJobStream } from '../live/useJobStream'
 import type { Artifact, Job } from '../types'
@@ -150,7 +150,8 @@ export function JobPage() {
   const canManage = job ? mayManage(user, job.owner_id) : false
   const memTotal = memoryTotalBytes(live, history.samples) ?? (job && jobDevice(job)?.memory_total_bytes) ?? null
   const deviceKind = live.deviceKind ?? (job && jobDevice(job)?.kind) ?? null
-  const peakUsed = d.memoryUsedGiB.reduce<number | null>((a, b) => (b == null ? a : Math.max(a ?? 0, b)), null)
+  const peakUsed = memoryPeakGiB(d, deviceKind)
+  const counts = MEMORY_COUNTS[deviceKind === 'cpu' ? 'cpu' : 'cuda']
   const checkpoints = artifacts?.filter((a) => a.kind === 'checkpoint') ?? []
   const outputs = artifacts?.filter((a) => a.kind !== 'checkpoint') ?? null
 
@@ -193,9 +194,11 @@ export function JobPage() {
             <div><dt>Loss</dt><dd className="mono">{formatFloat(typeof last?.loss === 'number' ? last.loss : null)}</dd></div>
             <div><dt>Tokens/s</dt><dd className="mono">{formatRate(typeof last?.tokens_per_second === 'number' ? last.tokens_per_second : null)}</dd></div>
             <div><dt>{job.status === 'queued' ? 'Queue position' : 'Started'}</dt><dd>{job.status === 'queued' ? (job.queue_position ?? '—') : formatTime(job.started_at)}</dd></div>
-            <div><dt>{deviceKind === 'cpu' ? 'Memory' : 'GPU memory'}</dt><dd className="mono" data-testid="memory-facts">
+            <div><dt>{deviceKind === 'cpu' ? 'Memory' : 'GPU memory'}</dt><dd className="mono" data-testid="memory-facts"
+              title={`Peak: ${counts.peak}. Estimate: ${counts.estimate}.`}>
               {peakUsed != null ? `peak ${peakUsed.toFixed(1)}` : '—'}{memTotal ? ` of ${formatGiB(memTotal)}` : ''}
               {job.memory_estimate_bytes ? <span className="muted small"> (estimate {formatGiB(job.memory_estimate_bytes)})</span> : null}
+              {peakUsed != null && <span className="muted small" data-testid="memory-counts"> · {counts.peak}</span>}
             </dd></div>
             <div><dt>Stream</dt><dd><span className={`live-dot live-dot--${state}`} data-testid="job-stream">{state === 'open' ? 'live' : state === 'closed' ? (detail ?? 'closed') : state}</span></dd></div>
           </dl>
