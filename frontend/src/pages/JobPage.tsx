@@ -182,6 +182,7 @@ export function JobPage() {
         ? <p className="notice" role="status">{job.error}</p>  // why it waits (the queue writes it)
         : <ErrorNotice title={job.status === 'succeeded' ? 'Finished, with parts left out' : 'The job failed'} error={job.error} />)}
       {job && requeueSummary(job) && <p className="notice" role="status" data-testid="requeues">{requeueSummary(job)}</p>}
+      {job?.sweep_id != null && <p className="muted" data-testid="job-sweep">A run of <Link to={`/sweeps/${job.sweep_id}`}>sweep #{job.sweep_id}</Link>.</p>}
       {job?.error && live.formats && <ExportOutcomeTable formats={live.formats} />}
       {job && (
         <section className="panel job-facts" aria-label="Job status">

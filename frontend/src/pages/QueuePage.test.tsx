@@ -10,7 +10,7 @@ vi.mock('uplot', () => ({ default: class {} }))
 function job(overrides: Partial<Job>): Job {
   return {
     id: 1, owner_id: 1, kind: 'train', name: 'lora run', method: 'lora', model: 'builtin/SmolLM2-135M-Instruct',
-    dataset_id: 1, parent_job_id: null, config: {}, status: 'queued', priority: 0, memory_estimate_bytes: null,
+    dataset_id: 1, parent_job_id: null, sweep_id: null, config: {}, status: 'queued', priority: 0, memory_estimate_bytes: null,
     gpus: 0, worker: null, device: null, step: 0, total_steps: null, error: null, resume_from: null, requeues: 0,
     created_at: '2026-11-29T12:00:00Z', started_at: null, finished_at: null, queue_position: 1,
     estimated_start: null, cancel_requested: false, ...overrides,

@@ -1,0 +1,54 @@
+import { fireEvent, render, screen, waitFor, within } from '@testing-library/react'
+import { createMemoryRouter, RouterProvider } from 'react-router'
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
+import { routes } from '../routes'
+import { apiFetchMock, FakeSocket, jsonResponse } from '../test/fixtures'
+
+vi.mock('uplot', () => import('../test/uplotStub'))
+
+const sweep = {
+  id: 3, owner_id: 1, name: 'rates', status: 'succeeded', strategy: 'grid', budget: 2, seed: 0, metric: 'loss', direction: 'minimize',
+  parameters: [{ field: 'hyperparameters.learning_rate', values: [1e-4, 1e-3], low: null, high: null, log: false }],
+  base: {}, job_ids: [7, 8], runs_by_status: { succeeded: 2 }, created_at: '2026-12-02T12:00:00Z', cancelled_at: null,
+}
+const run = (jobId: number, rate: number, value: number, rank: number, best: boolean) => ({
+  job_id: jobId, name: `rates #${jobId}`, status: 'succeeded', values: { 'hyperparameters.learning_rate': rate }, value, rank, best,
+})
+const byLoss = { metric: 'loss', direction: 'minimize', metrics: ['grad_norm', 'loss'], runs: [run(8, 1e-3, 1.25, 1, true), run(7, 1e-4, 2.5, 2, false)] }
+const byNorm = { ...byLoss, metric: 'grad_norm', runs: [run(7, 1e-4, 3, 1, true), run(8, 1e-3, 2, 2, false)] }
+
+let requested: string[]
+
+beforeEach(() => {
+  requested = []
+  FakeSocket.instances = []
+  vi.stubGlobal('WebSocket', FakeSocket)
+  const base = apiFetchMock({ '/api/sweeps/3': sweep, '/api/jobs/7/metrics': [], '/api/jobs/8/metrics': [] })
+  vi.stubGlobal('fetch', vi.fn<typeof fetch>().mockImplementation(async (input) => {
+    const url = String(input)
+    requested.push(url)
+    if (url.startsWith('/api/sweeps/3/ranking')) return jsonResponse(url.includes('metric=grad_norm') ? byNorm : byLoss)
+    return base(url)
+  }))
+})
+
+afterEach(() => {
+  vi.unstubAllGlobals()
+})
+
+describe('SweepPage', () => {
+  it('ranks the runs with the best marked, and ranks again by another metric they logged', async () => {
+    render(<RouterProvider router={createMemoryRouter(routes, { initialEntries: ['/sweeps/3'] })} />)
+    const table = await screen.findByTestId('sweep-ranking')
+    const rows = within(table).getAllByRole('row').slice(1)
+    expect(rows.map((row) => row.getAttribute('data-best'))).toEqual(['true', null])
+    expect(within(rows[0]!).getByText('#8')).toBeInTheDocument()
+    expect(within(rows[0]!).getByText(/best/)).toBeInTheDocument()
+    expect(screen.getByTestId('sweep-status')).toHaveTextContent('succeeded')
+    expect(screen.queryByRole('button', { name: 'Cancel sweep' })).not.toBeInTheDocument() // it has ended
+
+    fireEvent.change(screen.getByLabelText('Rank by'), { target: { value: 'grad_norm' } })
+    await waitFor(() => expect(within(screen.getByTestId('sweep-ranking')).getAllByRole('row')[1]).toHaveTextContent('#7'))
+    expect(requested).toContain('/api/sweeps/3/ranking?metric=grad_norm')
+  })
+})
