@@ -1,4 +1,4 @@
-import { useCallback, useEffect, useMemo, useState } from 'react'
+import { useCallback, useEffect, useMemo, useRef, useState } from 'react'
 import { Link, useParams } from 'react-router'
 import { getJson, postJson } from '../api'
 import { mayManage, useAuth } from '../auth'
@@ -8,6 +8,7 @@ import { JobStatusBadge } from '../components/JobStatusBadge'
 import { LiveChart } from '../components/LiveChart'
 import { PageHeader } from '../components/PageHeader'
 import { formatFloat } from '../format'
+import { FINAL_STATUSES } from '../live/jobEvents'
 import { fetchMetricHistory } from '../live/useJobHistory'
 import { fieldLabel } from '../sweepForm'
 import type { MetricRow, Sweep, SweepRanking } from '../types'
@@ -33,14 +34,22 @@ export function SweepPage() {
   const [error, setError] = useState<string | null>(null)
   const [busy, setBusy] = useState(false)
 
+  // A finished run's history does not change: it is read once, not at every refresh.
+  const finishedHistories = useRef<Record<number, MetricRow[]>>({})
+
   const load = useCallback(async (signal?: AbortSignal) => {
     try {
-      const found = await getJson<Sweep>(`/api/sweeps/${id}`, signal)
       const query = metric ? `?metric=${encodeURIComponent(metric)}` : ''
-      const [ranked, histories] = await Promise.all([
+      const [found, ranked] = await Promise.all([
+        getJson<Sweep>(`/api/sweeps/${id}`, signal),
         getJson<SweepRanking>(`/api/sweeps/${id}/ranking${query}`, signal),
-        Promise.all(found.job_ids.map((jobId) => fetchMetricHistory(jobId, signal))),
       ])
+      const done = new Set(ranked.runs.filter((run) => FINAL_STATUSES.includes(run.status)).map((run) => run.job_id))
+      const histories = await Promise.all(found.job_ids.map((jobId) =>
+        finishedHistories.current[jobId] ?? fetchMetricHistory(jobId, signal)))
+      found.job_ids.forEach((jobId, i) => {
+        if (done.has(jobId)) finishedHistories.current[jobId] = histories[i]!
+      })
       setSweep(found)
       setRanking(ranked)
       setMetrics(Object.fromEntries(found.job_ids.map((jobId, i) => [jobId, histories[i]!])))
