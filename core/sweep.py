@@ -9,7 +9,7 @@ import itertools
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
@@ -35,7 +35,8 @@ class SweepParameter(BaseModel):
     model_config = SPEC_MODEL_CONFIG
 
     field: SweptField
-    values: list[int | float | str] | None = Field(default=None, min_length=1, max_length=MAX_VALUES)
+    values: list[int | float | Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_VALUES)
     low: float | None = Field(default=None, description="Random search: the range's lower end")
     high: float | None = Field(default=None, description="Random search: the range's upper end")
     log: bool = Field(default=False, description="Draw from the range on a log scale (learning rates)")
