@@ -31,6 +31,8 @@ def test_a_seeded_random_search_draws_the_same_runs_again_within_its_ranges():
         spec([{"field": "lora.rank", "values": [4, 8]}], strategy="random", budget=3)
     with pytest.raises(ValidationError, match="lora.rank is swept twice"):
         spec([{"field": "lora.rank", "values": [4]}, {"field": "lora.rank", "values": [8]}])
+    with pytest.raises(ValidationError, match="at most 64 characters"):
+        spec([{"field": "hyperparameters.lr_scheduler", "values": ["x" * 65]}])
     with pytest.raises(ValidationError, match="log-scale range needs low above 0"):
         spec([{"field": "hyperparameters.weight_decay", "low": 0, "high": 0.1, "log": True}], strategy="random")
 

@@ -18,16 +18,21 @@ const byLoss = { metric: 'loss', direction: 'minimize', metrics: ['grad_norm', '
 const byNorm = { ...byLoss, metric: 'grad_norm', runs: [run(7, 1e-4, 3, 1, true), run(8, 1e-3, 2, 2, false)] }
 
 let requested: string[]
+let current: typeof sweep
+let ranked: typeof byLoss
 
 beforeEach(() => {
   requested = []
+  current = sweep
+  ranked = byLoss
   FakeSocket.instances = []
   vi.stubGlobal('WebSocket', FakeSocket)
-  const base = apiFetchMock({ '/api/sweeps/3': sweep, '/api/jobs/7/metrics': [], '/api/jobs/8/metrics': [] })
+  const base = apiFetchMock({ '/api/jobs/7/metrics': [], '/api/jobs/8/metrics': [] })
   vi.stubGlobal('fetch', vi.fn<typeof fetch>().mockImplementation(async (input) => {
     const url = String(input)
     requested.push(url)
-    if (url.startsWith('/api/sweeps/3/ranking')) return jsonResponse(url.includes('metric=grad_norm') ? byNorm : byLoss)
+    if (url === '/api/sweeps/3' || url === '/api/sweeps/3/cancel') return jsonResponse(current)
+    if (url.startsWith('/api/sweeps/3/ranking')) return jsonResponse(url.includes('metric=grad_norm') ? byNorm : ranked)
     return base(url)
   }))
 })
@@ -50,5 +55,20 @@ describe('SweepPage', () => {
     fireEvent.change(screen.getByLabelText('Rank by'), { target: { value: 'grad_norm' } })
     await waitFor(() => expect(within(screen.getByTestId('sweep-ranking')).getAllByRole('row')[1]).toHaveTextContent('#7'))
     expect(requested).toContain('/api/sweeps/3/ranking?metric=grad_norm')
+  })
+
+  it('cancels a running sweep, and reads a finished run\'s history once', async () => {
+    current = { ...sweep, status: 'running', runs_by_status: { succeeded: 1, running: 1 } }
+    ranked = { ...byLoss, runs: [run(7, 1e-4, 2.5, 1, true), { ...run(8, 1e-3, 3, 2, false), status: 'running' }] }
+    vi.stubGlobal('confirm', () => true)
+    render(<RouterProvider router={createMemoryRouter(routes, { initialEntries: ['/sweeps/3'] })} />)
+    const cancel = await screen.findByRole('button', { name: 'Cancel sweep' })
+    await waitFor(() => expect(requested.filter((url) => url.startsWith('/api/jobs/8/metrics'))).toHaveLength(1))
+    current = { ...current, cancelled_at: '2026-12-02T12:10:00Z' }
+    fireEvent.click(cancel)
+    expect(await screen.findByText(/Cancelled: its queued runs will not run/)).toBeInTheDocument()
+    await waitFor(() => expect(requested.filter((url) => url.startsWith('/api/jobs/8/metrics'))).toHaveLength(2))
+    expect(requested.filter((url) => url.startsWith('/api/jobs/7/metrics'))).toHaveLength(1)
+    expect(requested).toContain('/api/sweeps/3/cancel')
   })
 })
