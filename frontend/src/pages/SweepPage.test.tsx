@@ -3,23 +3,24 @@ import { createMemoryRouter, RouterProvider } from 'react-router'
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
 import { routes } from '../routes'
 import { apiFetchMock, FakeSocket, jsonResponse } from '../test/fixtures'
+import type { RankedRun, Sweep, SweepRanking } from '../types'
 
 vi.mock('uplot', () => import('../test/uplotStub'))
 
-const sweep = {
+const sweep: Sweep = {
   id: 3, owner_id: 1, name: 'rates', status: 'succeeded', strategy: 'grid', budget: 2, seed: 0, metric: 'loss', direction: 'minimize',
   parameters: [{ field: 'hyperparameters.learning_rate', values: [1e-4, 1e-3], low: null, high: null, log: false }],
   base: {}, job_ids: [7, 8], runs_by_status: { succeeded: 2 }, created_at: '2026-12-02T12:00:00Z', cancelled_at: null,
 }
-const run = (jobId: number, rate: number, value: number, rank: number, best: boolean) => ({
+const run = (jobId: number, rate: number, value: number, rank: number, best: boolean): RankedRun => ({
   job_id: jobId, name: `rates #${jobId}`, status: 'succeeded', values: { 'hyperparameters.learning_rate': rate }, value, rank, best,
 })
-const byLoss = { metric: 'loss', direction: 'minimize', metrics: ['grad_norm', 'loss'], runs: [run(8, 1e-3, 1.25, 1, true), run(7, 1e-4, 2.5, 2, false)] }
+const byLoss: SweepRanking = { metric: 'loss', direction: 'minimize', metrics: ['grad_norm', 'loss'], runs: [run(8, 1e-3, 1.25, 1, true), run(7, 1e-4, 2.5, 2, false)] }
 const byNorm = { ...byLoss, metric: 'grad_norm', runs: [run(7, 1e-4, 3, 1, true), run(8, 1e-3, 2, 2, false)] }
 
 let requested: string[]
-let current: typeof sweep
-let ranked: typeof byLoss
+let current: Sweep
+let ranked: SweepRanking
 
 beforeEach(() => {
   requested = []
