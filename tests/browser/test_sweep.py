@@ -1,6 +1,6 @@
 """A sweep in Debian's Chromium against the real stack: started from the new-job page (a value the
 server refuses is marked on its row first), then its page ranks the two short runs as they finish,
-marks the best and draws their loss curves together."""
+marks the best and draws their loss curves together; a run's page and the queue page lead back to it."""
 from __future__ import annotations
 
 import re
@@ -60,3 +60,9 @@ def test_start_a_sweep_and_open_its_page(stack, page):
     shot(page, "sweep-finished", full_page=True)
     best.get_by_role("link").click()
     expect(page.get_by_test_id("job-sweep")).to_contain_text("A run of sweep #")
+    page.get_by_test_id("job-sweep").get_by_role("link").click()
+    expect(page).to_have_url(re.compile(r"/sweeps/\d+$"))
+    sweep_id = page.url.rsplit("/", 1)[1]
+    page.get_by_role("link", name="Queue").first.click()
+    expect(page.get_by_test_id("sweeps").get_by_role("row", name=re.compile(f"#{sweep_id}"))).to_contain_text(
+        "2 succeeded")
