@@ -12,7 +12,7 @@ from lanner.backend.openapi_document import document_messages
 from lanner.backend.origin_check import SameOriginWrites
 from lanner.backend.security_headers import SecurityHeaders
 from lanner.backend.routers import (artifacts, auth, catalog, datasets, health, jobs, live, metrics, playground, rewards,
-                                    tokens, users)
+                                    sweeps, tokens, users)
 from lanner.core.settings import get_settings
 
 # One router per resource; another part of the studio adds its router with one line here.
@@ -22,6 +22,7 @@ ROUTERS = [
     users.router,
     tokens.router,
     jobs.router,
+    sweeps.router,
     metrics.router,
     datasets.router,
     catalog.router,

@@ -110,6 +110,8 @@ class Job(Base):
     dataset_id: Mapped[int | None] = mapped_column(ForeignKey("datasets.id", ondelete="SET NULL"), index=True)
     parent_job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"),
                                                       doc="the trained job an export reads, or the job a clone copies")
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"), index=True,
+                                                 doc="the sweep this training job is a run of")
     config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, doc="the validated job spec")
     status: Mapped[JobStatus] = mapped_column(_enum(JobStatus, "job_status"), default=JobStatus.queued, index=True)
     priority: Mapped[int] = mapped_column(Integer, default=0, doc="higher runs first")
@@ -128,6 +130,20 @@ class Job(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Sweep(Base):
+    """A search over some fields of one spec (lanner.core.sweep): its runs are training jobs
+    (Job.sweep_id), queued as any; its status is theirs, derived when read, never stored."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, doc="the SweepSpec: base spec, parameters, budget, metric")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    cancelled_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class JobMetric(Base):

@@ -16,10 +16,14 @@ def make_db(url: str):
     db.migrate(url)
     factory = db.session_factory(url)
     with factory() as session:
-        user = User(email=f"{uuid.uuid4().hex}@example.com", display_name="T", role=Role.member, password_hash="x")
-        session.add(user)
-        session.commit()
-        return factory, user.id
+        return factory, add_user(session)
+
+
+def add_user(session) -> int:
+    user = User(email=f"{uuid.uuid4().hex}@example.com", display_name="T", role=Role.member, password_hash="x")
+    session.add(user)
+    session.commit()
+    return user.id
 
 
 def add_job(session, owner_id: int, name: str, **fields) -> int:

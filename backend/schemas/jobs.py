@@ -57,6 +57,7 @@ class JobOut(BaseModel):
     model: str
     dataset_id: int | None
     parent_job_id: int | None
+    sweep_id: int | None = Field(description="The sweep this job is a run of")
     config: dict[str, Any] = Field(description="A training job's spec; an export or chat job's options")
     status: JobStatus
     priority: int

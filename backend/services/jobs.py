@@ -113,11 +113,20 @@ def memory_estimate(spec: JobSpec, settings: Settings, redis: Redis,
         return None
 
 
-def _enqueue(session: Session, redis: Redis, settings: Settings, user: User, name: str, **fields: Any) -> Job:
-    """Commits a new job of the user's, queued last in its priority band, and wakes the workers."""
+def _queued_job(session: Session, user: User, name: str, **fields: Any) -> Job:
+    """A new queued job of the user's, added to the session at its fair place in its priority band."""
     job = Job(owner_id=user.id, name=name[:NAME_LENGTH], status=JobStatus.queued,
-              queue_order=queue_order.next_queue_order(session), **fields)
-    return enqueue(session, redis, settings, job)
+              queue_order=queue_order.fair_queue_order(session, user.id, fields.get("priority", 0)), **fields)
+    session.add(job)
+    session.flush()  # the next job's fair place counts this one
+    return job
+
+
+def _enqueue(session: Session, redis: Redis, settings: Settings, user: User, name: str, **fields: Any) -> Job:
+    """Commits a new job of the user's, queued at its fair place, and wakes the workers."""
+    job = _queued_job(session, user, name, **fields)
+    enqueue(session, redis, settings, [job])
+    return job
 
 
 def _check_against_database(session: Session, spec: JobSpec, user: User) -> Dataset:
@@ -160,15 +169,28 @@ def _check_against_machines(redis: Redis, spec: JobSpec) -> str | None:
 def create(session: Session, redis: Redis, settings: Settings, user: User, spec: JobSpec,
            parent: Job | None = None) -> Job:
     """Queues a training job (a clone or retry names the job it came from)."""
+    job = training_job(session, redis, settings, user, spec, parent_job_id=parent.id if parent else None)
+    enqueue(session, redis, settings, [job])
+    return job
+
+
+def default_name(session: Session, spec: JobSpec) -> str:
+    dataset = session.get(Dataset, spec.dataset_id)
+    return f"{spec.method} {spec.model.rsplit('/', 1)[-1]} on {dataset.name if dataset else spec.dataset_id}"
+
+
+def training_job(session: Session, redis: Redis, settings: Settings, user: User, spec: JobSpec, *,
+                 name: str | None = None, **links: Any) -> Job:
+    """A training job of a checked spec, added to the session at its fair place in the queue (not
+    committed); `links`: the job it came from (parent_job_id) or the sweep it is a run of (sweep_id)."""
     dataset = _check_against_database(session, spec, user)
     waiting = _check_against_machines(redis, spec)
     datasets.refresh_token_stats(session, settings, [dataset])  # measured once its tokenizer is here
     estimate = memory_estimate(spec, settings, redis, dataset)
-    name = spec.name or f"{spec.method} {spec.model.rsplit('/', 1)[-1]} on {dataset.name}"
-    return _enqueue(session, redis, settings, user, name, kind=JobKind.train, method=spec.method, model=spec.model, dataset_id=spec.dataset_id,
-                    parent_job_id=parent.id if parent else None, config=stored_config(spec),
-                    memory_estimate_bytes=(estimate or {}).get("total_bytes"), priority=spec.priority,
-                    gpus=spec.gpus, resume_from=spec.resume_from, error=waiting)
+    return _queued_job(session, user, name or spec.name or default_name(session, spec), kind=JobKind.train,
+                       method=spec.method, model=spec.model, dataset_id=spec.dataset_id, config=stored_config(spec),
+                       memory_estimate_bytes=(estimate or {}).get("total_bytes"), priority=spec.priority,
+                       gpus=spec.gpus, resume_from=spec.resume_from, error=waiting, **links)
 
 
 def _stored_spec(job: Job) -> dict[str, Any]:

@@ -51,13 +51,13 @@ def wake_workers(settings: Settings) -> bool:
         return False
 
 
-def enqueue(session: Session, redis: Redis, settings: Settings, job: Job) -> Job:
-    """Commits a new queued job, announces it on the queue stream and wakes the workers."""
-    session.add(job)
+def enqueue(session: Session, redis: Redis, settings: Settings, jobs: list[Job]) -> None:
+    """Commits new queued jobs (added to the session) at once, announces each on the queue stream and
+    wakes the workers."""
     session.commit()
-    queue_order.publish_queue_event(redis, "added", queue_order.job_summary(job))
+    for job in jobs:
+        queue_order.publish_queue_event(redis, "added", queue_order.job_summary(job))
     wake_workers(settings)  # never raises: a job not announced waits in the database, where idle workers look
-    return job
 
 
 def cancel_queued(session: Session, redis: Redis, job: Job, by_user_id: int) -> None:

@@ -1,9 +1,11 @@
 """The queue as the database holds it: order, positions, rough start estimates, moves; and the
 queue's events on Redis.
 
-Order: priority descending, then queue_order ascending, then id. Moves stay inside a job's
-priority band (only admins change priorities), so a member can reorder their own job among the
-jobs of its band but never jump a higher-priority one."""
+Order: priority descending, then queue_order ascending, then id. A new job's place in its priority
+band is a fair one (fair_queue_order): owners take turns, so that one person's many jobs (a sweep's
+runs) never hold back another's. Moves stay inside a job's priority band (only admins change
+priorities), so a member can reorder their own job among the jobs of its band but never jump a
+higher-priority one."""
 from __future__ import annotations
 
 import logging
@@ -34,6 +36,33 @@ def next_queue_order(session: Session) -> float:
     return (last or 0.0) + 1.0
 
 
+def fair_queue_order(session: Session, owner_id: int, priority: int) -> float:
+    """The queue_order of a new job of this owner in this priority band: owners take turns. A queued
+    job's turn is how many jobs of its owner are ahead of it in the band; the new job's is the
+    owner's count of queued jobs there, and it goes after the last job whose turn is not later than
+    its own. One owner alone queues in arrival order; a job of someone else waits for one job of each
+    owner ahead, not for all of them. The band is renumbered when the job goes between two others."""
+    band = [job for job in queued_jobs(session) if job.priority == priority]
+    turn = sum(1 for job in band if job.owner_id == owner_id)
+    seen: dict[int, int] = {}
+    after = -1
+    for index, job in enumerate(band):
+        if seen.get(job.owner_id, 0) <= turn:
+            after = index
+        seen[job.owner_id] = seen.get(job.owner_id, 0) + 1
+    if after == len(band) - 1:
+        return next_queue_order(session)
+    _renumber(band[:after + 1] + [None] + band[after + 1:])
+    return float(after + 2)
+
+
+def _renumber(band: list[Job | None]) -> None:
+    """queue_order 1, 2, ... in the band's order (None: a place kept for a job not yet added)."""
+    for order, member in enumerate(band, start=1):
+        if member is not None:
+            member.queue_order = float(order)
+
+
 def move(session: Session, job: Job, where: str | None, position: int | None, priority: int | None) -> None:
     """Moves a queued job: up/down/top/bottom inside its band, or to a 1-based queue position
     (clamped to its band); a new priority first puts it at the end of its new band."""
@@ -60,8 +89,7 @@ def move(session: Session, job: Job, where: str | None, position: int | None, pr
         target = index
     band.remove(job)
     band.insert(target, job)
-    for order, member in enumerate(band, start=1):
-        member.queue_order = float(order)
+    _renumber(band)
 
 
 def _aware(moment: datetime | None) -> datetime | None:

@@ -4,17 +4,7 @@ import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
 import { routes } from './routes'
 import { apiFetchMock, FakeSocket, jsonResponse } from './test/fixtures'
 
-// uPlot draws on a canvas, which jsdom does not implement.
-vi.mock('uplot', () => ({
-  default: class {
-    static rangeNum() {
-      return [0, 1]
-    }
-    setData() {}
-    setSize() {}
-    destroy() {}
-  },
-}))
+vi.mock('uplot', () => import('./test/uplotStub'))
 
 function renderAt(path: string) {
   const router = createMemoryRouter(routes, { initialEntries: [path] })

@@ -13,6 +13,7 @@ import { PlaygroundPage } from './pages/PlaygroundPage'
 import { QueuePage } from './pages/QueuePage'
 import { SetupPage } from './pages/SetupPage'
 import { SignInPage } from './pages/SignInPage'
+import { SweepPage } from './pages/SweepPage'
 import { TokensPage } from './pages/TokensPage'
 
 /**
@@ -37,6 +38,7 @@ export const routes: RouteObject[] = [
           { index: true, element: <QueuePage /> },
           { path: 'jobs/new', element: <NewJobPage /> },
           { path: 'jobs/:id', element: <JobPage /> },
+          { path: 'sweeps/:id', element: <SweepPage /> },
           { path: 'datasets', element: <DatasetsPage /> },
           { path: 'models', element: <ModelsPage /> },
           { path: 'artifacts', element: <ArtifactsPage /> },

@@ -63,3 +63,10 @@ export function specExtension<K extends 'x-default-by-method' | 'x-presets' | 'x
   if (value == null) throw new Error(`the API's job spec field ${path} has no ${key}`)
   return value
 }
+
+/** The choices a property of one of the API's schemas is limited to (its enum). */
+export function schemaChoices(schema: string, property: string): string[] {
+  const values = resolved(SCHEMAS[schema] ?? {}).properties?.[property]?.enum
+  if (!values) throw new Error(`the API's ${schema}.${property} has no choices`)
+  return values.map(String)
+}

@@ -32,6 +32,13 @@ export type JobPage = Schemas['JobPage']
 export type ParsedConfig = Schemas['ParsedConfig']
 export type QueueSnapshot = Schemas['QueueOut']
 export type Method = Schemas['JobCreate']['method']
+/** POST /api/sweeps, GET /api/sweeps/{id}: a search over some fields of one spec, each run a job. */
+export type SweepCreate = Schemas['SweepCreate']
+export type Sweep = Schemas['SweepOut']
+export type SweepPage = Schemas['SweepPage']
+/** GET /api/sweeps/{id}/ranking: the runs best first, the best succeeded run marked. */
+export type SweepRanking = Schemas['SweepRanking']
+export type RankedRun = Schemas['RankedRun']
 
 // ---- Datasets, models, artifacts -----------------------------------------
 

@@ -9,27 +9,11 @@ from lanner.core import db
 from lanner.core.models import Artifact, Job, JobStatus
 from lanner.core.streams import QUEUE_STREAM, job_stream, read_after
 
-from backend_helpers import CHAT_ROWS, PREFERENCE_ROWS, upload
-
-MODEL = "builtin/SmolLM2-135M-Instruct"
-
+from backend_helpers import CHAT_ROWS, MODEL, PREFERENCE_ROWS, field_errors, set_status, submit, upload
 
 @pytest.fixture
 def chat(team):
     return upload(team.alice, "chat.jsonl", CHAT_ROWS).json()["id"]
-
-
-def submit(client, dataset, **spec):
-    return client.post("/api/jobs", json={"method": "lora", "model": MODEL, "dataset_id": dataset, **spec})
-
-
-def set_status(api, job_id, status, **fields):
-    with db.session_factory(api.settings.database_url)() as session:
-        job = session.get(Job, job_id)
-        job.status = status
-        for key, value in fields.items():
-            setattr(job, key, value)
-        session.commit()
 
 
 def test_a_job_is_queued_with_defaults_and_wakes_the_workers(team_on_each_database, wakes):
@@ -55,11 +39,6 @@ def test_a_job_is_queued_with_defaults_and_wakes_the_workers(team_on_each_databa
 
 def test_the_real_wake_up_never_fails_without_a_worker(team, chat):
     assert submit(team.alice, chat).status_code == 201
-
-
-def field_errors(response) -> dict:
-    assert response.status_code == 422, response.text
-    return {tuple(error["loc"][1:]): error["msg"] for error in response.json()["detail"]}
 
 
 @pytest.mark.parametrize("spec, field, words", [
@@ -152,7 +131,7 @@ def test_queue_positions_follow_priority_then_order(team_on_each_database, wakes
     b1 = submit(team.bob, dataset_id).json()["id"]
     urgent = submit(team.admin, dataset_id, priority=5).json()["id"]
     queue = team.bob.get("/api/queue").json()
-    assert [job["id"] for job in queue["queued"]] == [urgent, a1, a2, b1]
+    assert [job["id"] for job in queue["queued"]] == [urgent, a1, b1, a2]  # owners take turns in a band
     assert [job["queue_position"] for job in queue["queued"]] == [1, 2, 3, 4]
 
     moved = team.bob.post(f"/api/jobs/{b1}/move", json={"move": "top"})

@@ -9,11 +9,12 @@ from sqlalchemy import select
 
 from lanner.core.models import Job, JobKind, JobStatus
 from lanner.core.queue.claim import DISPATCH_TASK, claim_next_job, has_runnable_job, sweep_orphaned_jobs, wake_workers
+from lanner.core.queue.order import fair_queue_order
 from lanner.core.settings import Settings
 from lanner.core.spec import MAX_REQUEUES
 
 from job_specs import stored_spec
-from queue_helpers import CPU, GIB, add_job, make_db
+from queue_helpers import CPU, GIB, add_job, add_user, make_db
 from support import WORKER_REDIS_URL
 
 
@@ -44,6 +45,27 @@ def test_claims_in_priority_then_queue_order_and_skips_what_does_not_fit(databas
         assert has_runnable_job(session, big)
         assert claim_next_job(session, "gpu0@test", big).id == too_big
         assert claim_next_job(session, "gpu0@test", big) is None
+
+
+def test_owners_take_turns_so_a_twenty_job_sweep_does_not_starve_another_users_job(database_url):
+    factory, alice = make_db(database_url)
+    with factory() as session:
+        bob, carol = add_user(session), add_user(session)
+
+        def queue(owner: int, name: str, priority: int = 0) -> int:
+            return add_job(session, owner, name, priority=priority, status=JobStatus.queued,
+                           queue_order=fair_queue_order(session, owner, priority))
+
+        sweep = [queue(alice, f"run {i}") for i in range(20)]
+        bobs = [queue(bob, "bob 1"), queue(bob, "bob 2")]
+        carols = queue(carol, "carol")
+        urgent = queue(alice, "urgent", priority=5)  # a band of its own, first
+        alices_next = queue(alice, "after the sweep")
+    with factory() as session:
+        claimed = []
+        while (job := claim_next_job(session, "cpu0@test", CPU)) is not None:
+            claimed.append(job.id)
+    assert claimed == [urgent, sweep[0], bobs[0], carols, sweep[1], bobs[1], *sweep[2:], alices_next]
 
 
 def test_racing_workers_never_take_the_same_job(database_url):

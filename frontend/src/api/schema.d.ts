@@ -145,6 +145,40 @@ export interface paths {
      */
     post: operations["move_job_api_jobs__job_id__move_post"];
   };
+  "/api/sweeps": {
+    /**
+     * List Sweeps
+     * @description Newest first.
+     */
+    get: operations["list_sweeps_api_sweeps_get"];
+    /**
+     * Create Sweep
+     * @description Queues one training job per run: every combination of the values (grid), or `budget` draws of
+     * the seed (random). A run that would be invalid refuses the sweep: a 422 on ["body", "parameters",
+     * i, "values"] or on the base spec's field.
+     */
+    post: operations["create_sweep_api_sweeps_post"];
+  };
+  "/api/sweeps/{sweep_id}": {
+    /** Get Sweep */
+    get: operations["get_sweep_api_sweeps__sweep_id__get"];
+  };
+  "/api/sweeps/{sweep_id}/ranking": {
+    /**
+     * Sweep Ranking
+     * @description The runs ranked by the last logged value of the sweep's metric (or of `metric`), best first;
+     * the best succeeded run is marked.
+     */
+    get: operations["sweep_ranking_api_sweeps__sweep_id__ranking_get"];
+  };
+  "/api/sweeps/{sweep_id}/cancel": {
+    /**
+     * Cancel Sweep
+     * @description Cancels the runs still queued, at once; the running ones finish and rank with the others (each
+     * may be cancelled from its own page).
+     */
+    post: operations["cancel_sweep_api_sweeps__sweep_id__cancel_post"];
+  };
   "/api/jobs/{job_id}/metrics": {
     /**
      * Job Metrics
@@ -984,6 +1018,11 @@ export interface components {
       /** Parent Job Id */
       parent_job_id: number | null;
       /**
+       * Sweep Id
+       * @description The sweep this job is a run of
+       */
+      sweep_id: number | null;
+      /**
        * Config
        * @description A training job's spec; an export or chat job's options
        */
@@ -1051,6 +1090,66 @@ export interface components {
       offset: number;
       /** Limit */
       limit: number;
+    };
+    /**
+     * JobSpec
+     * @description Fields are checked in order, so the later checks can read `method` and `hyperparameters`.
+     */
+    JobSpec: {
+      /**
+       * Method
+       * @enum {string}
+       */
+      method: "lora" | "qlora" | "full" | "pretrain" | "dpo" | "orpo" | "kto" | "grpo";
+      /**
+       * Model
+       * @description builtin/SmolLM2-135M-Instruct, a hub id (org/name) or an absolute local path
+       */
+      model: string;
+      /** Dataset Id */
+      dataset_id: number;
+      /** Name */
+      name?: string | null;
+      /**
+       * Preset
+       * @description Fills hyperparameters the spec leaves out
+       */
+      preset?: ("quick" | "balanced" | "thorough") | null;
+      hyperparameters?: components["schemas"]["Hyperparameters"];
+      /** @description lora, qlora and preference methods; defaults for lora/qlora */
+      lora?: components["schemas"]["LoraSettings"] | null;
+      /** @description dpo, orpo, kto only */
+      preference?: components["schemas"]["PreferenceSettings"] | null;
+      /** @description grpo only (required): the reward functions and the sampling */
+      grpo?: components["schemas"]["GrpoSettings"] | null;
+      /**
+       * Priority
+       * @description Higher runs first; above 0 is for admins
+       * @default 0
+       */
+      priority: number;
+      /**
+       * Gpus
+       * @description 0 runs on the CPU
+       * @default 1
+       */
+      gpus: number;
+      /**
+       * Resume From
+       * @description A checkpoint name of the job this one retries
+       */
+      resume_from?: string | null;
+      /**
+       * Chat Template
+       * @description A Jinja chat template replacing the model's own, for training and the playground
+       */
+      chat_template?: string | null;
+      /**
+       * Requeue On Worker Loss
+       * @description When the worker running it is lost, queue the job again to resume from its newest checkpoint (or from its start, before the first) instead of failing it; at most 3 times
+       * @default true
+       */
+      requeue_on_worker_loss: boolean;
     };
     /**
      * JobStatus
@@ -1366,6 +1465,36 @@ export interface components {
        */
       queued: components["schemas"]["JobOut"][];
     };
+    /** RankedRun */
+    RankedRun: {
+      /** Job Id */
+      job_id: number;
+      /** Name */
+      name: string;
+      status: components["schemas"]["JobStatus"];
+      /**
+       * Values
+       * @description The swept fields' values in this run
+       */
+      values: {
+        [key: string]: unknown;
+      };
+      /**
+       * Value
+       * @description The metric's last logged value; None: not logged (yet)
+       */
+      value: number | null;
+      /**
+       * Rank
+       * @description 1 is the best value; None without a value
+       */
+      rank: number | null;
+      /**
+       * Best
+       * @description The best succeeded run
+       */
+      best: boolean;
+    };
     /** RetryBody */
     RetryBody: {
       /**
@@ -1571,6 +1700,158 @@ export interface components {
       /** Eval Loss */
       eval_loss?: number | null;
       [key: string]: unknown;
+    };
+    /** SweepCreate */
+    SweepCreate: {
+      /** @description The spec every run starts from (POST /api/jobs's body) */
+      base: components["schemas"]["JobSpec"];
+      /** Name */
+      name?: string | null;
+      /**
+       * Strategy
+       * @description grid: every combination of the values; random: `budget` draws, seeded
+       * @default grid
+       * @enum {string}
+       */
+      strategy: "grid" | "random";
+      /** Parameters */
+      parameters: components["schemas"]["SweepParameter"][];
+      /**
+       * Budget
+       * @description The most runs the sweep queues
+       * @default 8
+       */
+      budget: number;
+      /**
+       * Seed
+       * @description Random search: the same seed draws the same runs
+       * @default 0
+       */
+      seed: number;
+      /**
+       * Metric
+       * @description The logged value that ranks the runs (its last value)
+       * @default eval_loss
+       */
+      metric: string;
+      /**
+       * Direction
+       * @default minimize
+       * @enum {string}
+       */
+      direction: "minimize" | "maximize";
+    };
+    /** SweepOut */
+    SweepOut: {
+      /** Id */
+      id: number;
+      /** Owner Id */
+      owner_id: number;
+      /** Name */
+      name: string;
+      /** @description Its runs': queued while all are, running while any is to run or running, then cancelled, succeeded (a run did) or failed */
+      status: components["schemas"]["JobStatus"];
+      /**
+       * Strategy
+       * @enum {string}
+       */
+      strategy: "grid" | "random";
+      /** Parameters */
+      parameters: components["schemas"]["SweepParameter"][];
+      /** Budget */
+      budget: number;
+      /** Seed */
+      seed: number;
+      /** Metric */
+      metric: string;
+      /**
+       * Direction
+       * @enum {string}
+       */
+      direction: "minimize" | "maximize";
+      /**
+       * Base
+       * @description The spec every run starts from
+       */
+      base: {
+        [key: string]: unknown;
+      };
+      /**
+       * Job Ids
+       * @description Its runs, in the order they were made
+       */
+      job_ids: number[];
+      /** Runs By Status */
+      runs_by_status: {
+        [key: string]: number;
+      };
+      /**
+       * Created At
+       * Format: date-time
+       */
+      created_at: string;
+      /** Cancelled At */
+      cancelled_at: string | null;
+    };
+    /** SweepPage */
+    SweepPage: {
+      /** Items */
+      items: components["schemas"]["SweepOut"][];
+      /** Total */
+      total: number;
+      /** Offset */
+      offset: number;
+      /** Limit */
+      limit: number;
+    };
+    /**
+     * SweepParameter
+     * @description One swept field: the values to try, or (random search only) a range to draw from.
+     */
+    SweepParameter: {
+      /**
+       * Field
+       * @enum {string}
+       */
+      field: "hyperparameters.learning_rate" | "hyperparameters.epochs" | "hyperparameters.max_steps" | "hyperparameters.batch_size" | "hyperparameters.gradient_accumulation" | "hyperparameters.warmup_ratio" | "hyperparameters.weight_decay" | "hyperparameters.lr_scheduler" | "hyperparameters.seed" | "lora.rank" | "lora.alpha" | "lora.dropout" | "preference.beta";
+      /** Values */
+      values?: ((number | string)[]) | null;
+      /**
+       * Low
+       * @description Random search: the range's lower end
+       */
+      low?: number | null;
+      /**
+       * High
+       * @description Random search: the range's upper end
+       */
+      high?: number | null;
+      /**
+       * Log
+       * @description Draw from the range on a log scale (learning rates)
+       * @default false
+       */
+      log: boolean;
+    };
+    /** SweepRanking */
+    SweepRanking: {
+      /** Metric */
+      metric: string;
+      /**
+       * Direction
+       * @enum {string}
+       */
+      direction: "minimize" | "maximize";
+      /**
+       * Runs
+       * @description Best first; the runs without a value last
+       */
+      runs: components["schemas"]["RankedRun"][];
+      /**
+       * Metrics
+       * @description The metrics the runs have logged, any of which may rank them
+       */
+      metrics: string[];
     };
     /** TokenOut */
     TokenOut: {
@@ -3304,6 +3585,240 @@ export interface operations {
       };
       /** @description The request body is over its limit */
       413: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /**
+   * List Sweeps
+   * @description Newest first.
+   */
+  list_sweeps_api_sweeps_get: {
+    parameters: {
+      query?: {
+        mine?: boolean;
+        offset?: number;
+        limit?: number;
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      200: {
+        content: {
+          "application/json": components["schemas"]["SweepPage"];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /**
+   * Create Sweep
+   * @description Queues one training job per run: every combination of the values (grid), or `budget` draws of
+   * the seed (random). A run that would be invalid refuses the sweep: a 422 on ["body", "parameters",
+   * i, "values"] or on the base spec's field.
+   */
+  create_sweep_api_sweeps_post: {
+    requestBody: {
+      content: {
+        "application/json": components["schemas"]["SweepCreate"];
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      201: {
+        content: {
+          "application/json": components["schemas"]["SweepOut"];
+        };
+      };
+      /** @description The body is not what its content type says (not JSON, not UTF-8) */
+      400: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description The request body is over its limit */
+      413: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /** Get Sweep */
+  get_sweep_api_sweeps__sweep_id__get: {
+    parameters: {
+      path: {
+        sweep_id: number;
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      200: {
+        content: {
+          "application/json": components["schemas"]["SweepOut"];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description No such resource */
+      404: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /**
+   * Sweep Ranking
+   * @description The runs ranked by the last logged value of the sweep's metric (or of `metric`), best first;
+   * the best succeeded run is marked.
+   */
+  sweep_ranking_api_sweeps__sweep_id__ranking_get: {
+    parameters: {
+      query?: {
+        metric?: string | null;
+        direction?: ("minimize" | "maximize") | null;
+      };
+      path: {
+        sweep_id: number;
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      200: {
+        content: {
+          "application/json": components["schemas"]["SweepRanking"];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description No such resource */
+      404: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /**
+   * Cancel Sweep
+   * @description Cancels the runs still queued, at once; the running ones finish and rank with the others (each
+   * may be cancelled from its own page).
+   */
+  cancel_sweep_api_sweeps__sweep_id__cancel_post: {
+    parameters: {
+      path: {
+        sweep_id: number;
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      200: {
+        content: {
+          "application/json": components["schemas"]["SweepOut"];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Signed in, but not allowed: only the owner or an admin may */
+      403: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description No such resource */
+      404: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Not possible in the resource's current state */
+      409: {
         content: {
           "application/json": components["schemas"]["ErrorOut"];
         };

@@ -47,7 +47,7 @@ describe('a failed export in the export panel', () => {
     vi.stubGlobal('WebSocket', FakeSocket)
     const failed = {
       id: 8, owner_id: 1, kind: 'export', name: 'export', method: 'export', model: 'builtin/SmolLM2-135M-Instruct',
-      dataset_id: null, parent_job_id: 5, status: 'failed', priority: 0, memory_estimate_bytes: null, gpus: 0, worker: null, requeues: 0,
+      dataset_id: null, parent_job_id: 5, sweep_id: null, status: 'failed', priority: 0, memory_estimate_bytes: null, gpus: 0, worker: null, requeues: 0,
       device: null, step: 0, total_steps: null, resume_from: null, created_at: '2026-12-01T12:00:00Z', started_at: null,
       finished_at: '2026-12-01T12:05:00Z', queue_position: null, estimated_start: null, cancel_requested: false,
       config: { export: { adapter: false, merged: true, gguf_types: ['q4_k_m'] } },

@@ -57,6 +57,9 @@ export interface JobLive {
   eventCount: number
 }
 
+/** The statuses a job does not leave. */
+export const FINAL_STATUSES: string[] = ['succeeded', 'failed', 'cancelled']
+
 export const MAX_LOG_LINES = 500
 export const MAX_COMPLETION_STEPS = 50
 const GIB = 1024 ** 3

@@ -1,9 +1,9 @@
 import { useEffect, useRef, useState } from 'react'
 import type { ExportOptions } from '../types'
 import { applyExportEvents, emptyExportLive, type ExportLive } from './exportEvents'
+import { FINAL_STATUSES } from './jobEvents'
 import { LiveStream } from './LiveStream'
 
-const FINAL = ['succeeded', 'failed', 'cancelled']
 
 /**
  * An export job's progress from its stream (replayed from the start), while `follow`: a running
@@ -27,7 +27,7 @@ export function useExportStream(jobId: number, options: Partial<ExportOptions>, 
         setLive((current) => applyExportEvents(current, events))
         const status = [...events].reverse().find((e) => e.type === 'status')
         if (status) statusRef.current?.(String(status.data.status))
-        if (status && FINAL.includes(String(status.data.status))) stream.close()
+        if (status && FINAL_STATUSES.includes(String(status.data.status))) stream.close()
       },
     })
     return () => stream.close()

@@ -4,16 +4,7 @@ import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
 import { routes } from '../routes'
 import { apiFetchMock, FakeSocket } from '../test/fixtures'
 
-vi.mock('uplot', () => ({
-  default: class {
-    static rangeNum() {
-      return [0, 1]
-    }
-    setData() {}
-    setSize() {}
-    destroy() {}
-  },
-}))
+vi.mock('uplot', () => import('../test/uplotStub'))
 
 function job(id: number, learningRate: number) {
   return {

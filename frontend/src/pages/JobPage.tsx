@@ -15,13 +15,12 @@ import { LiveChart } from '../components/LiveChart'
 import { PageHeader } from '../components/PageHeader'
 import { clock, formatDuration, formatGiB, formatFloat, formatRate, formatTime, parseApiTime, requeueSummary } from '../format'
 import { memoryTotalBytes, withHistory } from '../live/history'
-import { MEMORY_COUNTS, memoryPeakGiB, remainingSeconds } from '../live/jobEvents'
+import { FINAL_STATUSES, MEMORY_COUNTS, memoryPeakGiB, remainingSeconds } from '../live/jobEvents'
 import { useJobHistory } from '../live/useJobHistory'
 import { useJobStream } from '../live/useJobStream'
 import type { Artifact, Job } from '../types'
 import { deviceLabel, jobDevice, modelLabel } from './QueuePage'
 
-const FINAL = ['succeeded', 'failed', 'cancelled']
 
 const LOSS = [
   { label: 'train loss', color: '#2f6fde' },
@@ -86,7 +85,7 @@ export function JobPage() {
 
   // While running, the step counter and artifacts also come from the row: refresh it now and then.
   useEffect(() => {
-    if (!job || FINAL.includes(job.status)) return
+    if (!job || FINAL_STATUSES.includes(job.status)) return
     const timer = setInterval(() => void loadJob(), 10_000)
     return () => clearInterval(timer)
   }, [job, loadJob])
@@ -97,7 +96,7 @@ export function JobPage() {
   }, [live.logs])
 
   // The saved history fills in what the stream no longer holds (trimmed, or Redis lost it).
-  const finished = job ? FINAL.includes(job.status) : false
+  const finished = job ? FINAL_STATUSES.includes(job.status) : false
   const history = useJobHistory(id, finished)
   const columns = useMemo(() => withHistory(live, history.metrics, history.samples), [live, history])
   const m = columns.metrics
@@ -183,6 +182,7 @@ export function JobPage() {
         ? <p className="notice" role="status">{job.error}</p>  // why it waits (the queue writes it)
         : <ErrorNotice title={job.status === 'succeeded' ? 'Finished, with parts left out' : 'The job failed'} error={job.error} />)}
       {job && requeueSummary(job) && <p className="notice" role="status" data-testid="requeues">{requeueSummary(job)}</p>}
+      {job?.sweep_id != null && <p className="muted" data-testid="job-sweep">A run of <Link to={`/sweeps/${job.sweep_id}`}>sweep #{job.sweep_id}</Link>.</p>}
       {job?.error && live.formats && <ExportOutcomeTable formats={live.formats} />}
       {job && (
         <section className="panel job-facts" aria-label="Job status">

@@ -10,13 +10,15 @@ import { MemoryEstimatePanel } from '../components/MemoryEstimatePanel'
 import { ModelSearch } from '../components/ModelSearch'
 import { PageHeader } from '../components/PageHeader'
 import { RewardFunctionsEditor } from '../components/RewardFunctionsEditor'
+import { SweepPanel } from '../components/SweepPanel'
 import { formatParameters } from '../format'
 import { useHealth } from '../health'
 import {
   applyPreset, buildJobSpec, DEFAULT_LEARNING_RATE, estimatedSteps, fieldApplies, FIELDS, formFromConfig,
   METHODS, newJobForm, PRESETS, RL_METHODS, validateJobForm, type FieldDef, type JobForm, type PresetName,
 } from '../jobForm'
-import type { Catalog, CatalogModel, Dataset, Job, DatasetPage, Method, ParsedConfig } from '../types'
+import { buildSweep, newSweepForm, plannedRuns, splitSweepErrors, validateSweepForm, type SweepForm } from '../sweepForm'
+import type { Catalog, CatalogModel, Dataset, Job, DatasetPage, Method, ParsedConfig, Sweep } from '../types'
 
 const BUILTIN = 'builtin/SmolLM2-135M-Instruct'
 type ModelSource = 'builtin' | 'curated' | 'search' | 'local' | 'path'
@@ -55,6 +57,8 @@ export function NewJobPage() {
   const [reviewing, setReviewing] = useState(false)
   const [launching, setLaunching] = useState(false)
   const [advancedOpen, setAdvancedOpen] = useState(false)
+  const [sweep, setSweep] = useState<SweepForm>(newSweepForm)
+  const [sweepServerErrors, setSweepServerErrors] = useState<Record<string, string>>({})
 
   // eslint-disable-next-line react-hooks/exhaustive-deps
   useEffect(() => {
@@ -108,6 +112,7 @@ export function NewJobPage() {
 
   const clientErrors = touched ? validateJobForm(form) : {}
   const errors: Record<string, string> = { ...serverErrors, ...clientErrors }
+  const sweepErrors: Record<string, string> = { ...sweepServerErrors, ...(touched && sweep.enabled ? validateSweepForm(sweep) : {}) }
   const dataset = datasets?.find((d) => String(d.id) === form.datasetId) ?? null
   const steps = estimatedSteps(form, dataset?.usable_rows ?? null)
 
@@ -140,6 +145,10 @@ export function NewJobPage() {
     event.preventDefault()
     setTouched(true)
     const problems = validateJobForm(form)
+    if (sweep.enabled && Object.keys(validateSweepForm(sweep)).length > 0) {
+      setLaunchError('The sweep needs fixing: see its fields marked in red.')
+      return
+    }
     if (Object.keys(problems).length > 0) {
       if (FIELDS.some((f) => f.advanced && problems[f.path])) setAdvancedOpen(true)
       setLaunchError('Some settings need fixing: see the fields marked in red.')
@@ -153,13 +162,19 @@ export function NewJobPage() {
     setLaunching(true)
     setLaunchError(null)
     try {
+      if (sweep.enabled) {
+        const created = await postJson<Sweep>('/api/sweeps', buildSweep(sweep, buildJobSpec(form), form.name))
+        navigate(`/sweeps/${created.id}`)
+        return
+      }
       const job = await postJson<Job>('/api/jobs', buildJobSpec(form))
       navigate(`/jobs/${job.id}`)
     } catch (err) {
       setReviewing(false)
       if (err instanceof ApiError && err.status === 422) {
-        const found = fieldErrors(err)
+        const { job: found, sweep: sweepFound } = sweep.enabled ? splitSweepErrors(fieldErrors(err)) : { job: fieldErrors(err), sweep: {} }
         setServerErrors(found)
+        setSweepServerErrors(sweepFound)
         if (FIELDS.some((f) => f.advanced && found[f.path])) setAdvancedOpen(true)
         setLaunchError(`The server did not accept these settings: ${err.message}`)
       } else setLaunchError(`Could not queue the job: ${errorText(err)}`)
@@ -342,6 +357,9 @@ export function NewJobPage() {
           </div>
         </section>
 
+        <SweepPanel form={sweep} errors={sweepErrors}
+          onChange={(next) => { setSweep(next); setSweepServerErrors({}); setReviewing(false) }} />
+
         <ErrorNotice error={launchError} />
         {!reviewing && (
           <div className="form__actions">
@@ -351,7 +369,7 @@ export function NewJobPage() {
         )}
         {reviewing && summary && (
           <section className="panel summary" aria-labelledby="summary-heading" data-testid="job-summary">
-            <header className="panel__header"><h2 id="summary-heading">5. Summary</h2></header>
+            <header className="panel__header"><h2 id="summary-heading">6. Summary</h2></header>
             <div className="panel__body">
               <dl className="facts facts--wide">
                 <div><dt>Model</dt><dd className="mono">{form.model}</dd></div>
@@ -362,13 +380,14 @@ export function NewJobPage() {
                 <div><dt>Effective batch</dt><dd className="mono">{Number(form.values['hyperparameters.batch_size']) * Number(form.values['hyperparameters.gradient_accumulation'])}</dd></div>
                 <div><dt>Steps</dt><dd className="mono">{steps ?? '—'}</dd></div>
                 <div><dt>Device</dt><dd>{form.values.gpus === '0' ? 'a CPU worker' : `${form.values.gpus} GPU`}</dd></div>
+                {sweep.enabled && <div><dt>Sweep</dt><dd>{plannedRuns(sweep)} runs ({sweep.strategy}), ranked by {sweep.metric}</dd></div>}
                 {visible.filter((f) => !['hyperparameters.learning_rate', 'gpus'].includes(f.path)).map((f) => (
                   <div key={f.path}><dt>{f.label}</dt><dd className="mono">{form.values[f.path] || '—'}</dd></div>
                 ))}
               </dl>
               <div className="form__actions">
                 <button type="button" className="button button--primary" onClick={() => void launch()} disabled={launching}>
-                  {launching ? 'Queueing…' : 'Launch'}
+                  {launching ? 'Queueing…' : sweep.enabled ? 'Launch sweep' : 'Launch'}
                 </button>
                 <button type="button" className="button" onClick={() => setReviewing(false)} disabled={launching}>Back to edit</button>
               </div>

@@ -3,14 +3,14 @@ import { createMemoryRouter, RouterProvider } from 'react-router'
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
 import { routes } from '../routes'
 import { apiFetchMock, FakeSocket, userFixture } from '../test/fixtures'
-import type { Job } from '../types'
+import type { Job, Sweep } from '../types'
 
 vi.mock('uplot', () => ({ default: class {} }))
 
 function job(overrides: Partial<Job>): Job {
   return {
     id: 1, owner_id: 1, kind: 'train', name: 'lora run', method: 'lora', model: 'builtin/SmolLM2-135M-Instruct',
-    dataset_id: 1, parent_job_id: null, config: {}, status: 'queued', priority: 0, memory_estimate_bytes: null,
+    dataset_id: 1, parent_job_id: null, sweep_id: null, config: {}, status: 'queued', priority: 0, memory_estimate_bytes: null,
     gpus: 0, worker: null, device: null, step: 0, total_steps: null, error: null, resume_from: null, requeues: 0,
     created_at: '2026-11-29T12:00:00Z', started_at: null, finished_at: null, queue_position: 1,
     estimated_start: null, cancel_requested: false, ...overrides,
@@ -18,14 +18,17 @@ function job(overrides: Partial<Job>): Job {
 }
 
 let queue: { running: Job[]; queued: Job[] }
+let sweeps: Sweep[]
 
 beforeEach(() => {
   FakeSocket.instances = []
   queue = { running: [], queued: [] }
+  sweeps = []
   vi.stubGlobal('WebSocket', FakeSocket)
   const base = apiFetchMock()
   vi.stubGlobal('fetch', vi.fn<typeof fetch>().mockImplementation(async (input, init) => {
     if (String(input) === '/api/queue') return new Response(JSON.stringify(queue), { status: 200 })
+    if (String(input).startsWith('/api/sweeps?')) return new Response(JSON.stringify({ items: sweeps, total: sweeps.length, offset: 0, limit: 10 }), { status: 200 })
     void init
     return base(input as string)
   }))
@@ -41,6 +44,18 @@ describe('QueuePage', () => {
     render(<RouterProvider router={createMemoryRouter(routes, { initialEntries: ['/'] })} />)
     const queued = await screen.findByTestId('queued-jobs')
     expect(within(queued).getByText('Waiting: needs 4 GPUs, the largest machine has 2.')).toBeInTheDocument()
+  })
+
+  it('lists the recent sweeps with their runs and status', async () => {
+    sweeps = [{ id: 4, owner_id: 1, name: 'rates', status: 'running', strategy: 'grid', budget: 4, seed: 0, metric: 'loss',
+      direction: 'minimize', parameters: [{ field: 'hyperparameters.learning_rate', values: [1e-4, 1e-3], low: null, high: null, log: false }],
+      base: {}, job_ids: [1, 2], runs_by_status: { succeeded: 1, queued: 1 }, created_at: '2026-11-29T12:00:00Z', cancelled_at: null }]
+    render(<RouterProvider router={createMemoryRouter(routes, { initialEntries: ['/'] })} />)
+    const table = await screen.findByTestId('sweeps')
+    expect(within(table).getByRole('link', { name: 'rates' })).toHaveAttribute('href', '/sweeps/4')
+    expect(within(table).getByText('1 succeeded, 1 queued')).toBeInTheDocument()
+    expect(within(table).getByText('grid · learning_rate · by loss')).toBeInTheDocument()
+    expect(within(table).getByTestId('sweep-status-4')).toHaveTextContent('running')
   })
 
   it('shows a job added by someone else as soon as the queue stream says so, then its live metrics', async () => {

@@ -11,9 +11,10 @@ import { formatDuration, formatRate, formatTime, parseApiTime } from '../format'
 import { useHealth } from '../health'
 import { remainingSeconds } from '../live/jobEvents'
 import { useQueueStream, useRunningMetrics, type RunningMetrics } from '../live/useQueueLive'
-import type { Job, JobPage, QueueSnapshot, User, WorkerDevice } from '../types'
+import type { Job, JobPage, QueueSnapshot, Sweep, SweepPage, User, WorkerDevice } from '../types'
 
 const FINISHED_SHOWN = 25
+const SWEEPS_SHOWN = 10
 const POLL_MS = 15_000
 
 export function modelLabel(model: string): string {
@@ -45,6 +46,7 @@ export function QueuePage() {
   const navigate = useNavigate()
   const [queue, setQueue] = useState<QueueSnapshot | null>(null)
   const [finished, setFinished] = useState<Job[] | null>(null)
+  const [sweeps, setSweeps] = useState<Sweep[] | null>(null)
   const [users, setUsers] = useState<Record<number, User>>({})
   const [loadError, setLoadError] = useState<string | null>(null)
   const [actionError, setActionError] = useState<string | null>(null)
@@ -54,12 +56,14 @@ export function QueuePage() {
 
   const load = useCallback(async () => {
     try {
-      const [snapshot, done] = await Promise.all([
+      const [snapshot, done, recentSweeps] = await Promise.all([
         getJson<QueueSnapshot>('/api/queue'),
         getJson<JobPage>(`/api/jobs?status=succeeded&status=failed&status=cancelled&limit=${FINISHED_SHOWN}`),
+        getJson<SweepPage>(`/api/sweeps?limit=${SWEEPS_SHOWN}`),
       ])
       setQueue(snapshot)
       setFinished(done.items)
+      setSweeps(recentSweeps.items)
       setLoadError(null)
     } catch (err) {
       setLoadError(errorText(err))
@@ -104,7 +108,7 @@ export function QueuePage() {
     }
   }
 
-  function owner(job: Job): string {
+  function owner(job: { owner_id: number }): string {
     const u = users[job.owner_id]
     if (!u) return `user ${job.owner_id}`
     return u.id === user?.id ? `${u.display_name} (you)` : u.display_name
@@ -247,6 +251,27 @@ export function QueuePage() {
                         {job.error && <div className="muted small clamp" title={job.error}>{job.error}</div>}
                       </td>
                       <td>{actions(job, job.queue_position ?? index + 1, queued.length)}</td>
+                    </tr>
+                  ))}
+                </tbody>
+              </table></div>
+            </section>
+          )}
+          {sweeps && sweeps.length > 0 && (
+            <section className="panel" aria-labelledby="sweeps-heading">
+              <header className="panel__header"><h2 id="sweeps-heading">Sweeps (latest {sweeps.length})</h2></header>
+              <div className="table-scroll"><table className="table" data-testid="sweeps">
+                <thead>
+                  <tr><th scope="col">Sweep</th><th scope="col">Owner</th><th scope="col">Search</th><th scope="col">Runs</th><th scope="col">Status</th></tr>
+                </thead>
+                <tbody>
+                  {sweeps.map((sweep) => (
+                    <tr key={sweep.id}>
+                      <td><Link to={`/sweeps/${sweep.id}`}>{sweep.name}</Link> <span className="muted mono small">#{sweep.id}</span></td>
+                      <td>{owner(sweep)}</td>
+                      <td>{sweep.strategy} · {sweep.parameters.map((p) => p.field.split('.').at(-1)).join(', ')} · by {sweep.metric}</td>
+                      <td className="nowrap">{Object.entries(sweep.runs_by_status).map(([status, count]) => `${count} ${status}`).join(', ')}</td>
+                      <td><JobStatusBadge status={sweep.status} testId={`sweep-status-${sweep.id}`} /></td>
                     </tr>
                   ))}
                 </tbody>

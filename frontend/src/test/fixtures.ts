@@ -92,6 +92,7 @@ export function apiFetchMock(overrides: Record<string, unknown> = {}) {
       '/api/users': [userFixture],
       '/api/queue': { running: [], queued: [] },
       '/api/jobs': { items: [], total: 0, offset: 0, limit: 50 },
+      '/api/sweeps': { items: [], total: 0, offset: 0, limit: 10 },
       '/api/datasets': { items: [], total: 0, offset: 0, limit: 200 },
       '/api/tokens': [],
       '/api/models': {
