@@ -32,6 +32,12 @@ export type JobPage = Schemas['JobPage']
 export type ParsedConfig = Schemas['ParsedConfig']
 export type QueueSnapshot = Schemas['QueueOut']
 export type Method = Schemas['JobCreate']['method']
+/** An experiment tracker a job may log to (the spec's `trackers`). */
+export type Tracker = Schemas['TrackerOption']['name']
+/** GET /api/trackers: whether the studio offers it, and where its runs go. */
+export type TrackerOption = Schemas['TrackerOption']
+/** GET /api/jobs/{id}/trackers: a job's run in one tracker. */
+export type TrackerRun = Schemas['JobTrackerRun']
 
 // ---- Datasets, models, artifacts -----------------------------------------
 

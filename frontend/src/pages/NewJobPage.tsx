@@ -10,6 +10,7 @@ import { MemoryEstimatePanel } from '../components/MemoryEstimatePanel'
 import { ModelSearch } from '../components/ModelSearch'
 import { PageHeader } from '../components/PageHeader'
 import { RewardFunctionsEditor } from '../components/RewardFunctionsEditor'
+import { TrackerChoice } from '../components/TrackerChoice'
 import { formatParameters } from '../format'
 import { useHealth } from '../health'
 import {
@@ -339,6 +340,7 @@ export function NewJobPage() {
             <Field label="Job name (optional)" error={errors.name} help="Defaults to method, model and dataset.">
               <input type="text" value={form.name} maxLength={200} onChange={(e) => update({ name: e.target.value }, ['name'])} />
             </Field>
+            <TrackerChoice chosen={form.trackers} error={errors.trackers} onChange={(trackers) => update({ trackers }, ['trackers'])} />
           </div>
         </section>
 
@@ -362,6 +364,7 @@ export function NewJobPage() {
                 <div><dt>Effective batch</dt><dd className="mono">{Number(form.values['hyperparameters.batch_size']) * Number(form.values['hyperparameters.gradient_accumulation'])}</dd></div>
                 <div><dt>Steps</dt><dd className="mono">{steps ?? '—'}</dd></div>
                 <div><dt>Device</dt><dd>{form.values.gpus === '0' ? 'a CPU worker' : `${form.values.gpus} GPU`}</dd></div>
+                <div><dt>Trackers</dt><dd>{form.trackers.join(', ') || 'none'}</dd></div>
                 {visible.filter((f) => !['hyperparameters.learning_rate', 'gpus'].includes(f.path)).map((f) => (
                   <div key={f.path}><dt>{f.label}</dt><dd className="mono">{form.values[f.path] || '—'}</dd></div>
                 ))}
