@@ -115,3 +115,23 @@ def test_one_job_logs_its_spec_metrics_and_links_to_mlflow_tensorboard_and_wandb
              if item.key.startswith("lanner/")}
     assert links["lanner/job_url"] == f"{STUDIO}/jobs/{job_id}" and "lanner/artifact.adapter" in links
     assert records["exit"][0].exit_code == 0
+
+
+def test_mlflow_unset_since_the_job_was_queued_is_said_and_nothing_is_logged_elsewhere(studio, tmp_path, monkeypatch):
+    from lanner.core.settings import Settings
+    from lanner.worker.events import JobEvents
+    from lanner.worker.training.trackers import JobTrackers
+
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # where MLflow's client would write ./mlruns or ./mlflow.db without a URI
+    job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(4)))
+    events = JobEvents(job_id, studio.redis, studio.sessions)
+    trackers = JobTrackers(["mlflow"], events, Settings(data_dir=studio.data_dir), artifacts_dir(studio.data_dir, job_id))
+    trackers.start(job_id, "job", {"method": "lora"})
+    trackers.log_metrics(1, {"loss": 1.0})
+    trackers.finish("finished", {})
+    assert logs(studio, job_id) == ["MLflow failed (RuntimeError: MLflow is not set up on this studio: an admin sets "
+                                    "LANNER_MLFLOW_TRACKING_URI (and LANNER_MLFLOW_EXPERIMENT) first); the job goes "
+                                    "on without it"]
+    assert list(elsewhere.iterdir()) == []

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lanner.core.settings import Settings
+from lanner.core.spec import MLFLOW_NOT_SET_UP
 from lanner.core.trackers import FOLDERS, TrackerRun, TrackerRuns, mlflow_run_url, read_runs, trackers_dir, write_runs
 from lanner.worker.events import JobEvents
 
@@ -53,6 +54,8 @@ class MlflowTracker:
         os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(MLFLOW_TIMEOUT_S)
         from mlflow.tracking import MlflowClient
 
+        if not settings.mlflow_tracking_uri:  # unset since the job was queued; MLflow would write to ./mlruns
+            raise RuntimeError(MLFLOW_NOT_SET_UP)
         self.uri = settings.mlflow_tracking_uri
         self.experiment = settings.mlflow_experiment
         self.client = MlflowClient(tracking_uri=self.uri)
@@ -166,7 +169,8 @@ class JobTrackers:
             return True
         except Exception as error:  # whatever a tracker raises, training goes on without it
             problem = f"{type(error).__name__}: {error}".strip()[:500]
-            where = f" at {self.settings.mlflow_tracking_uri}" if name == "mlflow" else ""
+            uri = self.settings.mlflow_tracking_uri
+            where = f" at {uri}" if name == "mlflow" and uri else ""
             self.events.log(f"{LABELS[name]}{where} failed ({problem}); the job goes on without it",
                             level="warning")
             self.trackers = [tracker for tracker in self.trackers if tracker.name != name]
