@@ -12,7 +12,7 @@ from lanner.backend.openapi_document import document_messages
 from lanner.backend.origin_check import SameOriginWrites
 from lanner.backend.security_headers import SecurityHeaders
 from lanner.backend.routers import (artifacts, auth, catalog, datasets, health, jobs, live, metrics, playground, rewards,
-                                    sweeps, tokens, users)
+                                    sweeps, tokens, trackers, users)
 from lanner.core.settings import get_settings
 
 # One router per resource; another part of the studio adds its router with one line here.
@@ -30,6 +30,7 @@ ROUTERS = [
     live.router,
     playground.router,
     rewards.router,
+    trackers.router,
 ]
 # Dataset uploads stream to disk under their own, larger limit (LANNER_MAX_UPLOAD_BYTES).
 STREAMING_UPLOAD_PATHS = ("/api/datasets",)

@@ -39,12 +39,20 @@ class Settings(BaseSettings):
     hub_requests_per_minute: int = Field(default=30, ge=1, description="Hub searches and model downloads")
     previews_per_minute: int = Field(default=60, ge=1, description="Dataset previews and token statistics")
     sign_ins_per_minute: int = Field(default=30, ge=1, description="Sign-in and setup attempts per client address")
+    # Experiment trackers a job may choose (lanner.worker.training.trackers); TensorBoard and W&B
+    # (offline) need nothing set up, MLflow a tracking server.
+    public_url: str = Field(default="", description="The studio's address in links written to trackers; "
+                                                    "empty: http://HOST:PORT")
+    mlflow_tracking_uri: str = Field(default="", description="MLflow tracking server; empty: MLflow is not offered")
+    mlflow_experiment: str = Field(default="lanner", min_length=1, description="MLflow experiment of the jobs' runs")
+    wandb_project: str = Field(default="lanner", min_length=1, description="W&B project of the offline runs")
 
     @model_validator(mode="after")
     def _derive(self) -> "Settings":
         self.data_dir = self.data_dir.expanduser().resolve()
         if not self.database_url:
             self.database_url = f"sqlite:///{self.data_dir / 'lanner.db'}"
+        self.public_url = (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
         return self
 
     @property

@@ -42,6 +42,10 @@ DEFAULT_LEARNING_RATE = {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5, "pretrain": 
 MAX_REQUEUES = 3
 # A validation split of fewer rows would say nothing: below it eval_fraction is not taken.
 MIN_ROWS_FOR_VALIDATION = 20
+# Experiment trackers a job may be logged to (lanner.worker.training.trackers).
+Tracker = Literal["mlflow", "tensorboard", "wandb"]
+MLFLOW_NOT_SET_UP = ("MLflow is not set up on this studio: an admin sets LANNER_MLFLOW_TRACKING_URI "
+                     "(and LANNER_MLFLOW_EXPERIMENT) first")
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"epochs": 1, "batch_size": 4, "gradient_accumulation": 1, "max_seq_len": 1024},
     "balanced": {"epochs": 3, "batch_size": 4, "gradient_accumulation": 4, "max_seq_len": 2048},
@@ -222,6 +226,11 @@ class JobSpec(BaseModel):
         default=True, description="When the worker running it is lost, queue the job again to resume from its "
                                   "newest checkpoint (or from its start, before the first) instead of failing it; "
                                   f"at most {MAX_REQUEUES} times")
+    trackers: list[Tracker] = Field(
+        default_factory=list, max_length=3,
+        description="Experiment trackers the run is logged to (its spec, every step's metrics, links to its "
+                    "artifacts): mlflow (the studio's tracking server), tensorboard (event files) and wandb (an "
+                    "offline run), the last two kept as artifacts of the job")
 
     @field_validator("model")
     @classmethod
@@ -245,6 +254,15 @@ class JobSpec(BaseModel):
                 raise ValueError(f"no model folder at {value} on this machine")
             return value
         raise ValueError("give builtin/SmolLM2-135M-Instruct, a hub id like Qwen/Qwen2.5-0.5B, or an absolute path")
+
+    @field_validator("trackers")
+    @classmethod
+    def _trackers_set_up(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if repeated := sorted({name for name in value if value.count(name) > 1}):
+            raise ValueError(f"{repeated[0]} is listed twice: name each tracker once")
+        if "mlflow" in value and not (info.context or {}).get(STORED) and not get_settings().mlflow_tracking_uri:
+            raise ValueError(MLFLOW_NOT_SET_UP)
+        return value
 
     @field_validator("resume_from")
     @classmethod

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import ValidationError
 
-from lanner.core.spec import SPEC_VERSION, JobSpec
+from lanner.core.spec import SPEC_VERSION, JobSpec, Tracker
 
 # Limits on a YAML file: its size, how deep it nests, and how many values it holds once every
 # alias is expanded (a "billion laughs" file is a few lines whose aliases expand to billions).
@@ -274,10 +274,41 @@ def import_axolotl(data: dict[str, Any]) -> ParsedSpec:
     if beta and mapper.spec.get("method") in ("dpo", "orpo", "kto"):
         mapper.put(beta, "preference.beta")
     mapper.put("chat_template_jinja", "chat_template")
+    trackers = {"wandb_project": "wandb", "use_tensorboard": "tensorboard", "mlflow_tracking_uri": "mlflow"}
+    _add_trackers(mapper, [name for key, name in trackers.items() if mapper.take(key)])
+    mapper.used.difference_update(key for key in trackers if not data.get(key))
     if data.get("chat_template") is not None:
         mapper.notes.append(f"chat_template {_short(data['chat_template'])}: Axolotl names a template; Lanner "
                             "takes the model's own, or a Jinja template (chat_template_jinja)")
     return mapper.result("axolotl", ("datasets", "test_datasets", "pretraining_dataset"))
+
+
+TRACKER_NOTES = {"wandb": "W&B: Lanner keeps an offline run with the job (`wandb sync` uploads it)",
+                 "mlflow": "MLflow: Lanner logs to the studio's tracking server, which an admin sets up"}
+
+
+def _add_trackers(mapper: _Mapper, found: list[str]) -> None:
+    if not found:
+        return
+    trackers = mapper.spec.setdefault("trackers", [])
+    for name in found:
+        if name not in trackers:
+            trackers.append(name)
+            if name in TRACKER_NOTES:
+                mapper.notes.append(TRACKER_NOTES[name])
+
+
+def _report_to(mapper: _Mapper) -> None:
+    """Transformers' report_to: the trackers Lanner has, "none" as none; any other name (or "all",
+    which means whatever is installed) is listed as not mapped."""
+    value = mapper.take("report_to")
+    names = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    known = [name for name in names if name in get_args(Tracker)]
+    if value is None or names == ["none"]:
+        return
+    if len(known) != len(names):
+        mapper.used.discard("report_to")
+    _add_trackers(mapper, known)
 
 
 def _lora_target(value: Any) -> Any:
@@ -351,6 +382,7 @@ def import_llama_factory(data: dict[str, Any]) -> ParsedSpec:
         mapper.used.difference_update({"bf16", "fp16"})
     if mapper.spec.get("method") in ("dpo", "orpo", "kto"):
         mapper.put("pref_beta", "preference.beta")
+    _report_to(mapper)
     if data.get("template") is not None:
         mapper.notes.append(f"template {_short(data['template'])}: LLaMA-Factory names a chat template; Lanner "
                             "uses the model's own unless the spec gives a Jinja chat_template")

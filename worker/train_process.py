@@ -13,6 +13,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from sqlalchemy import select
+
 from lanner.core.messages.records import CheckpointSaved, DatasetChecked
 from lanner.core.models import Artifact, ArtifactKind, Dataset, Job
 from lanner.core.spec import load_spec
@@ -48,6 +50,7 @@ class TrainProcess(JobProcess):
     def __init__(self, job_id: int):
         super().__init__(job_id)
         self.cancel = None  # the CancelCallback, once training runs
+        self.trackers = None  # the job's experiment trackers, once started (JobTrackers)
 
     # A SIGTERM (cancel) before training starts ends the process at once; during training it asks
     # the trainer to save a checkpoint and stop at the end of the step.
@@ -107,13 +110,47 @@ class TrainProcess(JobProcess):
         if job.method not in METHODS:
             raise JobFailed(f"The method {job.method!r} is not supported by this worker yet "
                             f"({', '.join(METHODS)}).")
-        options = training_options(load_spec(job.config))
+        spec = load_spec(job.config)
+        options = training_options(spec)
         if problem := options.problem():
             raise JobFailed(problem)
         trainer_module, tasks = METHODS[job.method]
         # The dataset is checked before torch is imported (seconds to tens of seconds), so a bad one fails fast.
         rows = self.rows(dataset_path, tasks)
+        self.start_trackers(job, spec)
+        try:
+            code = self.train_and_save(job, options, trainer_module, rows)
+        except BaseException:
+            self.finish_trackers("failed")
+            raise
+        self.finish_trackers("finished" if code == 0 else "cancelled")
+        return code
 
+    def start_trackers(self, job: Job, spec) -> None:
+        """The experiment trackers the job chose (rank 0's, in a multi-GPU job)."""
+        if not spec.trackers or not is_main_process():
+            return
+        from lanner.worker.training.trackers import JobTrackers
+
+        self.trackers = JobTrackers(spec.trackers, self.events, self.settings,
+                                    artifacts_dir(self.settings.data_dir, self.job_id))
+        self.trackers.start(self.job_id, job.name, spec.model_dump(mode="json"))
+
+    def finish_trackers(self, outcome: str) -> None:
+        """Ends the trackers' runs with links to the job's page and artifacts in the studio."""
+        if self.trackers is None:
+            return
+        studio = self.settings.public_url
+        links = {"job_url": f"{studio}/jobs/{self.job_id}"}
+        with self.sessions() as session:
+            for artifact in session.scalars(select(Artifact).where(Artifact.job_id == self.job_id)
+                                            .order_by(Artifact.id)):
+                folder = (self.settings.data_dir / artifact.path).is_dir()
+                links[f"artifact.{artifact.name}"] = (f"{studio}/api/artifacts/{artifact.id}/download"
+                                                      + ("?archive=tar" if folder else ""))
+        self.trackers.finish(outcome, links)
+
+    def train_and_save(self, job: Job, options, trainer_module: str, rows: list[dict]) -> int:
         from lanner.worker.training.callbacks import CancelCallback
         from lanner.worker.training.model import load_tokenizer, resolve_model
 
@@ -159,7 +196,8 @@ class TrainProcess(JobProcess):
         try:
             model = load_model(model_path, options, self.events)
             samples_per_step = options.per_device_train_batch_size * options.gradient_accumulation_steps * world_size()
-            metrics = MetricsCallback(self.events, samples_per_step, on_checkpoint=self.on_checkpoint)
+            metrics = MetricsCallback(self.events, samples_per_step, on_checkpoint=self.on_checkpoint,
+                                      trackers=self.trackers)
             trainer = build_trainer(model, tokenizer, rows, options, str(checkpoints), [metrics, cancel])
             if resume:
                 self.events.log(f"Resuming from {resume.name}")

@@ -118,11 +118,11 @@ def _tar_stream(folder: Path, top: str) -> Iterator[bytes]:
     yield bytes(2 * tarfile.BLOCKSIZE)  # the end-of-archive marker
 
 
-def _archive(artifact: Artifact, folder: Path, head: bool) -> StreamingResponse:
-    """A folder artifact as one tar stream. Its size is not known before it is written, so it has no
-    Content-Length, no ETag and no ranges (Accept-Ranges: none; a Range header is ignored, as RFC 9110
-    allows); HEAD answers these headers alone, without reading the folder."""
-    top = safe_filename(f"job-{artifact.job_id}-{artifact.name}")
+def folder_archive(folder: Path, name: str, head: bool = False) -> StreamingResponse:
+    """A folder as one tar stream, its files under `name` (and the file name `name`.tar). Its size is not
+    known before it is written, so it has no Content-Length, no ETag and no ranges (Accept-Ranges: none;
+    a Range header is ignored, as RFC 9110 allows); HEAD answers these headers alone, without reading the folder."""
+    top = safe_filename(name)
     return StreamingResponse(iter(()) if head else _tar_stream(folder, top), media_type="application/x-tar",
                              headers={"Content-Disposition": f'attachment; filename="{top}.tar"',
                                       "Accept-Ranges": "none"})
@@ -151,7 +151,7 @@ def download_artifact(artifact_id: PathId, request: Request,
         raise HTTPException(404, f"Artifact {artifact_id} has no file inside the data directory")
     if location.is_dir():
         if archive:
-            return _archive(artifact, location, head=request.method == "HEAD")
+            return folder_archive(location, f"job-{artifact.job_id}-{artifact.name}", head=request.method == "HEAD")
         if not file:
             raise HTTPException(422, f"Artifact {artifact_id} is a folder: name one of its files with ?file=, "
                                      "or download it whole with ?archive=tar")

@@ -125,7 +125,15 @@ describe('presets and clones', () => {
     expect(cloned.values['hyperparameters.learning_rate']).toBe('0.0001')
     expect(cloned.values['lora.rank']).toBe('8')
     expect(cloned.values.gpus).toBe('0')
+    expect(cloned.trackers).toEqual([])
     expect(validateJobForm(cloned)).toEqual({})
+  })
+
+  it('sends the chosen trackers, and a clone keeps them', () => {
+    expect(buildJobSpec(form())).not.toHaveProperty('trackers')
+    const spec = buildJobSpec(form({}, { trackers: ['mlflow', 'wandb'] }))
+    expect(spec.trackers).toEqual(['mlflow', 'wandb'])
+    expect(formFromConfig(spec, 'x').trackers).toEqual(['mlflow', 'wandb'])
   })
 
   it('estimates the steps from the rows, batch and epochs, or takes max steps', () => {

@@ -7,7 +7,7 @@
  * client-side check.
  */
 import { specExtension, specField } from './specSchema'
-import type { Method, RewardFunction } from './types'
+import type { Method, RewardFunction, Tracker } from './types'
 
 export type FieldType = 'int' | 'float' | 'select' | 'bool'
 export type Section = 'training' | 'lora' | 'preference' | 'grpo' | 'run'
@@ -186,6 +186,8 @@ export interface JobForm {
   name: string
   preset: PresetName
   values: Record<string, string>
+  /** The experiment trackers the run logs to. */
+  trackers: Tracker[]
 }
 
 export const DEFAULT_VALUES: Record<string, string> = Object.fromEntries(FIELDS.map((f) => [f.path, f.initial]))
@@ -199,6 +201,7 @@ export function newJobForm(model: string, gpus = 1): JobForm {
     name: '',
     preset: 'balanced',
     values: { ...DEFAULT_VALUES, ...PRESETS.balanced.values, gpus: String(gpus) },
+    trackers: [],
   }
 }
 
@@ -291,6 +294,7 @@ export function buildJobSpec(form: JobForm): Record<string, unknown> {
   }
   if (form.name.trim()) spec.name = form.name.trim()
   if (form.preset !== 'custom') spec.preset = form.preset
+  if (form.trackers.length) spec.trackers = form.trackers
   for (const field of FIELDS) {
     if (!fieldApplies(field, form.method)) continue
     const value = parsed(field, form.values[field.path] ?? '')
@@ -329,6 +333,7 @@ export function formFromConfig(config: Record<string, unknown>, fallbackModel: s
     name: typeof config.name === 'string' ? (copy ? `${config.name} (copy)` : config.name).slice(0, 200) : '',
     preset: 'custom',
     values,
+    trackers: Array.isArray(config.trackers) ? (config.trackers as Tracker[]) : [],
   }
 }
 

@@ -39,6 +39,12 @@ export type SweepPage = Schemas['SweepPage']
 /** GET /api/sweeps/{id}/ranking: the runs best first, the best succeeded run marked. */
 export type SweepRanking = Schemas['SweepRanking']
 export type RankedRun = Schemas['RankedRun']
+/** An experiment tracker a job may log to (the spec's `trackers`). */
+export type Tracker = Schemas['TrackerOption']['name']
+/** GET /api/trackers: whether the studio offers it, and where its runs go. */
+export type TrackerOption = Schemas['TrackerOption']
+/** GET /api/jobs/{id}/trackers: a job's run in one tracker. */
+export type TrackerRun = Schemas['JobTrackerRun']
 
 // ---- Datasets, models, artifacts -----------------------------------------
 

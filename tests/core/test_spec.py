@@ -53,3 +53,26 @@ def test_the_worker_options_are_validated_fields(field, value):
     with pytest.raises(ValidationError) as refused:
         JobSpec.model_validate(data)
     assert [error["loc"] for error in refused.value.errors()] == [field]
+
+
+def test_trackers_are_chosen_once_each_and_mlflow_only_once_an_admin_has_set_it_up(monkeypatch):
+    monkeypatch.delenv("LANNER_MLFLOW_TRACKING_URI", raising=False)
+    get_settings.cache_clear()
+    assert JobSpec.model_validate({**BASE, "trackers": ["tensorboard", "wandb"]}).trackers == ["tensorboard", "wandb"]
+    with pytest.raises(ValidationError, match="MLflow is not set up on this studio: an admin sets "
+                                              "LANNER_MLFLOW_TRACKING_URI"):
+        JobSpec.model_validate({**BASE, "trackers": ["mlflow"]})
+    with pytest.raises(ValidationError, match="wandb is listed twice"):
+        JobSpec.model_validate({**BASE, "trackers": ["wandb", "wandb"]})
+    monkeypatch.setenv("LANNER_MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    get_settings.cache_clear()
+    stored = stored_config(JobSpec.model_validate({**BASE, "trackers": ["mlflow"]}))
+    monkeypatch.delenv("LANNER_MLFLOW_TRACKING_URI")
+    get_settings.cache_clear()
+    assert load_spec(stored).trackers == ["mlflow"]  # queued while it was set up: the worker says if it is gone
+
+
+def test_a_spec_stored_before_trackers_existed_reads_back_without_any():
+    stored = stored_config(JobSpec.model_validate(BASE))
+    del stored["spec"]["trackers"]
+    assert load_spec(stored).trackers == []

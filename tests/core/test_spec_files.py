@@ -259,8 +259,8 @@ def test_llama_factory_lora_sft():
         "hyperparameters": {"learning_rate": 1e-4, "epochs": 3.0, "batch_size": 1, "gradient_accumulation": 8,
                             "max_seq_len": 2048, "warmup_ratio": 0.1, "lr_scheduler": "cosine", "save_steps": 500,
                             "precision": "bf16"}}
-    assert {"template", "max_samples", "ddp_timeout", "report_to", "do_train"} <= set(parsed.unmapped)
-    assert "dataset" not in parsed.unmapped
+    assert {"template", "max_samples", "ddp_timeout", "do_train"} <= set(parsed.unmapped)
+    assert "dataset" not in parsed.unmapped and "report_to" not in parsed.unmapped  # none: no trackers
     assert any("identity,alpaca_en_demo" in note for note in parsed.notes)
     assert validate(parsed)[1] == []
 
@@ -288,3 +288,14 @@ def test_the_source_can_be_forced():
     assert parse(text, source="axolotl").spec["method"] == "lora"
     with pytest.raises(SpecFileError, match="Unknown source"):
         parse(text, source="unsloth")
+
+
+def test_the_trackers_a_config_reports_to_are_chosen_and_what_differs_is_said():
+    axolotl = parse(AXOLOTL_DPO + "wandb_project: tuning\nuse_tensorboard: true\nmlflow_tracking_uri: http://x:5000\n")
+    assert axolotl.spec["trackers"] == ["wandb", "tensorboard", "mlflow"]
+    assert not {"wandb_project", "use_tensorboard", "mlflow_tracking_uri"} & set(axolotl.unmapped)
+    assert any("offline run" in note for note in axolotl.notes) and any("admin" in note for note in axolotl.notes)
+    assert "trackers" not in parse(AXOLOTL_QLORA).spec  # wandb_project left empty
+    factory = parse(LLAMA_FACTORY_SFT.replace("report_to: none", "report_to: [tensorboard, comet_ml]"))
+    assert factory.spec["trackers"] == ["tensorboard"] and "report_to" in factory.unmapped
+    assert parse(LLAMA_FACTORY_SFT.replace("report_to: none", "report_to: wandb")).spec["trackers"] == ["wandb"]

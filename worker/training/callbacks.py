@@ -21,8 +21,9 @@ PASSED_ON_PREFIXES = ("rewards/",)  # DPO/ORPO/KTO's rewards/chosen, ...; GRPO's
 
 
 class MetricsCallback(TrainerCallback):
-    def __init__(self, events: JobEvents, samples_per_step: int, on_checkpoint=None):
+    def __init__(self, events: JobEvents, samples_per_step: int, on_checkpoint=None, trackers=None):
         self.events = events
+        self.trackers = trackers  # the job's experiment trackers (JobTrackers), when it chose any
         self.samples_per_step = samples_per_step
         self.on_checkpoint = on_checkpoint
         self.step_started = None
@@ -45,7 +46,7 @@ class MetricsCallback(TrainerCallback):
         logs = logs or {}
         step = state.global_step
         if "eval_loss" in logs:
-            self.events.metric(step, {key: value for key, value in logs.items() if key.startswith("eval_")})
+            self.publish(step, {key: value for key, value in logs.items() if key.startswith("eval_")})
             return
         if "loss" not in logs or step == self.last_step_published:
             return  # the end-of-training summary, or a repeat
@@ -65,7 +66,12 @@ class MetricsCallback(TrainerCallback):
                     values["tokens_per_second"] = (logs["num_tokens"] - self.tokens_seen) / self.step_time
                 self.tokens_seen = logs["num_tokens"]
         values["total_steps"] = state.max_steps
-        self.events.metric(step, values, total_steps=state.max_steps)
+        self.publish(step, values, total_steps=state.max_steps)
+
+    def publish(self, step: int, values: dict, total_steps: int | None = None) -> None:
+        self.events.metric(step, values, total_steps=total_steps)
+        if self.trackers is not None:
+            self.trackers.log_metrics(step, values)
 
     def completions(self, step: int, samples: list[CompletionSample]) -> None:
         self.events.publish(CompletionSamples(step=step, samples=samples))

@@ -313,6 +313,18 @@ export interface paths {
      */
     post: operations["test_rewards_api_rewards_test_post"];
   };
+  "/api/trackers": {
+    /** Tracker Options */
+    get: operations["tracker_options_api_trackers_get"];
+  };
+  "/api/jobs/{job_id}/trackers": {
+    /** Job Tracker Runs */
+    get: operations["job_tracker_runs_api_jobs__job_id__trackers_get"];
+  };
+  "/api/jobs/{job_id}/trackers/{tracker}/archive": {
+    /** Tracker Archive */
+    get: operations["tracker_archive_api_jobs__job_id__trackers__tracker__archive_get"];
+  };
 }
 
 export type webhooks = Record<string, never>;
@@ -994,6 +1006,11 @@ export interface components {
        * @default true
        */
       requeue_on_worker_loss: boolean;
+      /**
+       * Trackers
+       * @description Experiment trackers the run is logged to (its spec, every step's metrics, links to its artifacts): mlflow (the studio's tracking server), tensorboard (event files) and wandb (an offline run), the last two kept as artifacts of the job
+       */
+      trackers?: ("mlflow" | "tensorboard" | "wandb")[];
     };
     /**
      * JobKind
@@ -1156,6 +1173,30 @@ export interface components {
      * @enum {string}
      */
     JobStatus: "queued" | "running" | "succeeded" | "failed" | "cancelled";
+    /** JobTrackerRun */
+    JobTrackerRun: {
+      /**
+       * Tracker
+       * @enum {string}
+       */
+      tracker: "mlflow" | "tensorboard" | "wandb";
+      /**
+       * Status
+       * @enum {string}
+       */
+      status: "running" | "finished" | "failed" | "cancelled" | "unavailable";
+      /** Url */
+      url?: string | null;
+      /** Run Id */
+      run_id?: string | null;
+      /** Problem */
+      problem?: string | null;
+      /**
+       * Download
+       * @description The tracker's files in the job's folder as a tar stream (TensorBoard's event files, W&B's offline run)
+       */
+      download?: string | null;
+    };
     /** LlamaCppStatus */
     LlamaCppStatus: {
       /**
@@ -1918,6 +1959,26 @@ export interface components {
        * @description Every measured sequence's length, sorted (for a histogram; not kept in upload reports)
        */
       lengths?: number[] | null;
+    };
+    /** TrackerOption */
+    TrackerOption: {
+      /**
+       * Name
+       * @enum {string}
+       */
+      name: "mlflow" | "tensorboard" | "wandb";
+      /** Label */
+      label: string;
+      /**
+       * Available
+       * @description Whether a job may choose it: MLflow once an admin has set it up
+       */
+      available: boolean;
+      /**
+       * Detail
+       * @description Where its runs go, or what an admin sets to offer it
+       */
+      detail: string;
     };
     /** UsageOut */
     UsageOut: {
@@ -4838,6 +4899,116 @@ export interface operations {
       };
       /** @description The request body is over its limit */
       413: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /** Tracker Options */
+  tracker_options_api_trackers_get: {
+    responses: {
+      /** @description Successful Response */
+      200: {
+        content: {
+          "application/json": components["schemas"]["TrackerOption"][];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /** Job Tracker Runs */
+  job_tracker_runs_api_jobs__job_id__trackers_get: {
+    parameters: {
+      path: {
+        job_id: number;
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      200: {
+        content: {
+          "application/json": components["schemas"]["JobTrackerRun"][];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description No such resource */
+      404: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /** Tracker Archive */
+  tracker_archive_api_jobs__job_id__trackers__tracker__archive_get: {
+    parameters: {
+      path: {
+        job_id: number;
+        tracker: string;
+      };
+    };
+    responses: {
+      /** @description The tracker's files */
+      200: {
+        content: {
+          "application/x-tar": string;
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description No such resource */
+      404: {
         content: {
           "application/json": components["schemas"]["ErrorOut"];
         };

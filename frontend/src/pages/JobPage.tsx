@@ -13,6 +13,7 @@ import { ErrorNotice, errorText } from '../components/Field'
 import { JobStatusBadge, ProgressBar } from '../components/JobStatusBadge'
 import { LiveChart } from '../components/LiveChart'
 import { PageHeader } from '../components/PageHeader'
+import { TrackerRuns } from '../components/TrackerRuns'
 import { clock, formatDuration, formatGiB, formatFloat, formatRate, formatTime, parseApiTime, requeueSummary } from '../format'
 import { memoryTotalBytes, withHistory } from '../live/history'
 import { FINAL_STATUSES, MEMORY_COUNTS, memoryPeakGiB, remainingSeconds } from '../live/jobEvents'
@@ -253,6 +254,7 @@ export function JobPage() {
         </section>
       )}
       {job && job.kind === 'train' && <EvaluationSection jobId={job.id} refresh={job.status} />}
+      {job && job.kind === 'train' && <TrackerRuns jobId={job.id} refresh={job.status} />}
       {job && (
         <details className="details panel">
           <summary>Configuration</summary>

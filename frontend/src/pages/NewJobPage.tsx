@@ -11,6 +11,7 @@ import { ModelSearch } from '../components/ModelSearch'
 import { PageHeader } from '../components/PageHeader'
 import { RewardFunctionsEditor } from '../components/RewardFunctionsEditor'
 import { SweepPanel } from '../components/SweepPanel'
+import { TrackerChoice } from '../components/TrackerChoice'
 import { formatParameters } from '../format'
 import { useHealth } from '../health'
 import {
@@ -354,6 +355,7 @@ export function NewJobPage() {
             <Field label="Job name (optional)" error={errors.name} help="Defaults to method, model and dataset.">
               <input type="text" value={form.name} maxLength={200} onChange={(e) => update({ name: e.target.value }, ['name'])} />
             </Field>
+            <TrackerChoice chosen={form.trackers} error={errors.trackers} onChange={(trackers) => update({ trackers }, ['trackers'])} />
           </div>
         </section>
 
@@ -381,6 +383,7 @@ export function NewJobPage() {
                 <div><dt>Steps</dt><dd className="mono">{steps ?? '—'}</dd></div>
                 <div><dt>Device</dt><dd>{form.values.gpus === '0' ? 'a CPU worker' : `${form.values.gpus} GPU`}</dd></div>
                 {sweep.enabled && <div><dt>Sweep</dt><dd>{plannedRuns(sweep)} runs ({sweep.strategy}), ranked by {sweep.metric}</dd></div>}
+                <div><dt>Trackers</dt><dd>{form.trackers.join(', ') || 'none'}</dd></div>
                 {visible.filter((f) => !['hyperparameters.learning_rate', 'gpus'].includes(f.path)).map((f) => (
                   <div key={f.path}><dt>{f.label}</dt><dd className="mono">{form.values[f.path] || '—'}</dd></div>
                 ))}

@@ -95,6 +95,11 @@ export function apiFetchMock(overrides: Record<string, unknown> = {}) {
       '/api/sweeps': { items: [], total: 0, offset: 0, limit: 10 },
       '/api/datasets': { items: [], total: 0, offset: 0, limit: 200 },
       '/api/tokens': [],
+      '/api/trackers': [
+        { name: 'mlflow', label: 'MLflow', available: false, detail: 'MLflow is not set up on this studio' },
+        { name: 'tensorboard', label: 'TensorBoard', available: true, detail: 'Event files' },
+        { name: 'wandb', label: 'Weights & Biases', available: true, detail: 'An offline run' },
+      ],
       '/api/models': {
         default: { id: 'builtin/SmolLM2-135M-Instruct', family: 'SmolLM2', name: 'SmolLM2-135M-Instruct', parameters: 134515008, gated: false, source: 'builtin' },
         curated: [],
@@ -102,7 +107,7 @@ export function apiFetchMock(overrides: Record<string, unknown> = {}) {
       },
     }
     if (path in answers) return jsonResponse(answers[path])
-    if (/^\/api\/jobs\/\d+\/artifacts$/.test(path)) return jsonResponse([])
+    if (/^\/api\/jobs\/\d+\/(artifacts|trackers)$/.test(path)) return jsonResponse([])
     if (/^\/api\/jobs\/\d+$/.test(path)) return jsonResponse({ detail: 'No job' }, 404, 'Not Found')
     return jsonResponse({ detail: `no mock for ${path}` }, 404, 'Not Found')
   }
