@@ -1167,6 +1167,11 @@ export interface components {
        * @default true
        */
       requeue_on_worker_loss: boolean;
+      /**
+       * Trackers
+       * @description Experiment trackers the run is logged to (its spec, every step's metrics, links to its artifacts): mlflow (the studio's tracking server), tensorboard (event files) and wandb (an offline run), the last two kept as artifacts of the job
+       */
+      trackers?: ("mlflow" | "tensorboard" | "wandb")[];
     };
     /**
      * JobStatus
