@@ -95,7 +95,7 @@ def _celery_workers(up_pid: int) -> list[psutil.Process]:
 
 
 def test_a_killed_worker_s_job_resumes_from_its_checkpoint(studio, gpu_stack, qa_dataset, small_model):
-    started = job(studio, small_model, qa_dataset, steps=1000, requeue_on_worker_loss=True, hyperparameters={"save_steps": 20})
+    started = job(studio, small_model, qa_dataset, steps=200, requeue_on_worker_loss=True, hyperparameters={"save_steps": 20})
     studio.wait(started["id"], 300, until=lambda j: j["step"] >= 30 or j["status"] in ("succeeded", "failed"))
     assert studio.of_type(started["id"], "checkpoint"), "no checkpoint before the kill"
     for worker in _celery_workers(gpu_stack.process.pid):

@@ -65,9 +65,8 @@ class KernelLossSFTTrainer(SFTTrainer):
         inputs["use_cache"] = False
         if getattr(self, "aux_loss_enabled", False):  # an MoE model's router loss, as TRL asks for it
             inputs["output_router_logits"] = True
-        loss = Trainer.compute_loss(self, model, inputs, num_items_in_batch=num_items_in_batch)
-        self._count_train_tokens(inputs)
-        return loss
+        self._count_train_tokens(inputs)  # before the forward: its wait for the GPU finds the queue empty
+        return Trainer.compute_loss(self, model, inputs, num_items_in_batch=num_items_in_batch)
 
     def _count_train_tokens(self, inputs) -> None:
         """TRL's `num_tokens` metric (what the job's tokens/s is computed from), as its compute_loss
