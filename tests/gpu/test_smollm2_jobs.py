@@ -48,7 +48,7 @@ def test_a_gpu_trained_adapter_exports_verified_files_and_answers_in_a_gpu_chat(
     assert export["status"] == "succeeded", (export["error"], studio.logs(export["id"])[-20:])
     checks = studio.of_type(export["id"], "verification")
     assert checks, "no verification on the export's stream"
-    kinds = {artifact["kind"] for artifact in studio.request("GET", f"/api/jobs/{trained['id']}/artifacts")}
+    kinds = {artifact["kind"] for artifact in studio.request("GET", f"/api/jobs/{export['id']}/artifacts")}
     assert {"adapter", "merged", "gguf"} <= kinds, kinds
 
     chat = studio.request("POST", f"/api/playground/jobs/{trained['id']}/gpu-session", {})
