@@ -75,8 +75,6 @@ def common_args(options: TrainingOptions, output_dir: str, has_eval: bool) -> di
         use_cpu=not cuda,
         report_to=[],
         disable_tqdm=True,
-        # On a GPU a loader process collates the next batch while the GPU trains on this one (the step's
-        # logging waits for the GPU, so collating after it would leave the GPU idle meanwhile).
-        dataloader_num_workers=1 if cuda else 0,
+        dataloader_num_workers=0,
         **trainer_args(cuda),  # a multi-GPU job's share: DDP or FSDP (lanner.worker.distributed.ranks)
     )
