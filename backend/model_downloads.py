@@ -25,6 +25,7 @@ from lanner.backend.disk_space import check_room
 from lanner.backend.hub import REFUSED, Hub, HubOffline, RepoInfo
 from lanner.backend.paths import inside
 from lanner.core.errors import UserError
+from lanner.core.model_paths import write_hub_source
 from lanner.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,7 @@ def _run(redis: Redis, settings: Settings, hub: Hub, info: RepoInfo, files: list
                 raise HubOffline(f"{item.name} arrived with {size} bytes where the hub lists {item.size}; "
                                  "it will be fetched again")
             redis.hset(key, "bytes_done", _bytes_in(staging, files))  # exact again, whatever a resume re-sent
+        write_hub_source(staging, info.repo_id, info.commit)  # an export names the base at this commit
         final = model_dir(settings, info.repo_id)
         final.parent.mkdir(parents=True, exist_ok=True)
         if final.exists():

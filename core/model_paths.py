@@ -4,9 +4,13 @@ nor probe any other directory of the server (an answer that differs for /root an
 would tell what exists)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from lanner.core.settings import Settings
+
+# In a model folder the studio downloaded from the hub: the repository and the commit it holds.
+HUB_SOURCE_FILE = "lanner-hub-source.json"
 
 NOT_ALLOWED = ("a local model must be a folder inside the folders an admin allows for models "
                "(LANNER_LOCAL_MODEL_DIRS; by default the data dir's models folder)")
@@ -29,3 +33,16 @@ def allowed_model_folder(model: str, settings: Settings) -> Path | None:
         return resolved if resolved != models_dir and resolved.is_relative_to(models_dir) else None
     except (OSError, ValueError):  # a name no file system takes, or a NUL: no folder of ours
         return None
+
+
+def write_hub_source(folder: Path, repo_id: str, commit: str) -> None:
+    (folder / HUB_SOURCE_FILE).write_text(json.dumps({"repo_id": repo_id, "commit": commit}) + "\n")
+
+
+def hub_commit(folder: Path | str, repo_id: str) -> str | None:
+    """The hub commit a model folder holds when the studio downloaded it from repo_id; else None."""
+    try:
+        record = json.loads((Path(folder) / HUB_SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("commit") if isinstance(record, dict) and record.get("repo_id") == repo_id else None

@@ -10,6 +10,8 @@ import pytest
 
 from hub_standin import Repo, StandInHub
 
+from lanner.core.model_paths import HUB_SOURCE_FILE, hub_commit
+
 pytestmark = pytest.mark.timeout(120)
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -70,8 +72,9 @@ def test_a_download_fetches_what_training_needs_into_the_models_folder(team_and_
     assert done["status"] == "done", done
     folder = team.api.settings.models_dir / "lanner-test" / "tiny-llama"
     assert done["path"] == str(folder) and done["bytes_done"] == done["bytes_total"]
-    assert sorted(path.name for path in folder.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
-                                                             "tokenizer_config.json"]
+    assert sorted(path.name for path in folder.iterdir()) == ["config.json", HUB_SOURCE_FILE, "model.safetensors",
+                                                             "tokenizer.json", "tokenizer_config.json"]
+    assert hub_commit(folder, "lanner-test/tiny-llama") == hub.repos["lanner-test/tiny-llama"].commit  # for exports
     assert (folder / "model.safetensors").read_bytes() == WEIGHTS
     assert not (team.api.settings.data_dir / "downloads" / "lanner-test--tiny-llama").exists()
     # Downloaded models are here for good: the catalog lists them, jobs get a memory estimate from

@@ -42,3 +42,12 @@ def test_regex_target_modules_become_a_list_of_what_the_file_holds(trained_adapt
     assert config["base_model_name_or_path"] == BASE_MODEL_NAME
     assert info["vllm"]["compatible"] and info["r"] == 8
     assert (tmp_path / "out" / "tokenizer.json").is_file()
+
+
+def test_the_base_s_hub_commit_is_in_adapter_config_and_the_card(trained_adapter, tmp_path):
+    from lanner.worker.export import export_adapter
+
+    export_adapter(adapter_copy(trained_adapter, tmp_path), tmp_path / "out", base_model="org/base", revision="0123abcd")
+    config = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "org/base" and config["revision"] == "0123abcd"  # peft loads it there
+    assert "`org/base` at commit `0123abcd`" in (tmp_path / "out" / "README.md").read_text()

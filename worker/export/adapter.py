@@ -64,14 +64,15 @@ def vllm_problems(config: dict, tensor_names: list[str]) -> list[str]:
     return problems
 
 
-def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str, built_in_copy: bool = False,
-                   progress: ProgressFn = no_progress, check_space: bool = True) -> dict:
+def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str, revision: str | None = None,
+                   built_in_copy: bool = False, progress: ProgressFn = no_progress, check_space: bool = True) -> dict:
     """Write a clean PEFT adapter into out_dir (created atomically; replaced if it exists), with a
     model card (README.md) that says how to load it.
 
     adapter_dir: a PEFT adapter as saved by the trainer (save_pretrained).
     base_model: the base model's hub id or local path, recorded as base_model_name_or_path, so that
-    peft's AutoPeftModelForCausalLM finds it.
+    peft's AutoPeftModelForCausalLM finds it; revision: the hub commit of it the job trained on, when known
+    (peft loads the base at that commit).
     built_in_copy: the adapter was trained on Lanner's built-in copy of base_model (the card says so).
     Returns facts for the artifact record (rank, target modules, vLLM compatibility, bytes).
     Raises ExportError if the adapter uses a feature vLLM cannot load (see module doc).
@@ -101,6 +102,7 @@ def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str, built_i
         layers_to_transform=None,
         layer_replication=None,
         inference_mode=True,
+        revision=revision,
     )
     with atomic_dir(out_dir) as temp:
         tensors = load_file(str(weights))
@@ -134,9 +136,11 @@ def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str, built_i
 def model_card(config: dict, base_model: str, *, built_in_copy: bool, has_tokenizer: bool) -> str:
     """The adapter folder's README.md: what it is and how to load it outside Lanner."""
     is_local = Path(base_model).is_absolute()
+    revision = config.get("revision")
     front = "---\n" + ("" if is_local else f"base_model: {base_model}\n") + "library_name: peft\ntags:\n- lora\n- lanner\n---\n"
     where = (f"the local checkpoint `{base_model}` (the path it was trained from; copy it along, or change "
-             "`base_model_name_or_path` in adapter_config.json to where it lies)" if is_local else f"`{base_model}`")
+             "`base_model_name_or_path` in adapter_config.json to where it lies)" if is_local
+             else f"`{base_model}`" + (f" at commit `{revision}`" if revision else ""))
     lines = [
         f"# LoRA adapter for {Path(base_model).name if is_local else base_model}",
         "",

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lanner.core.default_model import DEFAULT_MODEL_HUB_ID, DEFAULT_MODEL_ID
+from lanner.core.model_paths import hub_commit
 from lanner.core.export_spec import (FIGURE_MEANINGS, GGUF_BITS_PER_WEIGHT, GGUF_TYPES, MERGED_DTYPES, QUANTIZER_TYPES,
                                      CheckFigure, ExportSpec, FormatOutcome, FormatStatus, format_advice)
 
@@ -151,6 +152,7 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
         adapter_dir = request.adapter_dir
         if request.adapter:
             info = export_adapter(request.adapter_dir, work / "adapter", base_model=base_name,
+                                  revision=hub_commit(request.base_model_dir, base_name),
                                   progress=progress, check_space=False,
                                   built_in_copy=request.base_model_name == DEFAULT_MODEL_ID)
             adapter_dir = work / "adapter"  # verify what we ship
