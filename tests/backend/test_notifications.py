@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -209,3 +210,15 @@ def test_email_cannot_be_chosen_before_an_admin_sets_up_smtp(team):
     errors = field_errors(team.alice.put("/api/me/notifications", json={"enabled": True}))
     assert "LANNER_SMTP_HOST" in errors[("enabled",)]
     assert team.alice.put("/api/me/notifications", json={"enabled": False}).json()["enabled"] is False
+
+
+def test_the_served_api_sends_due_deliveries_by_itself(team, receiver):
+    receiver.answers.clear()
+    hook = team.alice.post("/api/webhooks", json={"url": receiver.url, "events": ["finished"]}).json()
+    with team.api.client():  # runs the app's lifespan, and with it the sender's thread
+        assert team.alice.post(f"/api/webhooks/{hook['id']}/test").status_code == 202
+        deadline = time.monotonic() + 10
+        while not receiver.requests and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert json.loads(receiver.requests[0][1])["event"] == "test"
+    assert team.alice.get(f"/api/webhooks/{hook['id']}/deliveries").json()[0]["state"] == "delivered"
