@@ -6,10 +6,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
 import time
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from aiosmtpd.controller import Controller
@@ -22,36 +20,12 @@ from lanner.core.queue.claim import note_waiting_jobs, sweep_orphaned_jobs
 from lanner.worker.events import finish_job
 
 from backend_helpers import MODEL, field_errors
-from support import free_port
-
-
-class Receiver(ThreadingHTTPServer):
-    """A webhook receiver on localhost: answers each POST with the next of `answers` (then 200)."""
-
-    def __init__(self, answers: list[int]):
-        self.answers, self.requests = list(answers), []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(handler):
-                body = handler.rfile.read(int(handler.headers["Content-Length"]))
-                self.requests.append((dict(handler.headers), body))
-                handler.send_response(self.answers.pop(0) if self.answers else 200)
-                handler.end_headers()
-
-            def log_message(handler, *_):
-                pass
-
-        super().__init__(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/hook"
+from support import WebhookReceiver, free_port
 
 
 @pytest.fixture
 def receiver():
-    server = Receiver([500])
+    server = WebhookReceiver([500])
     yield server
     server.shutdown()
 
