@@ -52,13 +52,16 @@ def target_problem(url: str, allow_private: bool) -> str | None:
     """Why a webhook may not POST to this URL (in words), or None. Not http(s), no host, a host that
     does not resolve, or (unless an admin allows them) one that resolves to a private, loopback,
     link-local or otherwise non-public address."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as error:  # a bracketed host that is no IPv6 address, a port that is no number...
+        return f"is not a valid URL ({error})"
     if parts.scheme not in ("http", "https"):
         return "must be an http:// or https:// URL"
     if not parts.hostname:
         return "has no host"
     try:
-        port = parts.port
         infos = socket.getaddrinfo(parts.hostname, port or (443 if parts.scheme == "https" else 80),
                                    proto=socket.IPPROTO_TCP)
     except (ValueError, OSError) as error:

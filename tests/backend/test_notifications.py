@@ -124,6 +124,8 @@ def test_webhooks_refuse_bad_targets_and_input_in_words(team, monkeypatch):
     assert "http:// or https://" in refused("file:///etc/passwd")[("url",)]
     assert "http:// or https://" in refused("gopher://example.com/")[("url",)]
     assert "does not resolve" in refused("http://no-such-host.invalid/")[("url",)]
+    assert "not a valid URL" in refused("http://[nonsense/")[("url",)]
+    assert "not a valid URL" in refused("http://example.com:port/")[("url",)]
     assert ("events",) in refused("http://127.0.0.1:1/", events=())
     assert "twice" in refused("http://127.0.0.1:1/", events=("failed", "failed"))[("events",)]
     assert ("events", 0) in refused("http://127.0.0.1:1/", events=("exploded",))
