@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse
@@ -11,8 +12,9 @@ from lanner.backend.frontend_files import mount_frontend
 from lanner.backend.openapi_document import document_messages
 from lanner.backend.origin_check import SameOriginWrites
 from lanner.backend.security_headers import SecurityHeaders
-from lanner.backend.routers import (artifacts, auth, catalog, datasets, health, jobs, live, metrics, playground, rewards,
-                                    sweeps, tokens, trackers, users)
+from lanner.backend.notification_sender import NotificationSender
+from lanner.backend.routers import (artifacts, auth, catalog, datasets, health, jobs, live, metrics, notifications,
+                                    playground, rewards, sweeps, tokens, trackers, users)
 from lanner.core.settings import get_settings
 
 # One router per resource; another part of the studio adds its router with one line here.
@@ -31,6 +33,7 @@ ROUTERS = [
     playground.router,
     rewards.router,
     trackers.router,
+    notifications.router,
 ]
 # Dataset uploads stream to disk under their own, larger limit (LANNER_MAX_UPLOAD_BYTES).
 STREAMING_UPLOAD_PATHS = ("/api/datasets",)
@@ -45,11 +48,24 @@ def redirect_root_documents(app: FastAPI) -> None:
         app.add_route(path, redirect, methods=["GET", "HEAD"], include_in_schema=False)
 
 
+def send_notifications(settings):
+    """The app's lifespan: the notification sender's thread runs while the API is served (an in-process
+    test client without `with` runs no lifespan; its tests send by calling deliver_due)."""
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        sender = NotificationSender(settings)
+        sender.start()
+        yield
+        sender.stop()
+
+    return lifespan
+
+
 def create_app() -> FastAPI:
     settings = get_settings()
     logging.basicConfig(level=settings.log_level.upper())
-    app = FastAPI(title="Lanner", version=health.VERSION, docs_url="/api/docs",
-                  redoc_url="/api/redoc", openapi_url="/api/openapi.json")
+    app = FastAPI(title="Lanner", version=health.VERSION, docs_url="/api/docs", redoc_url="/api/redoc",
+                  openapi_url="/api/openapi.json", lifespan=send_notifications(settings))
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

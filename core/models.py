@@ -5,7 +5,7 @@ import enum
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Enum, Float, ForeignKey, Index, Integer, String, Text, select
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Enum, Float, ForeignKey, Index, Integer, String, Text, false, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from lanner.core.db import Base
@@ -61,6 +61,8 @@ class User(Base):
     role: Mapped[Role] = mapped_column(Enum(Role, name="user_role", native_enum=False, length=16))
     password_hash: Mapped[str] = mapped_column(String(255))
     is_active: Mapped[bool] = mapped_column(default=True)
+    email_notifications: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false(),
+                                                      doc="e-mail when one of their jobs finishes, fails or waits")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -184,6 +186,44 @@ class Artifact(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     verification: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Webhook(Base):
+    """A user's webhook: job events (lanner.core.notifications) are POSTed to its URL, signed with its
+    secret (kept in clear: signing needs it; shown once, at creation)."""
+
+    __tablename__ = "webhooks"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    secret: Mapped[str] = mapped_column(String(128))
+    events: Mapped[list[str]] = mapped_column(JSON, doc="finished, failed, waiting")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class NotificationDelivery(Base):
+    """One notification to send (a webhook's POST or an e-mail), its attempts and its outcome. Rows
+    are written in the transaction that ends or parks the job and sent by the API's sender
+    (lanner.backend.notification_sender), so none is lost to a restart."""
+
+    __tablename__ = "notification_deliveries"
+    __table_args__ = (Index("ix_notification_deliveries_due", "state", "next_try_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    webhook_id: Mapped[int | None] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"), index=True,
+                                                   doc="None: an e-mail")
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    event: Mapped[str] = mapped_column(String(16), doc="finished, failed, waiting or test")
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON, doc="the body, the same on every attempt")
+    state: Mapped[str] = mapped_column(String(16), default="pending", doc="pending, delivered or failed")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    status_code: Mapped[int | None] = mapped_column(Integer, doc="the last attempt's HTTP status")
+    error: Mapped[str | None] = mapped_column(Text, doc="why the last attempt failed")
+    next_try_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 TRAINED_KINDS = (ArtifactKind.adapter, ArtifactKind.model)  # what a training job saves: a LoRA/QLoRA adapter, or every weight

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -46,6 +47,17 @@ class Settings(BaseSettings):
     mlflow_tracking_uri: str = Field(default="", description="MLflow tracking server; empty: MLflow is not offered")
     mlflow_experiment: str = Field(default="lanner", min_length=1, description="MLflow experiment of the jobs' runs")
     wandb_project: str = Field(default="lanner", min_length=1, description="W&B project of the offline runs")
+    # Notifications (docs/notifications.md): webhooks to private addresses (localhost, the LAN, cloud
+    # metadata) are refused unless an admin allows them; e-mail goes through this SMTP server.
+    webhook_private_targets: bool = Field(default=False, description="Allow webhooks to private, loopback and "
+                                                                     "link-local addresses")
+    smtp_host: str = Field(default="", description="SMTP server of notification e-mail; empty: no e-mail")
+    smtp_port: int = Field(default=587, ge=1, le=65535, description="Port of the SMTP server")
+    smtp_security: Literal["starttls", "tls", "none"] = Field(default="starttls", description="STARTTLS, TLS from "
+                                                              "the first byte, or plain (a server on this machine)")
+    smtp_username: str = Field(default="", description="SMTP user name; empty: no login")
+    smtp_password: str = Field(default="", description="SMTP password")
+    smtp_from: str = Field(default="", description="From address of notification e-mail; empty: lanner@HOST")
 
     @model_validator(mode="after")
     def _derive(self) -> "Settings":

@@ -35,7 +35,9 @@ def database_url(request, tmp_path):
 def stack(tmp_path_factory):
     """The whole studio, as `./lanner up` starts it, on a Redis of its own that it starts itself."""
     tmp = tmp_path_factory.mktemp("stack")
-    running = RunningStack(tmp / "data", stack_env(tmp, f"redis://127.0.0.1:{free_port()}/0")).wait_up()
+    env = stack_env(tmp, f"redis://127.0.0.1:{free_port()}/0")
+    env["LANNER_WEBHOOK_PRIVATE_TARGETS"] = "true"  # the browser tests' webhook receiver listens on localhost
+    running = RunningStack(tmp / "data", env).wait_up()
     yield running
     running.stop()
 

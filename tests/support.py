@@ -12,6 +12,7 @@ import time
 import urllib.request
 import uuid
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +55,31 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+class WebhookReceiver(ThreadingHTTPServer):
+    """An HTTP server on a free localhost port, in a thread, that records each POST (headers, raw body)
+    and answers it with the next of `answers` (then 200): what a webhook's owner runs."""
+
+    def __init__(self, answers: list[int] = ()):
+        self.answers, self.requests = list(answers), []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(handler):
+                body = handler.rfile.read(int(handler.headers["Content-Length"]))
+                self.requests.append((dict(handler.headers), body))
+                handler.send_response(self.answers.pop(0) if self.answers else 200)
+                handler.end_headers()
+
+            def log_message(handler, *_):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/hook"
 
 
 def get_json(url: str, timeout: float = 5.0) -> dict:

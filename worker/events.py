@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from lanner.core.messages.records import DeviceReading, LogLine, RecordEvent, StatusChange, StepMetrics
 from lanner.core.models import DeviceSample, Job, JobMetric, JobStatus
+from lanner.core.notifications import notify_status
 from lanner.core.streams import job_stream, publish
 from lanner.worker.distributed.ranks import is_main_process
 
@@ -139,6 +140,7 @@ def finish_job(sessions: sessionmaker[Session], job_id: int, worker: str, status
         job.status = status
         job.error = error
         job.finished_at = datetime.now(timezone.utc)
+        notify_status(session, job)
         session.commit()
         return True
 

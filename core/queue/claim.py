@@ -21,6 +21,7 @@ from lanner.core.messages.records import StatusChange
 from lanner.core.queue import order as queue_order
 from lanner.core.queue.order import QUEUE_ORDER
 from lanner.core.models import Job, JobKind, JobStatus
+from lanner.core.notifications import JobEvent, notify_job, notify_status
 from lanner.core.settings import Settings
 from lanner.core.spec import MAX_REQUEUES, load_spec
 
@@ -227,6 +228,8 @@ def note_waiting_jobs(session: Session, largest: int) -> list[int]:
                                 .values(error=reason).execution_options(synchronize_session=False)).rowcount
         if noted:
             changed.append(job_id)
+            if error is None:  # newly waiting (a changed reason is no news)
+                notify_job(session, session.get(Job, job_id, populate_existing=True), JobEvent.waiting)
     session.commit()
     return changed
 
@@ -277,3 +280,4 @@ def _requeued_on_worker_loss(job: Job) -> bool:
 
 def _fail(job: Job, error: str) -> None:
     job.status, job.error, job.finished_at = JobStatus.failed, error, datetime.now(timezone.utc)
+    notify_status(Session.object_session(job), job)

@@ -88,6 +88,11 @@ export function postJson<T>(path: string, payload: unknown, signal?: AbortSignal
   return apiFetch<T>(path, { method: 'POST', body: JSON.stringify(payload), signal })
 }
 
+/** PUT a JSON body (a whole resource) and read a JSON answer. */
+export function putJson<T>(path: string, payload: unknown): Promise<T> {
+  return apiFetch<T>(path, { method: 'PUT', body: JSON.stringify(payload) })
+}
+
 function isHealth(value: unknown): value is Health {
   return !!value && typeof value === 'object' && 'status' in value && 'workers' in value
 }

@@ -50,6 +50,7 @@ describe('routes', () => {
     ['/artifacts', 'Artifacts'],
     ['/compare', 'Compare'],
     ['/account/tokens', 'API tokens'],
+    ['/account/notifications', 'Notifications'],
     ['/setup', 'Set up Lanner'],
     ['/signin', 'Sign in'],
     ['/no/such/page', 'Page not found'],

@@ -9,6 +9,7 @@ import { JobPage } from './pages/JobPage'
 import { ModelsPage } from './pages/ModelsPage'
 import { NewJobPage } from './pages/NewJobPage'
 import { NotFoundPage } from './pages/NotFoundPage'
+import { NotificationsPage } from './pages/NotificationsPage'
 import { PlaygroundPage } from './pages/PlaygroundPage'
 import { QueuePage } from './pages/QueuePage'
 import { SetupPage } from './pages/SetupPage'
@@ -45,6 +46,7 @@ export const routes: RouteObject[] = [
           { path: 'compare', element: <ComparePage /> },
           { path: 'playground', element: <PlaygroundPage /> },
           { path: 'account/tokens', element: <TokensPage /> },
+          { path: 'account/notifications', element: <NotificationsPage /> },
           { path: '*', element: <NotFoundPage /> },
         ],
       },

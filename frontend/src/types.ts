@@ -22,6 +22,12 @@ export type SetupState = Schemas['SetupState']
 export type ApiToken = Schemas['TokenOut']
 /** POST /api/tokens answers with the token itself, once. */
 export type CreatedToken = Schemas['CreatedToken']
+/** Notifications: a webhook (its secret only in the creation's answer), its deliveries, the e-mail opt-in. */
+export type Webhook = Schemas['WebhookOut']
+export type CreatedWebhook = Schemas['CreatedWebhook']
+export type WebhookEvent = Schemas['JobEvent']
+export type Delivery = Schemas['DeliveryOut']
+export type EmailNotifications = Schemas['EmailNotificationsOut']
 
 // ---- Jobs -----------------------------------------------------------------
 

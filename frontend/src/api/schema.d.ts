@@ -325,6 +325,38 @@ export interface paths {
     /** Tracker Archive */
     get: operations["tracker_archive_api_jobs__job_id__trackers__tracker__archive_get"];
   };
+  "/api/webhooks": {
+    /** List Webhooks */
+    get: operations["list_webhooks_api_webhooks_get"];
+    /** Create Webhook */
+    post: operations["create_webhook_api_webhooks_post"];
+  };
+  "/api/webhooks/{webhook_id}": {
+    /** Update Webhook */
+    put: operations["update_webhook_api_webhooks__webhook_id__put"];
+    /** Delete Webhook */
+    delete: operations["delete_webhook_api_webhooks__webhook_id__delete"];
+  };
+  "/api/webhooks/{webhook_id}/deliveries": {
+    /**
+     * Webhook Deliveries
+     * @description The webhook's newest deliveries first, at most 50.
+     */
+    get: operations["webhook_deliveries_api_webhooks__webhook_id__deliveries_get"];
+  };
+  "/api/webhooks/{webhook_id}/test": {
+    /**
+     * Test Webhook
+     * @description Queues a "test" delivery (no job): sent within seconds, shown in the delivery log.
+     */
+    post: operations["test_webhook_api_webhooks__webhook_id__test_post"];
+  };
+  "/api/me/notifications": {
+    /** Email Notifications */
+    get: operations["email_notifications_api_me_notifications_get"];
+    /** Set Email Notifications */
+    put: operations["set_email_notifications_api_me_notifications_put"];
+  };
 }
 
 export type webhooks = Record<string, never>;
@@ -446,6 +478,25 @@ export interface components {
        * @description The token itself: shown this once, only its SHA-256 is kept
        */
       token: string;
+    };
+    /** CreatedWebhook */
+    CreatedWebhook: {
+      /** Id */
+      id: number;
+      /** Url */
+      url: string;
+      /** Events */
+      events: components["schemas"]["JobEvent"][];
+      /**
+       * Created At
+       * Format: date-time
+       */
+      created_at: string;
+      /**
+       * Secret
+       * @description The signing secret: shown this once. X-Lanner-Signature is sha256=<hex HMAC-SHA256 of the raw body with it>
+       */
+      secret: string;
     };
     /** DatasetOut */
     DatasetOut: {
@@ -590,6 +641,50 @@ export interface components {
       token_stats_waiting_for?: string | null;
       [key: string]: unknown;
     };
+    /** DeliveryOut */
+    DeliveryOut: {
+      /** Id */
+      id: number;
+      /**
+       * Webhook Id
+       * @description None: an e-mail
+       */
+      webhook_id: number | null;
+      /** Job Id */
+      job_id: number | null;
+      /**
+       * Event
+       * @description finished, failed, waiting or test
+       */
+      event: string;
+      state: components["schemas"]["DeliveryState"];
+      /** Attempts */
+      attempts: number;
+      /**
+       * Status Code
+       * @description The last attempt's HTTP status
+       */
+      status_code: number | null;
+      /**
+       * Error
+       * @description Why the last attempt failed
+       */
+      error: string | null;
+      /** Next Try At */
+      next_try_at: string | null;
+      /**
+       * Created At
+       * Format: date-time
+       */
+      created_at: string;
+      /** Delivered At */
+      delivered_at: string | null;
+    };
+    /**
+     * DeliveryState
+     * @enum {string}
+     */
+    DeliveryState: "pending" | "delivered" | "failed";
     /** Device */
     Device: {
       /**
@@ -625,6 +720,29 @@ export interface components {
        * @default main
        */
       revision: string;
+    };
+    /** EmailNotifications */
+    EmailNotifications: {
+      /**
+       * Enabled
+       * @description E-mail me when one of my jobs finishes, fails or waits
+       */
+      enabled: boolean;
+    };
+    /** EmailNotificationsOut */
+    EmailNotificationsOut: {
+      /**
+       * Enabled
+       * @description E-mail me when one of my jobs finishes, fails or waits
+       */
+      enabled: boolean;
+      /**
+       * Available
+       * @description Whether an admin set up an SMTP server
+       */
+      available: boolean;
+      /** Address */
+      address: string;
     };
     /**
      * ErrorOut
@@ -1012,6 +1130,11 @@ export interface components {
        */
       trackers?: ("mlflow" | "tensorboard" | "wandb")[];
     };
+    /**
+     * JobEvent
+     * @enum {string}
+     */
+    JobEvent: "finished" | "failed" | "waiting";
     /**
      * JobKind
      * @enum {string}
@@ -2042,6 +2165,33 @@ export interface components {
       msg: string;
       /** Type */
       type: string;
+    };
+    /** WebhookIn */
+    WebhookIn: {
+      /**
+       * Url
+       * @description http(s) URL the events are POSTed to
+       */
+      url: string;
+      /**
+       * Events
+       * @description Which of a job's events are sent
+       */
+      events: components["schemas"]["JobEvent"][];
+    };
+    /** WebhookOut */
+    WebhookOut: {
+      /** Id */
+      id: number;
+      /** Url */
+      url: string;
+      /** Events */
+      events: components["schemas"]["JobEvent"][];
+      /**
+       * Created At
+       * Format: date-time
+       */
+      created_at: string;
     };
     /**
      * WorkerRecord
@@ -5014,6 +5164,337 @@ export interface operations {
       };
       /** @description No such resource */
       404: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /** List Webhooks */
+  list_webhooks_api_webhooks_get: {
+    responses: {
+      /** @description Successful Response */
+      200: {
+        content: {
+          "application/json": components["schemas"]["WebhookOut"][];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /** Create Webhook */
+  create_webhook_api_webhooks_post: {
+    requestBody: {
+      content: {
+        "application/json": components["schemas"]["WebhookIn"];
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      201: {
+        content: {
+          "application/json": components["schemas"]["CreatedWebhook"];
+        };
+      };
+      /** @description The body is not what its content type says (not JSON, not UTF-8) */
+      400: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description The request body is over its limit */
+      413: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /** Update Webhook */
+  update_webhook_api_webhooks__webhook_id__put: {
+    parameters: {
+      path: {
+        webhook_id: number;
+      };
+    };
+    requestBody: {
+      content: {
+        "application/json": components["schemas"]["WebhookIn"];
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      200: {
+        content: {
+          "application/json": components["schemas"]["WebhookOut"];
+        };
+      };
+      /** @description The body is not what its content type says (not JSON, not UTF-8) */
+      400: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description No such resource */
+      404: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description The request body is over its limit */
+      413: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /** Delete Webhook */
+  delete_webhook_api_webhooks__webhook_id__delete: {
+    parameters: {
+      path: {
+        webhook_id: number;
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      204: {
+        content: never;
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description No such resource */
+      404: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /**
+   * Webhook Deliveries
+   * @description The webhook's newest deliveries first, at most 50.
+   */
+  webhook_deliveries_api_webhooks__webhook_id__deliveries_get: {
+    parameters: {
+      path: {
+        webhook_id: number;
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      200: {
+        content: {
+          "application/json": components["schemas"]["DeliveryOut"][];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description No such resource */
+      404: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /**
+   * Test Webhook
+   * @description Queues a "test" delivery (no job): sent within seconds, shown in the delivery log.
+   */
+  test_webhook_api_webhooks__webhook_id__test_post: {
+    parameters: {
+      path: {
+        webhook_id: number;
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      202: {
+        content: {
+          "application/json": components["schemas"]["DeliveryOut"];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description No such resource */
+      404: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /** Email Notifications */
+  email_notifications_api_me_notifications_get: {
+    responses: {
+      /** @description Successful Response */
+      200: {
+        content: {
+          "application/json": components["schemas"]["EmailNotificationsOut"];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Invalid input: one entry per field, or a sentence */
+      422: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Too many requests: wait Retry-After seconds */
+      429: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+    };
+  };
+  /** Set Email Notifications */
+  set_email_notifications_api_me_notifications_put: {
+    requestBody: {
+      content: {
+        "application/json": components["schemas"]["EmailNotifications"];
+      };
+    };
+    responses: {
+      /** @description Successful Response */
+      200: {
+        content: {
+          "application/json": components["schemas"]["EmailNotificationsOut"];
+        };
+      };
+      /** @description The body is not what its content type says (not JSON, not UTF-8) */
+      400: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description Not signed in (no valid session cookie or bearer API token) */
+      401: {
+        content: {
+          "application/json": components["schemas"]["ErrorOut"];
+        };
+      };
+      /** @description The request body is over its limit */
+      413: {
         content: {
           "application/json": components["schemas"]["ErrorOut"];
         };

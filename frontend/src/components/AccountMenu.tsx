@@ -2,7 +2,7 @@ import { useEffect, useId, useRef, useState } from 'react'
 import { Link } from 'react-router'
 import { useAuth } from '../auth'
 
-/** The signed-in user's name in the header; opens a menu with API tokens and sign-out. */
+/** The signed-in user's name in the header; opens a menu with API tokens, notifications and sign-out. */
 export function AccountMenu() {
   const { user, signOut } = useAuth()
   const [open, setOpen] = useState(false)
@@ -50,6 +50,9 @@ export function AccountMenu() {
           </p>
           <Link to="/account/tokens" className="account__item" onClick={() => setOpen(false)}>
             API tokens
+          </Link>
+          <Link to="/account/notifications" className="account__item" onClick={() => setOpen(false)}>
+            Notifications
           </Link>
           <button
             type="button"

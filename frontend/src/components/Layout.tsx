@@ -1,5 +1,7 @@
-import { NavLink, Outlet } from 'react-router'
+import { useCallback } from 'react'
+import { NavLink, Outlet, useNavigate } from 'react-router'
 import { useAuth } from '../auth'
+import { useJobNotifications } from '../notifications'
 import { AppHeader } from './AppHeader'
 
 interface NavItem {
@@ -46,6 +48,9 @@ function SignedInOutlet() {
 
 /** The frame of every signed-in page: header on top, navigation on the left. */
 export function Layout() {
+  const { user } = useAuth()
+  const navigate = useNavigate()
+  useJobNotifications(user, useCallback((path: string) => void navigate(path), [navigate]))
   return (
     <div className="app">
       <SkipLink />

@@ -95,6 +95,8 @@ export function apiFetchMock(overrides: Record<string, unknown> = {}) {
       '/api/sweeps': { items: [], total: 0, offset: 0, limit: 10 },
       '/api/datasets': { items: [], total: 0, offset: 0, limit: 200 },
       '/api/tokens': [],
+      '/api/webhooks': [],
+      '/api/me/notifications': { enabled: false, available: false, address: 'ada@example.com' },
       '/api/trackers': [
         { name: 'mlflow', label: 'MLflow', available: false, detail: 'MLflow is not set up on this studio' },
         { name: 'tensorboard', label: 'TensorBoard', available: true, detail: 'Event files' },
