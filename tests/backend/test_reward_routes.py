@@ -23,7 +23,7 @@ def grpo(dataset_id: int, *functions: dict, **settings) -> dict:
 
 @pytest.mark.parametrize("functions, settings, words", [
     ([{"kind": "bleu"}], {}, "Input should be 'exact_match', 'numeric_match', 'regex', 'length_penalty', "
-                             "'json_schema' or 'python'"),
+                             "'json_schema', 'python' or 'reward_model'"),
     ([{"kind": "regex", "pattern": "(unclosed"}], {}, "pattern '(unclosed' is not a regular expression"),
     ([{"kind": "python", "source": "x" * (REWARD_SOURCE_LIMIT + 1)}], {},
      f"String should have at most {REWARD_SOURCE_LIMIT} characters"),
