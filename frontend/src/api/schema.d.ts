@@ -273,7 +273,7 @@ export interface paths {
   "/api/playground/jobs": {
     /**
      * Playground Jobs
-     * @description The finished training jobs, newest first, each with the GGUF of both sides or why there is none.
+     * @description The finished training jobs but reward models, newest first, each with the GGUF of both sides or why there is none.
      */
     get: operations["playground_jobs_api_playground_jobs_get"];
   };
@@ -956,7 +956,7 @@ export interface components {
        * Method
        * @enum {string}
        */
-      method: "lora" | "qlora" | "full" | "pretrain" | "dpo" | "orpo" | "kto" | "grpo";
+      method: "lora" | "qlora" | "full" | "pretrain" | "dpo" | "orpo" | "kto" | "grpo" | "reward";
       /**
        * Model
        * @description builtin/SmolLM2-135M-Instruct, a hub id (org/name) or an absolute local path
@@ -972,7 +972,7 @@ export interface components {
        */
       preset?: ("quick" | "balanced" | "thorough") | null;
       hyperparameters?: components["schemas"]["Hyperparameters"];
-      /** @description lora, qlora and preference methods; defaults for lora/qlora */
+      /** @description lora, qlora, preference methods and reward; defaults for lora/qlora */
       lora?: components["schemas"]["LoraSettings"] | null;
       /** @description dpo, orpo, kto only */
       preference?: components["schemas"]["PreferenceSettings"] | null;
@@ -1117,7 +1117,7 @@ export interface components {
        * Method
        * @enum {string}
        */
-      method: "lora" | "qlora" | "full" | "pretrain" | "dpo" | "orpo" | "kto" | "grpo";
+      method: "lora" | "qlora" | "full" | "pretrain" | "dpo" | "orpo" | "kto" | "grpo" | "reward";
       /**
        * Model
        * @description builtin/SmolLM2-135M-Instruct, a hub id (org/name) or an absolute local path
@@ -1133,7 +1133,7 @@ export interface components {
        */
       preset?: ("quick" | "balanced" | "thorough") | null;
       hyperparameters?: components["schemas"]["Hyperparameters"];
-      /** @description lora, qlora and preference methods; defaults for lora/qlora */
+      /** @description lora, qlora, preference methods and reward; defaults for lora/qlora */
       lora?: components["schemas"]["LoraSettings"] | null;
       /** @description dpo, orpo, kto only */
       preference?: components["schemas"]["PreferenceSettings"] | null;
@@ -1573,7 +1573,7 @@ export interface components {
        * Kind
        * @enum {string}
        */
-      kind: "exact_match" | "numeric_match" | "regex" | "length_penalty" | "json_schema" | "python";
+      kind: "exact_match" | "numeric_match" | "regex" | "length_penalty" | "json_schema" | "python" | "reward_model";
       /**
        * Name
        * @description Its label on the charts; default: the kind
@@ -1617,6 +1617,11 @@ export interface components {
        * @description python: defines reward(prompts, completions, **columns)
        */
       source?: string | null;
+      /**
+       * Job Id
+       * @description reward_model: a succeeded reward job whose model scores the completions
+       */
+      job_id?: number | null;
     };
     /**
      * RewardTest
@@ -4695,7 +4700,7 @@ export interface operations {
   };
   /**
    * Playground Jobs
-   * @description The finished training jobs, newest first, each with the GGUF of both sides or why there is none.
+   * @description The finished training jobs but reward models, newest first, each with the GGUF of both sides or why there is none.
    */
   playground_jobs_api_playground_jobs_get: {
     responses: {
