@@ -4,14 +4,17 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from lanner.core.settings import Settings
 
-from training_run import events, logs, trained
+from training_run import events, logs, step_metrics, trained
 
 # Polite, on-topic answers against rude refusals: a difference a few steps can learn.
 PAIRS = [{"prompt": f"What is {i} plus {i}?", "chosen": f"{i} plus {i} is {2 * i}.",
           "rejected": "No. Go away, I will not answer that."} for i in range(24)]
 REWARD = {"hyperparameters": {"max_steps": 6, "eval_fraction": 0.25, "eval_steps": 6, "save_steps": 6}}
+PROMPTS = [{"prompt": f"What is {i} plus {i}?"} for i in range(2)]
 
 
 def test_reward_training_reports_held_out_accuracy_and_scores_completions_for_grpo(studio):
@@ -42,3 +45,12 @@ def test_reward_training_reports_held_out_accuracy_and_scores_completions_for_gr
     assert regex == [1.0, 0.0]
     # The trained margin on the held-out pairs was over 2; an untrained score head's is near 0.
     assert model[0] - model[1] > 1
+
+    # A GRPO job of the same studio with the reward model as one of its weighted reward functions.
+    grpo = {"hyperparameters": {"max_steps": 1, "eval_fraction": 0.0},
+            "grpo": {"num_generations": 2, "max_completion_len": 8, "samples_logged": 2, "reward_functions": [
+                {"kind": "reward_model", "name": "judge", "job_id": job_id, "weight": 0.5}]}}
+    grpo_id = studio.job(studio.dataset("prompts.jsonl", PROMPTS), grpo, method="grpo")
+    trained(studio, grpo_id)
+    step = step_metrics(studio, grpo_id)[0]
+    assert step["rewards/judge/mean"] != 0 and step["reward"] == pytest.approx(0.5 * step["rewards/judge/mean"])
