@@ -13,7 +13,8 @@ from training_run import events, logs, step_metrics, trained
 # Polite, on-topic answers against rude refusals: a difference a few steps can learn.
 PAIRS = [{"prompt": f"What is {i} plus {i}?", "chosen": f"{i} plus {i} is {2 * i}.",
           "rejected": "No. Go away, I will not answer that."} for i in range(24)]
-REWARD = {"hyperparameters": {"max_steps": 6, "eval_fraction": 0.25, "eval_steps": 6, "save_steps": 6}}
+REWARD = {"hyperparameters": {"max_steps": 6, "eval_fraction": 0.25, "eval_steps": 6, "save_steps": 6,
+                              "gradient_checkpointing": True}}
 PROMPTS = [{"prompt": f"What is {i} plus {i}?"} for i in range(2)]
 
 
@@ -54,3 +55,20 @@ def test_reward_training_reports_held_out_accuracy_and_scores_completions_for_gr
     trained(studio, grpo_id)
     step = step_metrics(studio, grpo_id)[0]
     assert step["rewards/judge/mean"] != 0 and step["reward"] == pytest.approx(0.5 * step["rewards/judge/mean"])
+
+
+def test_a_reward_model_of_every_weight_is_saved_whole_and_scores(studio):
+    whole = {"hyperparameters": {"max_steps": 2, "eval_fraction": 0.0, "gradient_checkpointing": True}, "lora": None}
+    job_id = studio.job(studio.dataset("pairs.jsonl", PAIRS[:4]), whole, method="reward")
+    trained(studio, job_id)
+    assert "(reward model: every weight)" in next(line for line in logs(studio, job_id) if line.startswith("Model "))
+    assert [m["step"] for m in step_metrics(studio, job_id)] == [1, 2]
+
+    import torch
+
+    from lanner.worker.training.reward_scoring import RewardModelScorer
+
+    scorer = RewardModelScorer(job_id, Settings(data_dir=studio.data_dir), torch.float32, 64)
+    assert type(scorer.model).__name__ == "LlamaForSequenceClassification"
+    scores = scorer([[{"role": "user", "content": "Hi"}]] * 9, [[{"role": "assistant", "content": "Hello"}]] * 9)
+    assert len(scores) == 9 and max(scores) - min(scores) < 1e-4  # two forward passes (8 + 1), one answer
