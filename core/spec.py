@@ -377,11 +377,11 @@ def quantized_base(spec: JobSpec) -> bool:
     return spec.method == "qlora" or (spec.grpo is not None and spec.grpo.load_in_4bit)
 
 
-def reward_model_refusal(job_id: int, what: str) -> str:
+def reward_model_refusal(job_id: int, reason: str) -> str:
     """Why a reward job's model is not exported or chatted with, in words."""
-    return (f"Job {job_id} trained a reward model, which scores a prompt and answer with one number and does not "
-            f"write text, so it has no {what}. Use it as a GRPO reward function (kind reward_model), or download "
-            "its adapter or model artifact (Hugging Face's AutoModelForSequenceClassification, num_labels=1).")
+    return (f"Job {job_id} trained a reward model, which scores a prompt and answer with one number and writes no "
+            f"text: {reason}. Use it as a GRPO reward function (kind reward_model), or download its adapter or model "
+            "artifact (Hugging Face's AutoModelForSequenceClassification, num_labels=1).")
 
 
 def stored_config(spec: JobSpec) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def training_job(session: Session, job_id: int) -> Job:
         raise UserError(409, f"Job {job_id} is an export; pick the training job it exported (job {job.parent_job_id}).",
                         code="not_a_training_job")
     if job.method in REWARD_MODEL_METHODS:
-        raise UserError(409, reward_model_refusal(job_id, "answers to chat with"), code="reward_model")
+        raise UserError(409, reward_model_refusal(job_id, "there is nothing to chat with"), code="reward_model")
     return job
 
 

@@ -161,7 +161,7 @@ def _check_reward_model(session: Session, job_id: int) -> None:
     job = session.get(Job, job_id)
     if job is None or job.kind != JobKind.train:
         raise field_error("grpo", f"reward_model: there is no training job {job_id}")
-    if job.method != "reward":
+    if job.method not in REWARD_MODEL_METHODS:
         raise field_error("grpo", f"reward_model: job {job_id} is a {job.method} job, not a reward model (method reward)")
     if job.status != JobStatus.succeeded:
         raise field_error("grpo", f"reward_model: job {job_id} is {job.status.value}; only a succeeded reward job "
@@ -276,9 +276,9 @@ def export(session: Session, redis: Redis, settings: Settings, user: User, job: 
     build that may fail: the adapter, the merged model and f16/bf16/q8_0 unchecked need none."""
     _require_training_job(job, "exported")
     if job.method in REWARD_MODEL_METHODS:
-        raise UserError(409, reward_model_refusal(job.id, "export: a merged model or GGUF file would be a language "
-                                                          "model without its score head, and the adapter export is "
-                                                          "made for vLLM's LoRA loader, which takes no score head"))
+        raise UserError(409, reward_model_refusal(job.id, "a merged model or GGUF file would be a language model "
+                                                          "without its score head, and the adapter export is made "
+                                                          "for vLLM's LoRA loader, which takes no score head"))
     if job.status != JobStatus.succeeded:
         raise UserError(409, f"Job {job.id} is {job.status.value}; only a finished training job is exported")
     trained = set(session.scalars(select(Artifact.kind).where(Artifact.job_id == job.id,

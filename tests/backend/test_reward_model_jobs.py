@@ -20,8 +20,10 @@ def grpo_with_reward_model(client, dataset_id: int, job_id: int):
 
 
 @pytest.fixture
-def reward_job(team, wakes):
-    """A reward job of alice's on preference pairs, queued, and a prompt dataset of bob's."""
+def reward_job(team_on_each_database, wakes):
+    """A reward job of alice's on preference pairs, queued, and a prompt dataset of bob's, on SQLite and
+    on PostgreSQL."""
+    team = team_on_each_database
     pairs = upload(team.alice, "pairs.jsonl", PREFERENCE_ROWS).json()["id"]
     job = submit(team.alice, pairs, method="reward", lora={"rank": 4})
     assert job.status_code == 201, job.text
@@ -53,7 +55,8 @@ def test_a_reward_job_trains_on_preference_pairs_with_or_without_lora(team, wake
     assert adapter["lora"]["rank"] == 4
 
 
-def test_a_grpo_reward_model_must_be_a_succeeded_reward_job(team, reward_job):
+def test_a_grpo_reward_model_must_be_a_succeeded_reward_job(team_on_each_database, reward_job):
+    team = team_on_each_database
     job, prompts = reward_job
     missing = grpo_with_reward_model(team.bob, prompts, 9999)
     assert field_errors(missing)[("grpo",)] == "reward_model: there is no training job 9999"
@@ -67,7 +70,9 @@ def test_a_grpo_reward_model_must_be_a_succeeded_reward_job(team, reward_job):
         f"reward_model: job {job['id']}'s trained model was deleted")
 
 
-def test_a_succeeded_reward_job_is_a_grpo_reward_of_anyone_and_is_never_exported_or_chatted_with(team, reward_job):
+def test_a_succeeded_reward_job_is_a_grpo_reward_of_anyone_and_is_never_exported_or_chatted_with(
+        team_on_each_database, reward_job):
+    team = team_on_each_database
     job, prompts = reward_job
     saved(team, job["id"])
     grpo = grpo_with_reward_model(team.bob, prompts, job["id"])  # bob's GRPO job, alice's reward model
@@ -81,7 +86,7 @@ def test_a_succeeded_reward_job_is_a_grpo_reward_of_anyone_and_is_never_exported
     assert exported.status_code == 409 and "trained a reward model" in exported.json()["detail"]
     assert "vLLM's LoRA loader, which takes no score head" in exported.json()["detail"]
     chat = team.alice.get(f"/api/playground/jobs/{job['id']}")
-    assert chat.status_code == 409 and "answers to chat with" in chat.json()["detail"]
+    assert chat.status_code == 409 and "there is nothing to chat with" in chat.json()["detail"]
     lora = submit(team.alice, upload(team.alice, "chat.jsonl", CHAT_ROWS).json()["id"]).json()["id"]
     set_status(team.api, lora, JobStatus.succeeded)
     assert [listed["job_id"] for listed in team.alice.get("/api/playground/jobs").json()] == [lora]
