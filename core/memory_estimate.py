@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lanner.core.spec import ADAPTER_METHODS, JobSpec, quantized_base, trains_adapter
+from lanner.core.spec import ADAPTER_METHODS, REWARD_MODEL_METHODS, JobSpec, quantized_base, trains_adapter
 
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64
@@ -142,18 +142,20 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
     if "hidden_size" in model:
         s = _shape(model)
         row = hp.max_seq_len if hp.packing or not longest_row else min(longest_row, hp.max_seq_len)
-        tokens = hp.batch_size * row
+        # A reward model's step scores both answers of each pair, and has a one-number head, no logits.
+        scorer = spec.method in REWARD_MODEL_METHODS
+        tokens = hp.batch_size * row * (2 if scorer else 1)
         # What a decoder layer keeps per token for its backward: its input and the norms' outputs, q/k/v,
         # the attention output, the post-attention input and norm, gate and up; plain PyTorch also keeps
         # the GLU's product for the down projection, which lanner.kernels' fused GLU recomputes.
-        kernels = hp.use_kernels and device_kind == "cuda"
+        kernels = hp.use_kernels and device_kind == "cuda" and not scorer  # they patch causal LMs only
         per_layer = (6 * s["hidden"] + 2 * s["kv"] + (2 if kernels else 3) * s["intermediate"]) * act_bytes * tokens
         layer_input = s["hidden"] * act_bytes * tokens
         if hp.gradient_checkpointing:
             activations = s["layers"] * layer_input + per_layer
         else:
             activations = s["layers"] * per_layer
-        if not kernels:
+        if not kernels and not scorer:
             logits = tokens * s["vocab"] * (CPU_LOGITS_BYTES if device_kind == "cpu" else 2 + 4 + 4 + 2)
         budget = None if hp.memory_budget_gib is None else int(float(hp.memory_budget_gib) * 2**30)
         if budget is None and device_free_bytes is not None and _memory_engine_on(spec, device_kind):

@@ -23,12 +23,15 @@ SPEC_VERSION = 2
 # model folder) were made when it was queued and belong to the machine that runs it.
 STORED = "stored"
 
-Method = Literal["lora", "qlora", "full", "pretrain", "dpo", "orpo", "kto", "grpo"]
+Method = Literal["lora", "qlora", "full", "pretrain", "dpo", "orpo", "kto", "grpo", "reward"]
 ADAPTER_METHODS = {"lora", "qlora"}
 # Reinforcement learning from reward functions: an adapter by default, as the preference methods.
 RL_METHODS = {"grpo"}
 PREFERENCE_METHODS = {"dpo", "orpo", "kto"}
 WHOLE_MODEL_METHODS = {"full", "pretrain"}
+# A reward model: the base with a one-number score head, trained on preference pairs (TRL's RewardTrainer);
+# an adapter (and the head) when the spec gives LoRA settings, every weight otherwise, as the preference methods.
+REWARD_MODEL_METHODS = {"reward"}
 # NaN and Infinity pass every bound check (comparisons with NaN are all false) and cannot be stored as JSON.
 SPEC_MODEL_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[A-Za-z0-9][\w.\-]{0,95}$")
@@ -36,7 +39,7 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[A-Za-z0-9][\w.\-]{0,95}$")
 # Learning rates that work for each method when the user gives none: adapters take large steps,
 # whole-model and preference tuning small ones.
 DEFAULT_LEARNING_RATE = {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5, "pretrain": 1e-4,
-                         "dpo": 5e-6, "orpo": 8e-6, "kto": 5e-6, "grpo": 1e-5}
+                         "dpo": 5e-6, "orpo": 8e-6, "kto": 5e-6, "grpo": 1e-5, "reward": 1e-5}
 # Times a job goes back to the queue after losing its worker (requeue_on_worker_loss) before it fails:
 # a job that takes its worker down every time must not loop.
 MAX_REQUEUES = 3
@@ -111,13 +114,17 @@ class PreferenceSettings(BaseModel):
     max_prompt_len: int | None = Field(default=None, ge=8, le=131_072)
 
 
-REWARD_KINDS = (*BUILTIN_KINDS, "python")
+# reward_model: a finished reward job's model scores each prompt and completion, in the training process.
+REWARD_KINDS = (*BUILTIN_KINDS, "python", "reward_model")
 # A user's reward function is source text stored in the job's spec.
 REWARD_SOURCE_LIMIT = 20_000
 # What each kind of reward function reads besides kind, name and weight; nothing else may be given.
 REWARD_FIELDS = {"exact_match": {"column"}, "numeric_match": {"column", "tolerance"}, "regex": {"pattern"},
-                 "length_penalty": {"max_chars"}, "json_schema": {"json_schema"}, "python": {"source"}}
-REWARD_REQUIRED = {"regex": "pattern", "length_penalty": "max_chars", "json_schema": "json_schema", "python": "source"}
+                 "length_penalty": {"max_chars"}, "json_schema": {"json_schema"}, "python": {"source"},
+                 "reward_model": {"job_id"}}
+REWARD_REQUIRED = {"regex": "pattern", "length_penalty": "max_chars", "json_schema": "json_schema", "python": "source",
+                   "reward_model": "job_id"}
+OPTIONAL_REWARD_FIELDS = sorted(set().union(*REWARD_FIELDS.values()))
 
 
 class RewardFunction(BaseModel):
@@ -140,11 +147,12 @@ class RewardFunction(BaseModel):
                                                                          "items, enum, additionalProperties")
     source: str | None = Field(default=None, min_length=1, max_length=REWARD_SOURCE_LIMIT,
                                description="python: defines reward(prompts, completions, **columns)")
+    job_id: int | None = Field(default=None, ge=1, le=2**31 - 1, strict=True,
+                               description="reward_model: a succeeded reward job whose model scores the completions")
 
     @model_validator(mode="after")
     def _fits_kind(self) -> "RewardFunction":
-        given = {name for name in ("column", "tolerance", "pattern", "max_chars", "json_schema", "source")
-                 if getattr(self, name) is not None}
+        given = {name for name in OPTIONAL_REWARD_FIELDS if getattr(self, name) is not None}
         if stray := given - REWARD_FIELDS[self.kind]:
             raise ValueError(f"{', '.join(sorted(stray))} does not apply to a {self.kind} reward function")
         if (required := REWARD_REQUIRED.get(self.kind)) and getattr(self, required) is None:
@@ -203,7 +211,8 @@ class JobSpec(BaseModel):
 
     method: Method = Field(json_schema_extra={"x-method-groups": {
         "adapter": sorted(ADAPTER_METHODS), "preference": sorted(PREFERENCE_METHODS),
-        "whole_model": sorted(WHOLE_MODEL_METHODS), "rl": sorted(RL_METHODS)}})
+        "whole_model": sorted(WHOLE_MODEL_METHODS), "rl": sorted(RL_METHODS),
+        "reward_model": sorted(REWARD_MODEL_METHODS)}})
     model: str = Field(min_length=1, max_length=1024,
                        description="builtin/SmolLM2-135M-Instruct, a hub id (org/name) or an absolute local path")
     dataset_id: int = Field(ge=1, le=2**31 - 1, strict=True)
@@ -211,7 +220,8 @@ class JobSpec(BaseModel):
     preset: Literal["quick", "balanced", "thorough"] | None = Field(
         default=None, description="Fills hyperparameters the spec leaves out", json_schema_extra={"x-presets": PRESETS})
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters, validate_default=True)
-    lora: LoraSettings | None = Field(default=None, validate_default=True, description="lora, qlora and preference methods; defaults for lora/qlora")
+    lora: LoraSettings | None = Field(default=None, validate_default=True,
+                                      description="lora, qlora, preference methods and reward; defaults for lora/qlora")
     preference: PreferenceSettings | None = Field(default=None, validate_default=True, description="dpo, orpo, kto only")
     grpo: GrpoSettings | None = Field(default=None, validate_default=True,
                                       description="grpo only (required): the reward functions and the sampling")
@@ -286,9 +296,9 @@ class JobSpec(BaseModel):
         method = info.data.get("method")
         if method is None:
             return value
-        if value.packing and (method in PREFERENCE_METHODS or method in RL_METHODS):
-            raise ValueError(f"packing does not apply to {method}: " + ("preference pairs are never packed"
-                             if method in PREFERENCE_METHODS else "prompts to answer are never packed"))
+        if value.packing and (method in PREFERENCE_METHODS | REWARD_MODEL_METHODS or method in RL_METHODS):
+            raise ValueError(f"packing does not apply to {method}: " + ("prompts to answer are never packed"
+                             if method in RL_METHODS else "preference pairs are never packed"))
         engine_options = [name for name in ("memory_budget_gib", "offload_checkpoints") if getattr(value, name)]
         if engine_options:
             names = " and ".join(engine_options)
@@ -365,6 +375,13 @@ def trains_adapter(spec: JobSpec) -> bool:
 def quantized_base(spec: JobSpec) -> bool:
     """Whether the adapter trains over a 4-bit NF4 base: qlora, and grpo with load_in_4bit."""
     return spec.method == "qlora" or (spec.grpo is not None and spec.grpo.load_in_4bit)
+
+
+def reward_model_refusal(job_id: int, reason: str) -> str:
+    """Why a reward job's model is not exported or chatted with, in words."""
+    return (f"Job {job_id} trained a reward model, which scores a prompt and answer with one number and writes no "
+            f"text: {reason}. Use it as a GRPO reward function (kind reward_model), or download its adapter or model "
+            "artifact (Hugging Face's AutoModelForSequenceClassification, num_labels=1).")
 
 
 def stored_config(spec: JobSpec) -> dict[str, Any]:

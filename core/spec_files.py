@@ -337,6 +337,8 @@ def import_llama_factory(data: dict[str, Any]) -> ParsedSpec:
             adapter = False
             mapper.notes.append("stage pt with LoRA: Lanner pretrains every weight; mapped to pretrain, without "
                                 "the LoRA settings")
+    elif stage == "rm":
+        mapper.spec["method"] = "reward"
     elif stage in ("dpo", "kto"):
         loss = mapper.take("pref_loss")
         mapper.spec["method"] = "orpo" if stage == "dpo" and loss == "orpo" else stage
@@ -344,7 +346,7 @@ def import_llama_factory(data: dict[str, Any]) -> ParsedSpec:
             mapper.used.discard("pref_loss")
     else:
         mapper.used.discard("stage")
-        mapper.notes.append(f"stage {stage}: not a Lanner method (sft, pt, dpo, kto); set method yourself")
+        mapper.notes.append(f"stage {stage}: not a Lanner method (sft, pt, rm, dpo, kto); set method yourself")
     if quantised and mapper.spec.get("method") != "qlora":
         mapper.used.discard("quantization_bit")
     mapper.put("model_name_or_path", "model")

@@ -32,6 +32,7 @@ METHODS = {
     "orpo": ("lanner.worker.training.orpo", ("preference",)),
     "kto": ("lanner.worker.training.kto", ("kto", "preference")),
     "grpo": ("lanner.worker.training.grpo", ("prompt",)),
+    "reward": ("lanner.worker.training.reward", ("preference",)),
 }
 
 log = logging.getLogger("lanner.train")

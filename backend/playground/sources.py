@@ -16,7 +16,7 @@ from lanner.core.errors import UserError
 from lanner.core.messages.chat import Side
 from lanner.core.models import Artifact, ArtifactKind, Job, JobKind, JobStatus
 from lanner.core.settings import Settings
-from lanner.core.spec import load_spec
+from lanner.core.spec import REWARD_MODEL_METHODS, load_spec, reward_model_refusal
 
 # On a CPU, q8_0 answers about twice as fast as f16 and its output is nearly the same (export checks
 # its KL against the trained model); f16 next; then whatever other type was exported.
@@ -36,6 +36,8 @@ def training_job(session: Session, job_id: int) -> Job:
     if job.kind != JobKind.train:
         raise UserError(409, f"Job {job_id} is an export; pick the training job it exported (job {job.parent_job_id}).",
                         code="not_a_training_job")
+    if job.method in REWARD_MODEL_METHODS:
+        raise UserError(409, reward_model_refusal(job_id, "there is nothing to chat with"), code="reward_model")
     return job
 
 

@@ -43,6 +43,7 @@ from lanner.core.messages.chat import AnswerError
 from lanner.core.models import Job, JobKind, JobStatus, User
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import Settings, get_settings
+from lanner.core.spec import REWARD_MODEL_METHODS
 
 router = APIRouter(tags=["playground"])
 LISTED_JOBS = 100
@@ -53,8 +54,9 @@ LISTED_JOBS = 100
 @router.get("/api/playground/jobs", response_model=list[PlaygroundJobOut])
 def playground_jobs(_: User = Depends(current_user), session: Session = Depends(get_db),
                     settings: Settings = Depends(get_settings)) -> list[dict[str, Any]]:
-    """The finished training jobs, newest first, each with the GGUF of both sides or why there is none."""
-    jobs = session.scalars(select(Job).where(Job.kind == JobKind.train, Job.status == JobStatus.succeeded)
+    """The finished training jobs but reward models, newest first, each with the GGUF of both sides or why there is none."""
+    jobs = session.scalars(select(Job).where(Job.kind == JobKind.train, Job.status == JobStatus.succeeded,
+                                             Job.method.not_in(REWARD_MODEL_METHODS))  # they write no text
                            .order_by(Job.id.desc()).limit(LISTED_JOBS))
     return [describe(session, settings, job) for job in jobs]
 

@@ -25,11 +25,12 @@ from lanner.core.export_spec import ExportSpec
 from lanner.core.messages.records import CancelRequested
 from lanner.core.messages.signals import cancel_key, request_cancel
 from lanner.core.model_catalog import estimate_job_memory
-from lanner.core.models import TRAINED_KINDS, Artifact, ArtifactKind, Dataset, Job, JobKind, JobStatus, Role, User
+from lanner.core.models import (TRAINED_KINDS, Artifact, ArtifactKind, Dataset, Job, JobKind, JobStatus, Role, User,
+                                trained_weights)
 from lanner.core.queue import order as queue_order
 from lanner.core.queue.claim import cancel_queued, enqueue, waiting_reason
 from lanner.core.settings import Settings
-from lanner.core.spec import JobSpec, load_spec, stored_config
+from lanner.core.spec import REWARD_MODEL_METHODS, JobSpec, load_spec, reward_model_refusal, stored_config
 from lanner.core.streams import job_stream
 from lanner.core.worker_registry import largest_machine, live_workers
 from lanner.inference.availability import require_llama_cpp
@@ -134,7 +135,7 @@ def _check_against_database(session: Session, spec: JobSpec, user: User) -> Data
     if dataset is None:
         raise field_error("dataset_id", f"no dataset {spec.dataset_id}")
     fmt = dataset.format or "unknown"
-    if spec.method in ("dpo", "orpo") and fmt not in PAIRED_PREFERENCE_FORMATS:
+    if spec.method in ("dpo", "orpo", "reward") and fmt not in PAIRED_PREFERENCE_FORMATS:
         raise field_error("dataset_id", f"{spec.method} needs a preference dataset (prompt, chosen, rejected); "
                                         f"dataset {dataset.id} is {fmt}")
     if spec.method == "kto" and fmt not in UNPAIRED_PREFERENCE_FORMATS:
@@ -145,9 +146,28 @@ def _check_against_database(session: Session, spec: JobSpec, user: User) -> Data
                                         f"and any reference columns); dataset {dataset.id} is {fmt}")
     if dataset.usable_rows <= 0:
         raise field_error("dataset_id", f"dataset {dataset.id} has no usable rows")
+    for function in spec.grpo.reward_functions if spec.grpo else ():
+        if function.kind == "reward_model":
+            _check_reward_model(session, function.job_id)
     if spec.priority > 0 and user.role != Role.admin:
         raise field_error("priority", "only admins may queue above priority 0")
     return dataset
+
+
+def _check_reward_model(session: Session, job_id: int) -> None:
+    """A GRPO reward function's reward model: a finished reward job with its trained model. Every signed-in
+    user may read every job and its artifacts, so any user's reward job may be named. Its tokenizer need
+    not be the policy's: it reads the prompt and completion as text, with its own tokenizer and template."""
+    job = session.get(Job, job_id)
+    if job is None or job.kind != JobKind.train:
+        raise field_error("grpo", f"reward_model: there is no training job {job_id}")
+    if job.method not in REWARD_MODEL_METHODS:
+        raise field_error("grpo", f"reward_model: job {job_id} is a {job.method} job, not a reward model (method reward)")
+    if job.status != JobStatus.succeeded:
+        raise field_error("grpo", f"reward_model: job {job_id} is {job.status.value}; only a succeeded reward job "
+                                  "scores completions")
+    if trained_weights(session, job_id) is None:
+        raise field_error("grpo", f"reward_model: job {job_id}'s trained model was deleted")
 
 
 def _check_against_machines(redis: Redis, spec: JobSpec) -> str | None:
@@ -255,6 +275,10 @@ def export(session: Session, redis: Redis, settings: Settings, user: User, job: 
     GGUF checks) is refused in words while it is being built, rather than queued to fail or wait on a
     build that may fail: the adapter, the merged model and f16/bf16/q8_0 unchecked need none."""
     _require_training_job(job, "exported")
+    if job.method in REWARD_MODEL_METHODS:
+        raise UserError(409, reward_model_refusal(job.id, "a merged model or GGUF file would be a language model "
+                                                          "without its score head, and the adapter export is made "
+                                                          "for vLLM's LoRA loader, which takes no score head"))
     if job.status != JobStatus.succeeded:
         raise UserError(409, f"Job {job.id} is {job.status.value}; only a finished training job is exported")
     trained = set(session.scalars(select(Artifact.kind).where(Artifact.job_id == job.id,

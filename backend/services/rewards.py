@@ -26,6 +26,9 @@ def _dataset_rows(session: Session, settings: Settings, dataset_id: int, count: 
 
 
 def try_rewards(session: Session, settings: Settings, test: RewardTest) -> RewardTestResult:
+    if models := [function.label for function in test.reward_functions if function.kind == "reward_model"]:
+        raise UserError(422, f"{', '.join(models)}: a trained reward model scores completions in the training "
+                             "process, on the job's device, not here; try the other functions without it")
     count = len(test.completions)
     rows = _dataset_rows(session, settings, test.dataset_id, count) if test.dataset_id else [{"prompt": ""}] * count
     prompts = [row["prompt"] for row in rows]

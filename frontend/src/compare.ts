@@ -5,7 +5,7 @@
 import type uPlot from 'uplot'
 import type { Job, MetricRow } from './types'
 
-export type CurveKey = 'loss' | 'eval_loss' | 'learning_rate' | 'reward' | 'kl'
+export type CurveKey = 'loss' | 'eval_loss' | 'learning_rate' | 'reward' | 'kl' | 'eval_accuracy'
 
 /**
  * uPlot columns for one metric of several runs: x is the union of their steps, each run one

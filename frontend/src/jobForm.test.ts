@@ -47,6 +47,9 @@ describe('validateJobForm', () => {
   it('applies the rules that tie fields to the method', () => {
     expect(validateJobForm(form({ 'hyperparameters.learning_rate': '0.01' }, { method: 'full' }))['hyperparameters.learning_rate']).toMatch(/at most 1e-3/)
     expect(validateJobForm(form({ 'hyperparameters.packing': 'true' }, { method: 'dpo' }))['hyperparameters.packing']).toMatch(/never packed/)
+    expect(validateJobForm(form({ 'hyperparameters.packing': 'true' }, { method: 'reward' }))['hyperparameters.packing']).toMatch(/never packed/)
+    expect(validateJobForm(form({}, { method: 'grpo', rewardFunctions: [{ kind: 'reward_model' }] }))['grpo.reward_functions'])
+      .toBe('Choose the reward job of each trained reward model.')
     expect(validateJobForm(form({ gpus: '0' }, { method: 'qlora' })).gpus).toMatch(/needs a GPU/)
     // LoRA fields do not count for a full fine-tune.
     expect(validateJobForm(form({ 'lora.rank': '' }, { method: 'full' }))).toEqual({})
@@ -101,6 +104,10 @@ describe('buildJobSpec', () => {
     expect('offload_checkpoints' in (dpo.hyperparameters as Record<string, unknown>)).toBe(false)
     expect(dpo.preference).toEqual({ beta: 0.1 })
     expect('lora' in dpo).toBe(false)
+
+    const reward = buildJobSpec(form({}, { method: 'reward' }))
+    expect(reward.lora).toEqual({ rank: 16, alpha: 32, dropout: 0 })
+    expect('preference' in reward || 'grpo' in reward).toBe(false)
   })
 })
 

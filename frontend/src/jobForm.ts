@@ -39,12 +39,18 @@ export interface FieldDef extends FieldText {
   initial: string
 }
 
-const METHOD_GROUPS = specExtension('method', 'x-method-groups') as Record<'adapter' | 'preference' | 'whole_model' | 'rl', Method[]>
+const METHOD_GROUPS = specExtension('method', 'x-method-groups') as Record<'adapter' | 'preference' | 'whole_model' | 'rl' | 'reward_model', Method[]>
 export const ADAPTER_METHODS: Method[] = METHOD_GROUPS.adapter
 /** Reinforcement learning from reward functions (GRPO): an adapter, as lora, with a grpo section. */
 export const RL_METHODS: Method[] = METHOD_GROUPS.rl
 export const PREFERENCE_METHODS: Method[] = METHOD_GROUPS.preference
 export const WHOLE_MODEL_METHODS: Method[] = METHOD_GROUPS.whole_model
+/** A reward model on preference pairs: trained here as a LoRA adapter with its score head. */
+export const REWARD_MODEL_METHODS: Method[] = METHOD_GROUPS.reward_model
+/** Methods that train on prompt / chosen / rejected pairs, never packed. */
+const PAIR_METHODS: Method[] = [...PREFERENCE_METHODS, ...REWARD_MODEL_METHODS]
+/** Methods the form trains as a LoRA adapter (the lora section). */
+const LORA_METHODS: Method[] = [...ADAPTER_METHODS, ...RL_METHODS, ...REWARD_MODEL_METHODS]
 
 export const METHODS: { value: Method; label: string; help: string }[] = [
   { value: 'lora', label: 'LoRA', help: 'Trains small adapter matrices; the base model stays frozen. Fast, light, the usual choice.' },
@@ -55,6 +61,7 @@ export const METHODS: { value: Method; label: string; help: string }[] = [
   { value: 'orpo', label: 'ORPO', help: 'Preference tuning without a reference model, on chosen / rejected pairs.' },
   { value: 'kto', label: 'KTO', help: 'Preference tuning on single answers labelled good or bad.' },
   { value: 'grpo', label: 'GRPO', help: 'Reinforcement learning: the model answers prompts, reward functions you choose or write score the answers.' },
+  { value: 'reward', label: 'Reward model', help: 'Learns to score answers from chosen / rejected pairs; a finished one can be a GRPO reward function.' },
 ]
 
 /** The API's learning rate when none is given. */
@@ -214,7 +221,7 @@ export function applyPreset(form: JobForm, preset: PresetName): JobForm {
 /** Whether a field applies to the chosen method. */
 export function fieldApplies(field: FieldDef, method: Method): boolean {
   if (field.methods) return field.methods.includes(method)
-  if (field.section === 'lora') return ADAPTER_METHODS.includes(method) || RL_METHODS.includes(method)
+  if (field.section === 'lora') return LORA_METHODS.includes(method)
   if (field.section === 'grpo') return RL_METHODS.includes(method)
   if (field.section === 'preference') return PREFERENCE_METHODS.includes(method)
   return true
@@ -251,7 +258,7 @@ export function validateJobForm(form: JobForm): Record<string, string> {
   const lr = form.values['hyperparameters.learning_rate']?.trim()
   if (!errors['hyperparameters.learning_rate'] && lr && WHOLE_MODEL_METHODS.includes(form.method) && Number(lr) > 1e-3)
     errors['hyperparameters.learning_rate'] = `${lr} would wreck a ${form.method} run: use at most 1e-3.`
-  if (form.values['hyperparameters.packing'] === 'true' && PREFERENCE_METHODS.includes(form.method))
+  if (form.values['hyperparameters.packing'] === 'true' && PAIR_METHODS.includes(form.method))
     errors['hyperparameters.packing'] = `Packing does not apply to ${form.method}: preference pairs are never packed.`
   const engineNeeds = form.values['hyperparameters.use_kernels'] !== 'true' ? 'Lanner kernels'
     : form.values['hyperparameters.gradient_checkpointing'] !== 'true' ? 'gradient checkpointing' : null
@@ -262,6 +269,8 @@ export function validateJobForm(form: JobForm): Record<string, string> {
   }
   if (RL_METHODS.includes(form.method)) {
     if (form.rewardFunctions.length === 0) errors['grpo.reward_functions'] = 'Add a reward function.'
+    else if (form.rewardFunctions.some((f) => f.kind === 'reward_model' && f.job_id == null))
+      errors['grpo.reward_functions'] = 'Choose the reward job of each trained reward model.'
     const group = Number(form.values['grpo.num_generations'])
     const batch = Number(form.values['hyperparameters.batch_size']) * Number(form.values['hyperparameters.gradient_accumulation'])
     if (!errors['grpo.num_generations'] && group > 0 && batch > 0 && batch % group !== 0)
@@ -307,7 +316,7 @@ export function buildJobSpec(form: JobForm): Record<string, unknown> {
     else spec[key!] = value
   }
   spec.hyperparameters = hyperparameters
-  if (ADAPTER_METHODS.includes(form.method) || RL_METHODS.includes(form.method)) spec.lora = lora
+  if (LORA_METHODS.includes(form.method)) spec.lora = lora
   if (PREFERENCE_METHODS.includes(form.method)) spec.preference = preference
   if (RL_METHODS.includes(form.method)) spec.grpo = { ...grpo, reward_functions: form.rewardFunctions }
   return spec

@@ -23,7 +23,7 @@ def grpo(dataset_id: int, *functions: dict, **settings) -> dict:
 
 @pytest.mark.parametrize("functions, settings, words", [
     ([{"kind": "bleu"}], {}, "Input should be 'exact_match', 'numeric_match', 'regex', 'length_penalty', "
-                             "'json_schema' or 'python'"),
+                             "'json_schema', 'python' or 'reward_model'"),
     ([{"kind": "regex", "pattern": "(unclosed"}], {}, "pattern '(unclosed' is not a regular expression"),
     ([{"kind": "python", "source": "x" * (REWARD_SOURCE_LIMIT + 1)}], {},
      f"String should have at most {REWARD_SOURCE_LIMIT} characters"),
@@ -31,6 +31,9 @@ def grpo(dataset_id: int, *functions: dict, **settings) -> dict:
     ([{"kind": "python", "source": "def reward(:"}], {}, "the code does not parse"),
     ([{"kind": "regex"}], {}, "a regex reward function needs pattern"),
     ([{"kind": "exact_match", "pattern": "x"}], {}, "pattern does not apply to a exact_match reward function"),
+    ([{"kind": "regex", "pattern": "x", "job_id": 3}], {}, "job_id does not apply to a regex reward function"),
+    ([{"kind": "reward_model"}], {}, "a reward_model reward function needs job_id"),
+    ([{"kind": "reward_model", "job_id": "3"}], {}, "Input should be a valid integer"),
     ([{"kind": "exact_match"}, {"kind": "exact_match"}], {}, "two reward functions are called exact_match"),
     ([], {}, "List should have at least 1 item"),
     ([{"kind": "exact_match"}], {"num_generations": 3}, "must be a multiple of num_generations (3)"),

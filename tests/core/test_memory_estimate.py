@@ -54,6 +54,9 @@ def test_parts_follow_the_config(smollm2_dir):
     assert all(value >= 0 for value in lora.values())
     assert lora["total_bytes"] == sum(v for k, v in lora.items() if k.endswith("_bytes") and k != "total_bytes")
     assert estimate_memory(unchecked_spec(**base), {"parameters": 1_000_000})["weights_bytes"] == 2_000_000
+    plain = estimate_memory(unchecked_spec(**base, use_kernels=False), shape)
+    reward = estimate_memory(unchecked_spec("reward", **base), shape)  # no kernels for a classifier
+    assert reward["logits_bytes"] == 0 and reward["activations_bytes"] == 2 * plain["activations_bytes"]
 
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, vocab_size=128256,

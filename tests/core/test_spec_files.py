@@ -280,6 +280,12 @@ def test_llama_factory_methods_that_do_not_map_are_said():
     assert full_pt.spec["method"] == "pretrain" and "quantization_bit" in full_pt.unmapped
 
 
+def test_llama_factory_reward_model_stage_is_a_reward_job():
+    parsed = parse("model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: rm\nfinetuning_type: lora\nlora_rank: 8\n")
+    assert (parsed.spec["method"], parsed.spec["lora"]) == ("reward", {"rank": 8})
+    assert validate(parsed)[1] == []
+
+
 def test_the_source_can_be_forced():
     text = textwrap.dedent("""\
         base_model: Qwen/Qwen2.5-0.5B

@@ -28,22 +28,28 @@ def text_of(value) -> str:
     return str(value)
 
 
-class SandboxRewards:
-    """The job's reward functions, scored together in one sandbox run per batch. TRL calls each
+class JobRewards:
+    """The job's reward functions, scored together once per batch: the built-ins and Python ones in one
+    sandbox run, each reward model (`scorers`, by reward job id) in this process. TRL calls each
     function in turn with the same completions list; the first call scores the batch for all."""
 
-    def __init__(self, functions: list[dict], columns: list[str], limits: SandboxLimits):
-        self.functions, self.columns, self.limits = functions, columns, limits
+    def __init__(self, functions: list[dict], columns: list[str], limits: SandboxLimits, scorers: dict):
+        self.functions, self.columns, self.limits, self.scorers = functions, columns, limits, scorers
         self.batch, self.rewards = None, None
 
     def scores(self, prompts: list, completions: list, row_values: dict) -> list[list[float | None]]:
         if self.batch is not completions:
+            sandboxed = [function for function in self.functions if function["kind"] != "reward_model"]
             texts = [text_of(completion) for completion in completions]
             columns = {name: row_values[name] for name in self.columns if name in row_values}
             try:
-                self.rewards = run_reward_functions(self.functions, prompts, texts, columns, self.limits)
+                sandbox_rewards = iter(run_reward_functions(sandboxed, prompts, texts, columns, self.limits)
+                                       if sandboxed else ())
             except RewardFunctionFailed as error:
                 raise JobFailed(error.details()) from None
+            self.rewards = [self.scorers[function["job_id"]](prompts, completions)
+                            if function["kind"] == "reward_model" else next(sandbox_rewards)
+                            for function in self.functions]
             self.batch = completions
         return self.rewards
 
@@ -53,7 +59,7 @@ class SandboxRewards:
 
 
 class _RewardColumn:
-    def __init__(self, rewards: SandboxRewards, index: int, name: str):
+    def __init__(self, rewards: JobRewards, index: int, name: str):
         self.rewards, self.index, self.__name__ = rewards, index, name
 
     def __call__(self, prompts, completions, **row_values):
@@ -104,6 +110,17 @@ class LannerGRPOTrainer(GRPOTrainer):
                 for i in range(count)]
 
 
+def reward_model_scorers(grpo, options: TrainingOptions) -> dict:
+    """The trained reward models the job's reward functions name, loaded on this process's device."""
+    from lanner.core.settings import get_settings
+    from lanner.worker.training.model import training_dtype
+    from lanner.worker.training.reward_scoring import RewardModelScorer
+
+    return {function.job_id: RewardModelScorer(function.job_id, get_settings(), training_dtype(options),
+                                               options.max_seq_length)
+            for function in grpo.reward_functions if function.kind == "reward_model"}
+
+
 def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, output_dir: str,
                   callbacks: list) -> GRPOTrainer:
     grpo = options.grpo
@@ -120,7 +137,8 @@ def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, 
                       reward_weights=[function.weight for function in grpo.reward_functions],
                       log_completions=False, use_vllm=False)
     columns = sorted({key for row in rows for key in row} - {"prompt"})
-    rewards = SandboxRewards(functions, columns, SandboxLimits(timeout_s=grpo.reward_timeout_s))
+    rewards = JobRewards(functions, columns, SandboxLimits(timeout_s=grpo.reward_timeout_s),
+                         reward_model_scorers(grpo, options))
     metrics = next(callback for callback in callbacks if isinstance(callback, MetricsCallback))
     return LannerGRPOTrainer(model=model, reward_funcs=rewards.callables(), args=args, train_dataset=train,
                              eval_dataset=evaluation, processing_class=tokenizer, callbacks=callbacks,

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from lanner.core.settings import Settings
 from lanner.core.default_model import DEFAULT_MODEL_ID, imported_model_dir
 from lanner.core.memory_estimate import default_budget_bytes
-from lanner.core.spec import ADAPTER_METHODS
+from lanner.core.spec import ADAPTER_METHODS, REWARD_MODEL_METHODS
 from lanner.worker.events import JobEvents
 from lanner.worker.training.options import TrainingOptions
 
@@ -49,7 +49,13 @@ def load_tokenizer(path: str, options: TrainingOptions):
 
 def load_model(path: str, options: TrainingOptions, events: JobEvents):
     """The model the job's method trains, on the kernels unless the job switched them off."""
-    if options.load_in_4bit:
+    if options.method in REWARD_MODEL_METHODS:
+        model = _load_scorer(path, options)
+        if options.lora:
+            model, how = _lora_scorer(model, options), "reward model: LoRA and the score head"
+        else:
+            model, how = _whole_model(model, options), "reward model: every weight"
+    elif options.load_in_4bit:
         model, how = _nf4_lora_model(path, options), "LoRA over a 4-bit NF4 base"
     elif options.lora:
         model, how = _lora_model(_load(path, options), options), "LoRA"
@@ -69,6 +75,34 @@ def load_model(path: str, options: TrainingOptions, events: JobEvents):
 def _load(path: str, options: TrainingOptions):
     # On the device before patching: the kernels check the device the weights are on.
     return AutoModelForCausalLM.from_pretrained(path, dtype=training_dtype(options)).to(device())
+
+
+def _load_scorer(path: str, options: TrainingOptions):
+    """The base with a score head of one output (a new linear layer over the last hidden state) in place
+    of its language-model head; the padding token tells it where each sequence ends."""
+    tokenizer = load_tokenizer(path, options)
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=training_dtype(options))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return model.to(device())
+
+
+def _lora_scorer(model, options: TrainingOptions):
+    """LoRA on the same projections as an adapter job, and the score head trained whole (PEFT's
+    sequence-classification task saves it with the adapter). lanner.kernels' get_lora_model makes
+    causal LMs only."""
+    from peft import LoraConfig, get_peft_model
+
+    from lanner.kernels import DEFAULT_TARGET_MODULES
+    from lanner.kernels.patching.families import family_of, family_target_modules
+
+    if options.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    targets = options.target_modules or DEFAULT_TARGET_MODULES
+    config = LoraConfig(r=options.lora_r, lora_alpha=options.lora_alpha, lora_dropout=options.lora_dropout,
+                        target_modules=family_target_modules(family_of(model), targets), task_type="SEQ_CLS",
+                        modules_to_save=["score"])
+    return get_peft_model(model, config)
 
 
 def _lora_model(model_or_path, options: TrainingOptions, **kwargs):

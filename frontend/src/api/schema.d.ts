@@ -273,7 +273,7 @@ export interface paths {
   "/api/playground/jobs": {
     /**
      * Playground Jobs
-     * @description The finished training jobs, newest first, each with the GGUF of both sides or why there is none.
+     * @description The finished training jobs but reward models, newest first, each with the GGUF of both sides or why there is none.
      */
     get: operations["playground_jobs_api_playground_jobs_get"];
   };
@@ -1074,7 +1074,7 @@ export interface components {
        * Method
        * @enum {string}
        */
-      method: "lora" | "qlora" | "full" | "pretrain" | "dpo" | "orpo" | "kto" | "grpo";
+      method: "lora" | "qlora" | "full" | "pretrain" | "dpo" | "orpo" | "kto" | "grpo" | "reward";
       /**
        * Model
        * @description builtin/SmolLM2-135M-Instruct, a hub id (org/name) or an absolute local path
@@ -1090,7 +1090,7 @@ export interface components {
        */
       preset?: ("quick" | "balanced" | "thorough") | null;
       hyperparameters?: components["schemas"]["Hyperparameters"];
-      /** @description lora, qlora and preference methods; defaults for lora/qlora */
+      /** @description lora, qlora, preference methods and reward; defaults for lora/qlora */
       lora?: components["schemas"]["LoraSettings"] | null;
       /** @description dpo, orpo, kto only */
       preference?: components["schemas"]["PreferenceSettings"] | null;
@@ -1240,7 +1240,7 @@ export interface components {
        * Method
        * @enum {string}
        */
-      method: "lora" | "qlora" | "full" | "pretrain" | "dpo" | "orpo" | "kto" | "grpo";
+      method: "lora" | "qlora" | "full" | "pretrain" | "dpo" | "orpo" | "kto" | "grpo" | "reward";
       /**
        * Model
        * @description builtin/SmolLM2-135M-Instruct, a hub id (org/name) or an absolute local path
@@ -1256,7 +1256,7 @@ export interface components {
        */
       preset?: ("quick" | "balanced" | "thorough") | null;
       hyperparameters?: components["schemas"]["Hyperparameters"];
-      /** @description lora, qlora and preference methods; defaults for lora/qlora */
+      /** @description lora, qlora, preference methods and reward; defaults for lora/qlora */
       lora?: components["schemas"]["LoraSettings"] | null;
       /** @description dpo, orpo, kto only */
       preference?: components["schemas"]["PreferenceSettings"] | null;
@@ -1696,7 +1696,7 @@ export interface components {
        * Kind
        * @enum {string}
        */
-      kind: "exact_match" | "numeric_match" | "regex" | "length_penalty" | "json_schema" | "python";
+      kind: "exact_match" | "numeric_match" | "regex" | "length_penalty" | "json_schema" | "python" | "reward_model";
       /**
        * Name
        * @description Its label on the charts; default: the kind
@@ -1740,6 +1740,11 @@ export interface components {
        * @description python: defines reward(prompts, completions, **columns)
        */
       source?: string | null;
+      /**
+       * Job Id
+       * @description reward_model: a succeeded reward job whose model scores the completions
+       */
+      job_id?: number | null;
     };
     /**
      * RewardTest
@@ -4845,7 +4850,7 @@ export interface operations {
   };
   /**
    * Playground Jobs
-   * @description The finished training jobs, newest first, each with the GGUF of both sides or why there is none.
+   * @description The finished training jobs but reward models, newest first, each with the GGUF of both sides or why there is none.
    */
   playground_jobs_api_playground_jobs_get: {
     responses: {

@@ -1,7 +1,8 @@
 import { useState } from 'react'
 import { postJson } from '../api'
 import { formatFloat } from '../format'
-import type { RewardFunction, RewardTestResult } from '../types'
+import type { JobPage, RewardFunction, RewardTestResult } from '../types'
+import { useResource } from '../useResource'
 import { errorText, Field } from './Field'
 
 type Kind = RewardFunction['kind']
@@ -13,6 +14,7 @@ const KINDS: { value: Kind; label: string; help: string }[] = [
   { value: 'length_penalty', label: 'Length penalty', help: '0 up to the length, down to -1 at twice it.' },
   { value: 'json_schema', label: 'JSON schema', help: '1 for JSON that fits the schema, 0.5 for other JSON, 0 otherwise.' },
   { value: 'python', label: 'Python', help: 'Your reward(prompts, completions, **columns): one number per completion. Runs in a sandbox.' },
+  { value: 'reward_model', label: 'A trained reward model', help: 'A succeeded reward job’s model scores each prompt and completion, on the training device.' },
 ]
 const STARTERS: Record<Kind, RewardFunction> = {
   exact_match: { kind: 'exact_match', column: 'answer' },
@@ -21,6 +23,7 @@ const STARTERS: Record<Kind, RewardFunction> = {
   length_penalty: { kind: 'length_penalty', max_chars: 800 },
   json_schema: { kind: 'json_schema', json_schema: { type: 'object' } },
   python: { kind: 'python', source: 'def reward(prompts, completions, answer, **columns):\n    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]\n' },
+  reward_model: { kind: 'reward_model' },
 }
 /** Completions to test are written one after another, a line of three dashes apart. */
 const SEPARATOR = /\n-{3,}\n/
@@ -37,6 +40,10 @@ export function RewardFunctionsEditor({ functions, onChange, datasetId, error }:
   const [testError, setTestError] = useState<string | null>(null)
   const [testing, setTesting] = useState(false)
   const [schemaTexts, setSchemaTexts] = useState<Record<number, string>>({})
+  const usesRewardModel = functions.some((f) => f.kind === 'reward_model')
+  const rewardJobs = useResource<JobPage>(usesRewardModel ? '/api/jobs?method=reward&status=succeeded&limit=100' : null)
+  // A reward model scores in the training process only: the test runs the other functions.
+  const tried = functions.filter((f) => f.kind !== 'reward_model')
 
   function change(index: number, patch: Partial<RewardFunction>) {
     onChange(functions.map((f, i) => (i === index ? { ...f, ...patch } : f)))
@@ -48,7 +55,7 @@ export function RewardFunctionsEditor({ functions, onChange, datasetId, error }:
     try {
       const completions = samples.split(SEPARATOR).map((s) => s.trim()).filter(Boolean)
       setResult(await postJson<RewardTestResult>('/api/rewards/test', {
-        reward_functions: functions, completions, ...(datasetId ? { dataset_id: Number(datasetId) } : {}),
+        reward_functions: tried, completions, ...(datasetId ? { dataset_id: Number(datasetId) } : {}),
       }))
     } catch (err) {
       setResult(null)
@@ -59,6 +66,7 @@ export function RewardFunctionsEditor({ functions, onChange, datasetId, error }:
   }
 
   const labels = functions.map((f) => f.name || f.kind)
+  const triedLabels = tried.map((f) => f.name || f.kind)
   return (
     <div className="reward-functions" data-testid="reward-functions">
       <h3>Reward functions</h3>
@@ -87,6 +95,15 @@ export function RewardFunctionsEditor({ functions, onChange, datasetId, error }:
             {f.kind === 'regex' && (
               <Field label="Pattern" help="A Python regular expression; dot matches newlines.">
                 <input type="text" className="mono" value={f.pattern ?? ''} onChange={(e) => change(index, { pattern: e.target.value })} />
+              </Field>
+            )}
+            {f.kind === 'reward_model' && (
+              <Field label="Reward job" help="A succeeded reward job (method Reward model); its scores are added with this weight.">
+                <select aria-label={`Reward job of reward ${index + 1}`} value={f.job_id ?? ''}
+                  onChange={(e) => change(index, { job_id: e.target.value ? Number(e.target.value) : null })}>
+                  <option value="">{rewardJobs.data?.items.length === 0 ? 'No succeeded reward job yet' : 'Choose a reward job'}</option>
+                  {rewardJobs.data?.items.map((job) => <option key={job.id} value={job.id}>#{job.id} {job.name}</option>)}
+                </select>
               </Field>
             )}
             {f.kind === 'length_penalty' && (
@@ -121,9 +138,10 @@ export function RewardFunctionsEditor({ functions, onChange, datasetId, error }:
         <textarea className="mono" rows={4} aria-label="Sample completions" value={samples} onChange={(e) => setSamples(e.target.value)} />
       </Field>
       <div className="form__actions">
-        <button type="button" className="button" disabled={testing || functions.length === 0} onClick={() => void test()}>
+        <button type="button" className="button" disabled={testing || tried.length === 0} onClick={() => void test()}>
           {testing ? 'Testing…' : 'Test rewards'}
         </button>
+        {usesRewardModel && <span className="muted small">Reward models are not tried here: they score in the training process.</span>}
         {result && !result.network_isolated && <span className="muted small">This server cannot cut the sandbox off the network; only Python’s guards refuse it.</span>}
       </div>
       {testError && <p className="error-text" role="alert">{testError}</p>}
@@ -135,13 +153,13 @@ export function RewardFunctionsEditor({ functions, onChange, datasetId, error }:
       )}
       {result && !result.failure && (
         <table className="table" data-testid="reward-test-rows">
-          <thead><tr><th>Prompt</th><th>Completion</th>{labels.map((l) => <th key={l}>{l}</th>)}<th>Total</th></tr></thead>
+          <thead><tr><th>Prompt</th><th>Completion</th>{triedLabels.map((l) => <th key={l}>{l}</th>)}<th>Total</th></tr></thead>
           <tbody>
             {result.rows.map((row, i) => (
               <tr key={i}>
                 <td className="pre-wrap">{row.prompt}</td>
                 <td className="pre-wrap mono">{row.completion}</td>
-                {labels.map((l) => <td key={l} className="mono">{row.rewards[l] == null ? '—' : formatFloat(row.rewards[l]!)}</td>)}
+                {triedLabels.map((l) => <td key={l} className="mono">{row.rewards[l] == null ? '—' : formatFloat(row.rewards[l]!)}</td>)}
                 <td className="mono">{row.total == null ? '—' : formatFloat(row.total)}</td>
               </tr>
             ))}

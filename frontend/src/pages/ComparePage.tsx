@@ -22,8 +22,10 @@ const CURVES: { key: CurveKey; title: string; testId: string }[] = [
   // GRPO runs: drawn when a run logged them
   { key: 'reward', title: 'Reward (GRPO)', testId: 'compare-reward' },
   { key: 'kl', title: 'KL to the reference', testId: 'compare-kl' },
+  // Reward models: the share of held-out pairs scored the right way round
+  { key: 'eval_accuracy', title: 'Held-out accuracy (reward model)', testId: 'compare-eval-accuracy' },
 ]
-const SPARSE: CurveKey[] = ['eval_loss', 'reward', 'kl']
+const SPARSE: CurveKey[] = ['eval_loss', 'reward', 'kl', 'eval_accuracy']
 
 interface Run {
   job: Job

@@ -9,6 +9,7 @@ import { EvaluationSection } from '../components/EvaluationSection'
 import { ExportOutcomeTable } from '../components/ExportOutcomeTable'
 import { ExportPanel, fetchExports, savedWeights } from '../components/ExportPanel'
 import { GrpoPanel } from '../components/GrpoPanel'
+import { RewardModelPanel } from '../components/RewardModelPanel'
 import { ErrorNotice, errorText } from '../components/Field'
 import { JobStatusBadge, ProgressBar } from '../components/JobStatusBadge'
 import { LiveChart } from '../components/LiveChart'
@@ -215,6 +216,7 @@ export function JobPage() {
         <LiveChart title={`${deviceKind === 'cpu' ? 'Memory' : 'GPU memory'}${memTotal ? ` (of ${(memTotal / 1024 ** 3).toFixed(1)} GiB)` : ''}`} testId="chart-mem" data={memData} series={MEM} xLabel="time" xFormat={clock} yFormat={(v) => `${v.toFixed(2)} GiB`} syncKey={`job-${id}`} xDomain={xDomain} yDomain={[0, 1]} />
       </div>
       {job?.method === 'grpo' && <GrpoPanel metrics={m} completions={live.completions} jobId={id} xDomain={xDomain} />}
+      {job?.method === 'reward' && <RewardModelPanel metrics={m} jobId={id} xDomain={xDomain} />}
       <div className="grid grid--two">
         <section className="panel" aria-labelledby="log-heading">
           <header className="panel__header">
