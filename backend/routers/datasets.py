@@ -97,7 +97,8 @@ def list_datasets(owner_id: QueryId = None, mine: bool = False, offset: Offset =
         query = query.where(Dataset.owner_id == owner_id)
     total = session.scalar(select(func.count()).select_from(query.subquery()))
     items = list(session.scalars(query.order_by(Dataset.id.desc()).offset(offset).limit(limit)))
-    datasets.refresh_token_stats(session, settings, items)
+    if datasets.refresh_token_stats(session, settings, items):
+        session.commit()
     return DatasetPage(items=items, total=total, offset=offset, limit=limit)
 
 
@@ -105,7 +106,8 @@ def list_datasets(owner_id: QueryId = None, mine: bool = False, offset: Offset =
 def get_dataset(dataset_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db),
                 settings: Settings = Depends(get_settings)) -> Dataset:
     dataset = datasets.get_dataset(session, dataset_id)
-    datasets.refresh_token_stats(session, settings, [dataset])
+    if datasets.refresh_token_stats(session, settings, [dataset]):
+        session.commit()
     return dataset
 
 

@@ -73,10 +73,11 @@ def upload_token_stats(path: Path, model: str | None, settings: Settings) -> dic
     return {"token_stats": {"model": chosen, "task": task_of(fmt), **stats}}
 
 
-def refresh_token_stats(session: Session, settings: Settings, datasets: list[Dataset]) -> None:
+def refresh_token_stats(session: Session, settings: Settings, datasets: list[Dataset]) -> bool:
     """Measures, and stores, the token statistics of the datasets uploaded while their model's
     tokenizer was missing (the built-in model still being imported, a model not downloaded yet), once
-    it is on this machine."""
+    it is on this machine. Returns whether any changed; the caller commits (a job's creation with the
+    job, so a refused job or sweep leaves nothing half-stored)."""
     changed = False
     for dataset in datasets:
         waiting = (dataset.report or {}).get("token_stats_waiting_for")
@@ -91,8 +92,7 @@ def refresh_token_stats(session: Session, settings: Settings, datasets: list[Dat
                   if key not in ("token_stats", "token_stats_error", "token_stats_waiting_for")}
         dataset.report = {**report, **upload_token_stats(path, waiting, settings)}
         changed = True
-    if changed:
-        session.commit()
+    return changed
 
 
 def store_upload(session: Session, settings: Settings, user: User, received: Path, filename: str, name: str | None,
