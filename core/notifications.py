@@ -49,11 +49,12 @@ def test_payload() -> dict[str, Any]:
 
 def job_payload(job: Job, event: str) -> dict[str, Any]:
     """The body of a job's notification: what happened, to which job, and where to look."""
-    base = get_settings().public_url
+    settings = get_settings()
     return {"event": event, "occurred_at": _now().isoformat(),
             "job": {"id": job.id, "name": job.name, "kind": job.kind.value, "method": job.method,
                     "status": job.status.value, "error": job.error},
-            "links": {"job": f"{base}/jobs/{job.id}", "artifacts": f"{base}/api/jobs/{job.id}/artifacts"}}
+            "links": {"job": settings.job_page_url(job.id),
+                      "artifacts": f"{settings.public_url}/api/jobs/{job.id}/artifacts"}}
 
 
 def new_delivery(user_id: int, webhook_id: int | None, job_id: int | None, event: str,

@@ -67,6 +67,10 @@ class Settings(BaseSettings):
         self.public_url = (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
         return self
 
+    def job_page_url(self, job_id: int) -> str:
+        """The job's page in the web UI, in links written outside it (trackers, notifications)."""
+        return f"{self.public_url}/jobs/{job_id}"
+
     @property
     def models_dir(self) -> Path:
         return self.data_dir / "models"

@@ -142,7 +142,7 @@ class TrainProcess(JobProcess):
         if self.trackers is None:
             return
         studio = self.settings.public_url
-        links = {"job_url": f"{studio}/jobs/{self.job_id}"}
+        links = {"job_url": self.settings.job_page_url(self.job_id)}
         with self.sessions() as session:
             for artifact in session.scalars(select(Artifact).where(Artifact.job_id == self.job_id)
                                             .order_by(Artifact.id)):
