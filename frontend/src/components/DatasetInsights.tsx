@@ -147,8 +147,10 @@ export function PreviewView({ preview, onPage }: { preview: DatasetPreview; onPa
   const shown = new Set(preview.rows.map((seq) => seq.line)).size
   const first = preview.offset + 1
   const last = preview.offset + shown
-  const [start, setStart] = useState(String(first))
-  useEffect(() => setStart(String(first)), [first])
+  // What was typed belongs to the page it was typed on; a new page starts from its own first row.
+  const [typed, setTyped] = useState<{ offset: number; value: string } | null>(null)
+  const start = typed !== null && typed.offset === preview.offset ? typed.value : String(first)
+  const setStart = (value: string) => setTyped({ offset: preview.offset, value })
   const wanted = Math.trunc(Number(start))
   const valid = Number.isFinite(wanted) && wanted >= 1 && wanted <= preview.total
   return (
