@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from pathlib import Path
 
 from lanner.core.settings import get_settings
@@ -69,9 +70,12 @@ def main(argv: list[str] | None = None) -> None:
 
         settings.ensure_dirs()
         db.migrate(settings.database_url)
-        start_builtin_import(settings)  # goes on in the background while the API answers
-        os.execv(sys.executable, [sys.executable, "-m", "uvicorn", "lanner.backend.app:create_app", "--factory",
-                                  "--host", settings.host, "--port", str(settings.port)])
+        importer = start_builtin_import(settings)  # goes on in the background while the API answers
+        if importer is not None:  # uvicorn reaps no children of its own: a thread waits for this one
+            threading.Thread(target=importer.wait, name="builtin-import-reaper", daemon=True).start()
+        import uvicorn
+
+        uvicorn.run("lanner.backend.app:create_app", factory=True, host=settings.host, port=settings.port)
     elif args.command == "worker":
         from lanner.cli.stack import worker_command
 

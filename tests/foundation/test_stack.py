@@ -88,6 +88,27 @@ def test_up_imports_the_builtin_model_in_the_background(stack):
     assert "The built-in model is imported." in "".join(stack.output)
 
 
+def test_the_api_alone_reaps_its_builtin_import_child(tmp_path):
+    api = subprocess.Popen([LANNER_BIN, "api"], env=stack_env(tmp_path, f"redis://127.0.0.1:{free_port()}/0"),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        importers = []
+        while not importers and time.monotonic() < deadline:
+            importers = [c for c in psutil.Process(api.pid).children()
+                         if "import-default-model" in " ".join(c.cmdline())]
+            time.sleep(0.2)
+        assert importers, "lanner api started no import of the built-in model"
+        importers[0].kill()  # ends at once, as a finished import would: the API must reap it
+        deadline = time.monotonic() + 10
+        while psutil.pid_exists(importers[0].pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not psutil.pid_exists(importers[0].pid), "the import child is left a zombie of the API process"
+    finally:
+        api.terminate()
+        api.wait(20)
+
+
 def test_up_starts_a_local_redis_and_stops_it(stack):
     port = int(stack.env["LANNER_REDIS_URL"].rsplit(":", 1)[1].split("/")[0])
     assert "starting a local redis-server" in "".join(stack.output)
