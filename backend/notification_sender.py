@@ -111,8 +111,8 @@ def email_message(delivery: NotificationDelivery, to: str, sender: str) -> Email
     message["Subject"] = f"Lanner: job {job['name']} (#{job['id']}) {what}"
     message["From"], message["To"] = sender, to
     lines = [f"Your job {job['name']} (#{job['id']}, {job['method']}) {what}: its status is {job['status']}."]
-    if job.get("error"):
-        lines += ["", job["error"]]
+    if delivery.payload.get("reason") or job.get("error"):
+        lines += ["", delivery.payload.get("reason") or job["error"]]
     lines += ["", f"The job: {links['job']}", f"Its files: {links['artifacts']}"]
     message.set_content("\n".join(lines) + "\n")
     return message

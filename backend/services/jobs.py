@@ -28,7 +28,8 @@ from lanner.core.model_catalog import estimate_job_memory
 from lanner.core.models import (TRAINED_KINDS, Artifact, ArtifactKind, Dataset, Job, JobKind, JobStatus, Role, User,
                                 trained_weights)
 from lanner.core.queue import order as queue_order
-from lanner.core.queue.claim import cancel_queued, enqueue, waiting_reason
+from lanner.core.queue.claim import cancel_queued, enqueue
+from lanner.core.queue.waiting import waiting_reason
 from lanner.core.settings import Settings
 from lanner.core.spec import REWARD_MODEL_METHODS, JobSpec, load_spec, reward_model_refusal, stored_config
 from lanner.core.streams import job_stream
