@@ -25,10 +25,10 @@ def tracker_options(_: User = Depends(current_user), settings: Settings = Depend
                       detail=f"Runs in the experiment {settings.mlflow_experiment!r} at {mlflow}" if mlflow
                       else MLFLOW_NOT_SET_UP),
         TrackerOption(name="tensorboard", label="TensorBoard", available=True,
-                      detail="Event files in the job's folder, downloadable from its page"),
+                      detail="Event files in the job's folder, one of its artifacts once it ends"),
         TrackerOption(name="wandb", label="Weights & Biases", available=True,
-                      detail=f"An offline run (project {settings.wandb_project!r}) in the job's folder, downloadable "
-                             "from its page; `wandb sync` uploads it"),
+                      detail=f"An offline run (project {settings.wandb_project!r}) in the job's folder, one of its "
+                             "artifacts once it ends; `wandb sync` uploads it"),
     ]
 
 
