@@ -14,6 +14,7 @@ from redis import Redis
 from sqlalchemy import and_, exists, func, or_, select
 from sqlalchemy.orm import Session
 
+from lanner.core.messages.device import WorkerRecord
 from lanner.core.models import Job, JobStatus, NotificationDelivery
 from lanner.core.notifications import JobEvent, notify_job
 from lanner.core.worker_registry import live_workers
@@ -57,16 +58,13 @@ def _ahead(session: Session, job: Job) -> int:
                                                     and_(Job.queue_order == job.queue_order, Job.id < job.id))))))
 
 
-def why_it_waits(session: Session, redis: Redis, job: Job) -> str | None:
+def why_it_waits(session: Session, job: Job, workers: list[WorkerRecord] | None) -> str | None:
     """Why a job being queued (flushed, not yet committed) cannot start at once, or None. Its own reason
-    (more GPUs than any machine has) first; else the queue's, from the live workers (unknown when
-    Redis does not answer: then nothing is said)."""
+    (more GPUs than any machine has) first; else the queue's, from the live workers (None: unknown, as
+    when Redis does not answer; then nothing is said)."""
     if job.error and job.error.startswith(WAITING_PREFIX):
         return job.error
-    try:
-        workers = live_workers(redis)
-    except Exception:
-        log.warning("could not read the live workers to tell whether job %s waits", job.id, exc_info=True)
+    if workers is None:
         return None
     return queue_reason(_ahead(session, job), len(workers), sum(1 for record in workers if record.reserved_by))
 
@@ -87,7 +85,12 @@ def note_queued_waits(session: Session, redis: Redis, jobs: list[Job]) -> dict[i
     """For jobs being queued (flushed, not committed): notifies the owners of those that wait, once per
     job and once per sweep (its first waiting run stands for the others, its reason saying how many
     wait). Returns {job id: reason} of the notified jobs, for the queue's `added` events."""
-    reasons = {job.id: reason for job in jobs if (reason := why_it_waits(session, redis, job))}
+    try:
+        workers = live_workers(redis)
+    except Exception:
+        log.warning("could not read the live workers to tell whether new jobs wait", exc_info=True)
+        workers = None
+    reasons = {job.id: reason for job in jobs if (reason := why_it_waits(session, job, workers))}
     notified: dict[int, str] = {}
     sweeps: set[int] = set()
     for job in jobs:
