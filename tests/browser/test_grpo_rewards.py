@@ -38,10 +38,12 @@ def test_write_a_reward_function_test_it_and_watch_the_reward_chart(stack, page)
     page.get_by_label("Max sequence length").fill("64")
     page.get_by_label("Group size").fill("2")
     page.get_by_label("Max completion length").fill("8")
+    page.get_by_label("KL coefficient").fill("0")  # no reference forward
     page.get_by_text("Advanced").click()
     page.get_by_label("Gradient accumulation").fill("1")
     page.get_by_label("Before/after evaluation").uncheck()
     page.get_by_label("Evaluation share").fill("0")
+    page.get_by_label("Gradient checkpointing").uncheck()  # nothing to save at 64 tokens: no recompute
 
     page.get_by_label("Kind of reward 1").select_option("python")
     page.get_by_label("Code of reward 1").fill(SOURCE)
