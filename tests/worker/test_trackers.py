@@ -168,7 +168,7 @@ def test_a_slow_mlflow_server_never_holds_a_step(mlflow_server, tmp_path, monkey
         began = time.monotonic()
         for step in range(1, 31):
             slow.log_metrics(step, {"loss": 1.0 / step})
-        assert time.monotonic() - began < 0.3
+        assert time.monotonic() - began < 2  # synchronous: 12 s
         assert slow.finish("finished", {"job_url": f"{STUDIO}/jobs/1"}) is None  # all steps went, a few a request
         history = mlflow_server.api(f"metrics/get-history?run_id={slow.run_id}&metric_key=loss")["metrics"]
         assert sorted(point["step"] for point in history) == list(range(1, 31))
@@ -182,11 +182,11 @@ def test_a_slow_mlflow_server_never_holds_a_step(mlflow_server, tmp_path, monkey
         proxy.delay = 3.0
         for step in range(1, 21):
             stuck.log_metrics(step, {"loss": 1.0})
-        assert 10 <= stuck.dropped <= 15  # the thread took one or a few before its request hung
+        assert stuck.steps.qsize() == 5 and stuck.dropped >= 1  # the thread's first request hangs meanwhile
         began = time.monotonic()
         with pytest.raises(RuntimeError, match=r"took more than 1 s to take the last \d+ steps"):
             stuck.finish("finished", {})
-        assert time.monotonic() - began < 2
+        assert time.monotonic() - began < 5  # waiting for the queued steps: 3 s a request
     finally:
         proxy.shutdown()
 
