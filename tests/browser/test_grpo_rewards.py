@@ -72,3 +72,5 @@ def test_write_a_reward_function_test_it_and_watch_the_reward_chart(stack, page)
     expect(page.get_by_test_id("grpo-completions")).to_be_visible()
     wait_until(lambda: reward_points() >= 2, 120, "both steps' rewards on the chart")
     shot(page, "grpo-rewards-charted", full_page=True)
+    # Ended before the next module's jobs use the stack's one worker.
+    wait_until(lambda: page.context.request.get(job_url).json()["status"] == "succeeded", 120, "the run's end")
