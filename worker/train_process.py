@@ -18,6 +18,7 @@ from sqlalchemy import select
 from lanner.core.messages.records import CheckpointSaved, DatasetChecked
 from lanner.core.models import Artifact, ArtifactKind, Dataset, Job
 from lanner.core.spec import load_spec
+from lanner.core.trackers import FOLDERS, trackers_dir
 from lanner.worker.distributed.ranks import is_main_process, world_size
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 
@@ -150,6 +151,27 @@ class TrainProcess(JobProcess):
                 links[f"artifact.{artifact.name}"] = (f"{studio}/api/artifacts/{artifact.id}/download"
                                                       + ("?archive=tar" if folder else ""))
         self.trackers.finish(outcome, links)
+        try:
+            self.record_tracker_files()
+        except Exception as error:  # a tracker never fails the job
+            self.events.log(f"The trackers' files could not be recorded as artifacts: {error}", level="warning")
+
+    def record_tracker_files(self) -> None:
+        """The folders TensorBoard and W&B wrote become the job's artifacts (kinds tensorboard, wandb),
+        downloaded as any folder artifact; a requeued job's row is updated, not doubled."""
+        folder = trackers_dir(artifacts_dir(self.settings.data_dir, self.job_id))
+        for tracker, name in FOLDERS.items():
+            files = folder / name
+            if not files.is_dir() or not is_main_process():
+                continue
+            with self.sessions() as session:
+                kept = session.scalar(select(Artifact).where(Artifact.job_id == self.job_id,
+                                                             Artifact.kind == ArtifactKind(tracker)))
+                if kept is not None:
+                    kept.size_bytes = _dir_size(files)
+                    session.commit()
+                    continue
+            self.add_artifact(ArtifactKind(tracker), name, files)
 
     def train_and_save(self, job: Job, options, trainer_module: str, rows: list[dict]) -> int:
         from lanner.worker.training.callbacks import CancelCallback

@@ -28,7 +28,8 @@ from lanner.core.model_catalog import estimate_job_memory
 from lanner.core.models import (TRAINED_KINDS, Artifact, ArtifactKind, Dataset, Job, JobKind, JobStatus, Role, User,
                                 trained_weights)
 from lanner.core.queue import order as queue_order
-from lanner.core.queue.claim import cancel_queued, enqueue, waiting_reason
+from lanner.core.queue.claim import cancel_queued, enqueue
+from lanner.core.queue.waiting import waiting_reason
 from lanner.core.settings import Settings
 from lanner.core.spec import REWARD_MODEL_METHODS, JobSpec, load_spec, reward_model_refusal, stored_config
 from lanner.core.streams import job_stream
@@ -103,12 +104,27 @@ def longest_row(dataset: Dataset | None, model: str) -> int | None:
     return stats.get("max") if stats.get("model") == model else None
 
 
-def memory_estimate(spec: JobSpec, settings: Settings, redis: Redis,
+def reward_model_bases(session: Session, spec: JobSpec) -> list[str]:
+    """The base models of the reward jobs a GRPO spec's reward functions name (those that exist and
+    read back: the create route refuses the others in words)."""
+    bases = []
+    for function in spec.grpo.reward_functions if spec.grpo else ():
+        job = session.get(Job, function.job_id) if function.kind == "reward_model" else None
+        if job is not None and job.kind == JobKind.train:
+            try:
+                bases.append(load_spec(job.config).model)
+            except UserError:
+                continue
+    return bases
+
+
+def memory_estimate(spec: JobSpec, settings: Settings, redis: Redis, session: Session,
                     dataset: Dataset | None = None) -> dict[str, int] | None:
-    """The device memory the spec needs on its dataset, by part; None when it cannot be told."""
+    """The device memory the spec needs on its dataset (with the reward models it loads), by part; None
+    when it cannot be told."""
     try:
         return estimate_job_memory(spec, settings.models_dir, largest_gpu_bytes(redis) if spec.gpus else None,
-                                   longest_row(dataset, spec.model))
+                                   longest_row(dataset, spec.model), reward_model_bases(session, spec))
     except Exception:  # an estimate is advice (e.g. a local config.json of an odd shape): never a failure
         log.warning("no memory estimate for %s", spec.model, exc_info=True)
         return None
@@ -206,7 +222,7 @@ def training_job(session: Session, redis: Redis, settings: Settings, user: User,
     dataset = _check_against_database(session, spec, user)
     waiting = _check_against_machines(redis, spec)
     datasets.refresh_token_stats(session, settings, [dataset])  # measured once its tokenizer is here
-    estimate = memory_estimate(spec, settings, redis, dataset)
+    estimate = memory_estimate(spec, settings, redis, session, dataset)
     return _queued_job(session, user, name or spec.name or default_name(session, spec), kind=JobKind.train,
                        method=spec.method, model=spec.model, dataset_id=spec.dataset_id, config=stored_config(spec),
                        memory_estimate_bytes=(estimate or {}).get("total_bytes"), priority=spec.priority,
