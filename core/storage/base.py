@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 CHUNK = 1 << 20  # bytes per read of a streamed file
 
@@ -26,9 +26,9 @@ def check_key(key: str) -> str:
         raise BadKey("A store key must name a file or folder, not be empty")
     if key.startswith("/") or "\\" in key or "\x00" in key:
         raise BadKey(f"A store key is a relative path with '/' separators: {key!r}")
-    parts = PurePosixPath(key.rstrip("/")).parts
-    if any(part in ("..", ".") for part in parts):
-        raise BadKey(f"A store key may not contain '.' or '..': {key!r}")
+    parts = key.rstrip("/").split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise BadKey(f"A store key may not contain '.', '..' or an empty part: {key!r}")
     return "/".join(parts)
 
 

@@ -50,7 +50,11 @@ class LocalStore(Store):
             shutil.copy2(source / name, target / name)
 
     def read(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
-        with open(self.path(key), "rb") as handle:
+        return self._chunks(self.path(key), start, end)  # the key is checked now, not at the first chunk
+
+    @staticmethod
+    def _chunks(path: Path, start: int, end: int | None) -> Iterator[bytes]:
+        with open(path, "rb") as handle:
             handle.seek(start)
             left = None if end is None else end - start + 1
             while left is None or left > 0:

@@ -133,10 +133,16 @@ class S3Store(Store):
             partial.unlink(missing_ok=True)
 
     def read(self, key: str, start: int = 0, end: int | None = None) -> Iterator[bytes]:
-        span = f"bytes={start}-{'' if end is None else end}"
-        response = self._retry(f"reading {key}", lambda: self.client.get_object(Bucket=self.bucket,
-                                                                                Key=self._name(key), Range=span))
-        yield from response["Body"].iter_chunks(CHUNK)
+        span, name = f"bytes={start}-{'' if end is None else end}", self._name(key)
+        def get_object():
+            try:
+                return self.client.get_object(Bucket=self.bucket, Key=name, Range=span)
+            except ClientError as error:
+                if _missing(error):
+                    raise FileNotFoundError(f"Nothing is stored under {key!r}") from None
+                raise
+        response = self._retry(f"reading {key}", get_object)
+        return response["Body"].iter_chunks(CHUNK)
 
     def is_file(self, key: str) -> bool:
         return self._head(key) is not None
