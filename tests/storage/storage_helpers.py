@@ -73,6 +73,10 @@ class CuttableLink:
 
     def cut(self) -> None:
         listener, self._listener = self._listener, None
+        try:
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(), which a close alone would not
+        except OSError:
+            pass
         listener.close()
         with self._lock:
             for sock in self._open:
