@@ -18,6 +18,7 @@ from sqlalchemy import select
 from lanner.core.messages.records import CheckpointSaved, DatasetChecked
 from lanner.core.models import Artifact, ArtifactKind, Dataset, Job
 from lanner.core.spec import load_spec
+from lanner.core.trackers import trackers_dir
 from lanner.worker.distributed.ranks import is_main_process, world_size
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 
@@ -151,6 +152,9 @@ class TrainProcess(JobProcess):
                 links[f"artifact.{artifact.name}"] = (f"{studio}/api/artifacts/{artifact.id}/download"
                                                       + ("?archive=tar" if folder else ""))
         self.trackers.finish(outcome, links)
+        folder = trackers_dir(artifacts_dir(self.settings.data_dir, self.job_id))
+        if folder.is_dir():  # the runs' record and files, for the job page whichever host serves it
+            self.push(folder)
 
     def train_and_save(self, job: Job, options, trainer_module: str, rows: list[dict]) -> int:
         from lanner.worker.training.callbacks import CancelCallback

@@ -150,14 +150,17 @@ class S3Store(Store):
     def list(self, key: str) -> list[str]:
         return sorted(self._objects(key))
 
-    def size(self, key: str) -> int:
+    def _file_or_folder(self, key: str) -> tuple[dict | None, dict[str, dict]]:
+        """(the file's head, {}) or (None, the folder's objects); FileNotFoundError when neither."""
         head = self._head(key)
-        if head is not None:
-            return head["ContentLength"]
-        files = self._objects(key)
-        if not files:
+        files = {} if head is not None else self._objects(key)
+        if head is None and not files:
             raise FileNotFoundError(f"Nothing is stored under {key!r}")
-        return sum(item["Size"] for item in files.values())
+        return head, files
+
+    def size(self, key: str) -> int:
+        head, files = self._file_or_folder(key)
+        return head["ContentLength"] if head else sum(item["Size"] for item in files.values())
 
     def file_etag(self, key: str) -> str:
         head = self._head(key)
@@ -166,12 +169,10 @@ class S3Store(Store):
         return head["ETag"]
 
     def etag(self, key: str) -> str:
-        head = self._head(key)
-        if head is not None:
+        """One request, not one per file: the listing carries each object's ETag."""
+        head, files = self._file_or_folder(key)
+        if head:
             return head["ETag"]
-        files = self._objects(key)
-        if not files:
-            raise FileNotFoundError(f"Nothing is stored under {key!r}")
         listing = "".join(f"{name}\0{item['ETag']}\0" for name, item in sorted(files.items()))
         return f'"{hashlib.sha256(listing.encode()).hexdigest()[:32]}"'
 

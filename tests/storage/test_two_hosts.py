@@ -86,14 +86,17 @@ def test_a_job_moves_between_hosts_through_the_store(tmp_path, monkeypatch, post
     owner = client.get("/api/me").json()["id"]
     host_a = _host(tmp_path, "hostA", postgres_url, owner, link.url, bucket, smollm2_dir)  # its store link is cut below
     host_b = _host(tmp_path, "hostB", postgres_url, owner, moto.url, bucket, smollm2_dir)
-    quick = host_a.job(dataset["id"], {"hyperparameters": {"max_steps": 2, "save_steps": 2, "before_after_eval": False}},
-                       name="trained on A")
+    quick = host_a.job(dataset["id"], {"hyperparameters": {"max_steps": 2, "save_steps": 2, "before_after_eval": False},
+                                       "trackers": ["tensorboard"]}, name="trained on A")
     moved = host_a.job(dataset["id"], {"hyperparameters": {"max_steps": 10, "save_steps": 1, "before_after_eval": False}},
                        name="moves to B")
     worker_a = worker_helpers.CeleryWorker(host_a, "hostA").wait_ready()
     worker_b = None
     try:
         assert host_a.wait_for(quick, lambda j: j.status in FINAL, 240, "a final status").status == JobStatus.succeeded
+        [run] = client.get(f"/api/jobs/{quick}/trackers").json()  # the API reads the runs A stored
+        assert run["status"] == "finished" and run["download"] == f"/api/jobs/{quick}/trackers/tensorboard/archive"
+        assert client.get(run["download"]).content.startswith(f"job-{quick}-tensorboard/".encode())
         host_a.wait_for(moved, lambda j: j.step >= 1, 120, "its first step")
         link.cut()  # host A's store is unreachable: its next checkpoint waits
         time.sleep(6)
