@@ -9,6 +9,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 
+from lanner.core.errors import UserError
+
 CHUNK = 1 << 20  # bytes per read of a streamed file
 
 
@@ -16,8 +18,13 @@ class BadKey(ValueError):
     """A key that is not a plain relative path inside the store."""
 
 
-class StoreUnavailable(OSError):
-    """The store could not be reached for longer than LANNER_STORE_RETRY_S."""
+class StoreUnavailable(UserError):
+    """The store could not be reached for longer than LANNER_STORE_RETRY_S, or refused the studio's
+    settings (a missing bucket, wrong credentials): said in words, to a job's owner (its error) or in an
+    API answer (503)."""
+
+    def __init__(self, message: str):
+        super().__init__(503, message)
 
 
 def check_key(key: str) -> str:

@@ -15,9 +15,9 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import (ClientError, ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError,
-                                 ReadTimeoutError)
+                                 NoCredentialsError, ReadTimeoutError)
 
-from lanner.core.storage.base import CHUNK, Store, check_key
+from lanner.core.storage.base import CHUNK, Store, StoreUnavailable, check_key
 from lanner.core.storage.retry import log_wait, with_retry
 
 PART_BYTES = 64 * 1024**2
@@ -25,6 +25,11 @@ TRANSFER = TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PA
 UNREACHABLE = (EndpointConnectionError, ConnectionClosedError, ConnectTimeoutError, ReadTimeoutError, ConnectionError)
 BUSY_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "503", "500"}
 DELETE_BATCH = 1000
+# Answers that waiting will not change: the studio's store settings are wrong.
+REFUSALS = {"NoSuchBucket": "the bucket LANNER_S3_BUCKET names does not exist there",
+            "AccessDenied": "its credentials may not do this",
+            "InvalidAccessKeyId": "it does not know LANNER_S3_ACCESS_KEY_ID",
+            "SignatureDoesNotMatch": "LANNER_S3_SECRET_ACCESS_KEY is not that key's secret"}
 
 
 def transient(error: BaseException | None) -> bool:
@@ -68,7 +73,17 @@ class S3Store(Store):
         return self.prefix + check_key(key)
 
     def _retry(self, what: str, action):
-        return with_retry(action, what, self.retry_s, transient, self.on_wait)
+        try:
+            return with_retry(action, what, self.retry_s, transient, self.on_wait)
+        except NoCredentialsError:
+            raise StoreUnavailable(f"The S3 store has no credentials for {what}: set LANNER_S3_ACCESS_KEY_ID and "
+                                   "LANNER_S3_SECRET_ACCESS_KEY (or boto3's own AWS_* variables)") from None
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code")
+            if code in REFUSALS:
+                raise StoreUnavailable(f"The S3 store (bucket {self.bucket!r}) refused {what}: {REFUSALS[code]} "
+                                       f"({code})") from None
+            raise
 
     def _objects(self, key: str) -> dict[str, dict]:
         """The folder's objects: relative name -> {"Size", "ETag"}."""

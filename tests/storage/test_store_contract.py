@@ -101,3 +101,12 @@ def test_a_large_file_goes_up_in_64_mib_parts(moto, bucket, tmp_path):
 def test_reading_what_is_not_there_is_file_not_found(store):
     with pytest.raises(FileNotFoundError):
         b"".join(store.read("datasets/404/gone.jsonl"))
+
+
+def test_wrong_store_settings_are_said_in_words_at_once(moto):
+    from lanner.core.storage import StoreUnavailable
+
+    store = S3Store("no-such-bucket", "", moto.url, "us-east-1", "testing", "testing", retry_s=60)
+    with pytest.raises(StoreUnavailable, match="bucket 'no-such-bucket'.* refused listing datasets/1: the bucket "
+                                               "LANNER_S3_BUCKET names does not exist there"):
+        store.list("datasets/1")
