@@ -110,3 +110,13 @@ def test_wrong_store_settings_are_said_in_words_at_once(moto):
     with pytest.raises(StoreUnavailable, match="bucket 'no-such-bucket'.* refused listing datasets/1: the bucket "
                                                "LANNER_S3_BUCKET names does not exist there"):
         store.list("datasets/1")
+
+
+def test_the_s3_store_needs_a_bucket_and_the_cache_defaults_into_the_data_dir(tmp_path):
+    from pydantic import ValidationError
+
+    from lanner.core.settings import Settings
+
+    with pytest.raises(ValidationError, match="LANNER_STORE=s3 needs LANNER_S3_BUCKET"):
+        Settings(data_dir=tmp_path, store="s3")
+    assert Settings(data_dir=tmp_path).cache_dir == tmp_path.resolve() / "cache"
