@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import boto3
+from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import (ClientError, ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError,
@@ -32,17 +33,20 @@ REFUSALS = {"NoSuchBucket": "the bucket LANNER_S3_BUCKET names does not exist th
             "SignatureDoesNotMatch": "LANNER_S3_SECRET_ACCESS_KEY is not that key's secret"}
 
 
-def transient(error: BaseException | None) -> bool:
-    """Whether the failure is the store being away or overloaded (worth waiting for), looking through
-    the wrappers boto3's transfers put around it."""
+def _causes(error: BaseException | None):
+    """The error and those it was raised from: boto3's transfers wrap what the client raised."""
     while error is not None:
-        if isinstance(error, UNREACHABLE):
-            return True
-        if isinstance(error, ClientError) and (error.response.get("Error", {}).get("Code") in BUSY_CODES
-                                               or error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500):
-            return True
+        yield error
         error = error.__cause__ or error.__context__
-    return False
+
+
+def transient(error: BaseException) -> bool:
+    """Whether the failure is the store being away or overloaded (worth waiting for)."""
+    return any(isinstance(cause, UNREACHABLE)
+               or isinstance(cause, ClientError) and (cause.response.get("Error", {}).get("Code") in BUSY_CODES
+                                                      or cause.response.get("ResponseMetadata", {})
+                                                      .get("HTTPStatusCode", 0) >= 500)
+               for cause in _causes(error))
 
 
 @lru_cache(maxsize=8)
@@ -75,14 +79,16 @@ class S3Store(Store):
     def _retry(self, what: str, action):
         try:
             return with_retry(action, what, self.retry_s, transient, self.on_wait)
-        except NoCredentialsError:
-            raise StoreUnavailable(f"The S3 store has no credentials for {what}: set LANNER_S3_ACCESS_KEY_ID and "
-                                   "LANNER_S3_SECRET_ACCESS_KEY (or boto3's own AWS_* variables)") from None
-        except ClientError as error:
-            code = error.response.get("Error", {}).get("Code")
-            if code in REFUSALS:
-                raise StoreUnavailable(f"The S3 store (bucket {self.bucket!r}) refused {what}: {REFUSALS[code]} "
-                                       f"({code})") from None
+        except (ClientError, NoCredentialsError, S3UploadFailedError) as error:
+            causes = list(_causes(error))
+            if any(isinstance(cause, NoCredentialsError) for cause in causes):
+                raise StoreUnavailable(f"The S3 store has no credentials for {what}: set LANNER_S3_ACCESS_KEY_ID "
+                                       "and LANNER_S3_SECRET_ACCESS_KEY (or boto3's own AWS_* variables)") from None
+            for cause in causes:
+                code = cause.response.get("Error", {}).get("Code") if isinstance(cause, ClientError) else None
+                if code in REFUSALS:
+                    raise StoreUnavailable(f"The S3 store (bucket {self.bucket!r}) refused {what}: "
+                                           f"{REFUSALS[code]} ({code})") from None
             raise
 
     def _objects(self, key: str) -> dict[str, dict]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -110,6 +111,8 @@ def test_wrong_store_settings_are_said_in_words_at_once(moto):
     with pytest.raises(StoreUnavailable, match="bucket 'no-such-bucket'.* refused listing datasets/1: the bucket "
                                                "LANNER_S3_BUCKET names does not exist there"):
         store.list("datasets/1")
+    with pytest.raises(StoreUnavailable, match="refused uploading datasets/1/a.jsonl: the bucket"):
+        store.put("datasets/1/a.jsonl", Path(__file__))  # boto3's transfer wraps the client's error
 
 
 def test_the_s3_store_needs_a_bucket_and_the_cache_defaults_into_the_data_dir(tmp_path):
