@@ -3,6 +3,8 @@ page, the status, why one stopped). The files TensorBoard and W&B wrote into the
 artifacts (kinds tensorboard and wandb), downloaded as any other."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import APIRouter, Depends, HTTPException
 from sqlalchemy.orm import Session
 
@@ -12,7 +14,8 @@ from lanner.backend.schemas.trackers import TrackerOption
 from lanner.core.models import Job, User
 from lanner.core.settings import Settings, get_settings
 from lanner.core.spec import MLFLOW_NOT_SET_UP
-from lanner.core.trackers import TrackerRun, read_runs
+from lanner.core.storage import get_store, local_copy
+from lanner.core.trackers import TRACKERS_FOLDER, TrackerRun, read_runs
 
 router = APIRouter(tags=["trackers"], responses=SIGNED_IN_ERRORS)
 
@@ -32,9 +35,20 @@ def tracker_options(_: User = Depends(current_user), settings: Settings = Depend
     ]
 
 
+def _job_folder(session: Session, settings: Settings, job_id: int) -> Path:
+    """The folder holding the job's trackers folder on this machine: the job's artifacts folder in the
+    data dir, or the cache entry of its stored trackers folder (pushed when training ends)."""
+    if session.get(Job, job_id) is None:
+        raise HTTPException(404, f"No job {job_id}")
+    if get_store(settings).is_local:
+        return settings.artifacts_dir / str(job_id)
+    try:
+        return local_copy(settings, f"artifacts/{job_id}/{TRACKERS_FOLDER}").parent
+    except FileNotFoundError:
+        return settings.artifacts_dir / str(job_id)  # none stored (yet): no runs to show
+
+
 @router.get("/api/jobs/{job_id}/trackers", response_model=list[TrackerRun], responses=errors(404))
 def job_tracker_runs(job_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db),
                      settings: Settings = Depends(get_settings)) -> list[TrackerRun]:
-    if session.get(Job, job_id) is None:
-        raise HTTPException(404, f"No job {job_id}")
-    return read_runs(settings.artifacts_dir / str(job_id)).runs
+    return read_runs(_job_folder(session, settings, job_id)).runs

@@ -5,8 +5,6 @@ field of the spec is a 422 naming that field (RequestValidationError, as pydanti
 from __future__ import annotations
 
 import logging
-import shutil
-from pathlib import Path
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
@@ -16,7 +14,6 @@ from redis.exceptions import RedisError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from lanner.backend.paths import inside
 from lanner.backend.schemas.jobs import QueueMove
 from lanner.backend.services import datasets
 from lanner.core.db import LIKE_ESCAPE, like_literal
@@ -31,6 +28,7 @@ from lanner.core.queue import order as queue_order
 from lanner.core.queue.claim import cancel_queued, enqueue
 from lanner.core.queue.waiting import waiting_reason
 from lanner.core.settings import Settings
+from lanner.core.storage import BadKey, get_store
 from lanner.core.spec import REWARD_MODEL_METHODS, JobSpec, load_spec, reward_model_refusal, stored_config
 from lanner.core.streams import job_stream
 from lanner.core.worker_registry import largest_machine, live_workers
@@ -351,17 +349,12 @@ def move(session: Session, redis: Redis, user: User, job: Job, where: QueueMove)
 
 
 def _delete_files(settings: Settings, job: Job, artifacts: list[Artifact]) -> None:
-    targets = [settings.artifacts_dir / str(job.id)]
-    targets += [settings.data_dir / artifact.path for artifact in artifacts]
-    for target in targets:
-        if not inside(settings.data_dir, target):
-            log.warning("job %s: artifact path %s is outside the data dir; left alone", job.id, target)
-            continue
-        path = Path(target)
-        if path.is_symlink() or path.is_file():
-            path.unlink(missing_ok=True)
-        elif path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
+    store = get_store(settings)
+    for key in [f"artifacts/{job.id}", *(artifact.path for artifact in artifacts)]:
+        try:
+            store.delete(key)
+        except BadKey:
+            log.warning("job %s: artifact path %s is outside the store; left alone", job.id, key)
 
 
 def delete(session: Session, redis: Redis, settings: Settings, job: Job) -> None:
