@@ -1,0 +1,75 @@
+"""The FP8 GEMM: e4m3 operands with row-wise float32 scales, out = (a_q @ b_q^T) * a_scale * b_scale.
+
+On CUDA with compute capability 8.9 or newer (Ada, Hopper) it is `torch._scaled_mm` with row-wise
+scales (scale_a (M, 1) per row of a, scale_b (1, N) per row of b, bf16 out), on the tensor cores.
+Elsewhere (the CPU, the tests, or LANNER_FP8_EMULATE=1) it is an exact float32 emulation of the same
+arithmetic: the e4m3 codes cast to float32 (exact), one float32 matmul (every product of two e4m3
+values is exact in float32; the sums round as the tensor cores' float32 accumulation does, in another
+order), then the two scales and one rounding to the output dtype. The two paths agree within the
+rounding of the float32 sums and of that last cast (docs/fp8.md).
+
+A CUDA GPU older than 8.9 has no FP8 tensor cores: `fp8_backend` says so in words, with the fallbacks.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+E4M3_MAX = torch.finfo(FP8_DTYPE).max  # 448
+MIN_CAPABILITY = (8, 9)
+EMULATE_ENV = "LANNER_FP8_EMULATE"
+
+
+class FP8Unsupported(RuntimeError):
+    """FP8 tensor cores are not on this GPU."""
+
+
+def fp8_unsupported_message(name: str, capability: tuple[int, int]) -> str:
+    return (f"FP8 needs compute capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer (Ada/Hopper); this GPU "
+            f"is {name} ({capability[0]}.{capability[1]}). Train with lora (bf16) or qlora (4-bit) instead, or set "
+            f"{EMULATE_ENV}=1 to emulate FP8 in float32 (the same results, slower than bf16)")
+
+
+def fp8_backend(device: torch.device) -> str:
+    """"scaled_mm" (FP8 tensor cores) or "emulated"; raises FP8Unsupported on a CUDA GPU below 8.9
+    unless LANNER_FP8_EMULATE=1 asks for the emulation."""
+    if os.environ.get(EMULATE_ENV) == "1" or device.type != "cuda":
+        return "emulated"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_CAPABILITY:
+        raise FP8Unsupported(fp8_unsupported_message(torch.cuda.get_device_name(device), capability))
+    return "scaled_mm"
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scale): x (M, K) as e4m3 codes and a float32 scale per row (M, 1) with x ~= codes * scale.
+
+    Each row's largest magnitude maps to 448, e4m3's largest finite value (an all-zero row gets scale 1).
+    The division is in float32 and the cast rounds to nearest even, so every element's error is at most
+    2^-4 of its magnitude (3 mantissa bits), or 2^-10 * scale below e4m3's normal range (2^-6 * scale)."""
+    x32 = x.float()
+    amax = x32.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return (x32 / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE), scale
+
+
+def fp8_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor | None,
+               out_dtype: torch.dtype, backend: str) -> torch.Tensor:
+    """(a @ b^T) * a_scale * b_scale in out_dtype.
+
+    a: (M, K) e4m3, row-major; a_scale: (M, 1) float32. b: (N, K) e4m3, row-major (so b.t() is the
+    column-major operand cuBLAS' FP8 GEMM wants); b_scale: (N,) float32, or None for no scale. backend: fp8_backend(device).
+    On the tensor cores the result is rounded to bf16 (the row-wise-scaled GEMM's only output) and then
+    cast to out_dtype."""
+    if backend == "scaled_mm":
+        n = b.shape[0]
+        scale_b = (torch.ones(1, n, device=b.device, dtype=torch.float32) if b_scale is None
+                   else b_scale.view(1, n))
+        out = torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=scale_b, out_dtype=torch.bfloat16)
+        return out if out_dtype == torch.bfloat16 else out.to(out_dtype)
+    out = (a.float() @ b.float().t()).mul_(a_scale)
+    if b_scale is not None:
+        out.mul_(b_scale)
+    return out.to(out_dtype)
