@@ -20,6 +20,7 @@ from lanner.kernels.patching.binding import is_patched
 from lanner.kernels.quant import FP8Linear, dequantize_fp8, quantize_fp8
 from lanner.kernels.quant.fp8 import fp8_forward, fp8_input_grad
 from lora_twins import lora_grads, max_relative_error, randomise_lora, tiny_model, token_batches
+from test_memory_engine import GRAD_RTOL, LOSS_RTOL, _force_plan, _step
 
 U = 2.0**-4
 SUBNORMAL_HALF_SPACING = 2.0**-10
@@ -141,8 +142,9 @@ def test_fp8_linear_survives_dtype_casts_moves_and_state_dicts():
     assert torch.equal(fresh.weight, codes) and torch.equal(fresh.fp8.scale, scale)
 
 
-def fp8_model(dtype=torch.float32, device="cpu", **kwargs):
-    return get_lora_model(tiny_model("llama", dtype, device, **FP8_SIZES), load_in_fp8=True, **kwargs)
+def fp8_model(dtype=torch.float32, device="cpu", num_hidden_layers=2, **kwargs):
+    model = tiny_model("llama", dtype, device, num_hidden_layers=num_hidden_layers, **FP8_SIZES)
+    return get_lora_model(model, load_in_fp8=True, **kwargs)
 
 
 def fp8_layers(model):
@@ -166,6 +168,21 @@ def test_lora_on_the_kernels_over_fp8_equals_peft_plain_path_over_fp8(device):
     (loss_plain, grads_plain), (loss_fast, grads_fast) = step_grads(plain, ids), step_grads(fast, ids)
     assert abs(loss_fast - loss_plain) <= 1e-5 * loss_plain
     assert max_relative_error(grads_fast, grads_plain) < 1e-4
+
+
+def test_the_memory_engine_over_fp8_gives_the_gradients_of_no_checkpointing(device):
+    """A stashed layer, an offloaded recomputed one with its MLP in tiles of 4 rows, a kept one, over an
+    FP8 base: the quantisation is deterministic, so the recompute reproduces forward's FP8 products."""
+    reference = fp8_model(device=device, num_hidden_layers=3, gradient_checkpointing=False)
+    engined = fp8_model(device=device, num_hidden_layers=3, gradient_checkpointing=True)
+    randomise_lora(reference)
+    engined.load_state_dict(reference.state_dict())
+    _force_plan(engined, ["keep_mlp", "recompute", "keep"], (0, 1), mlp_tile_rows=4)
+    for ids in token_batches(1, 2, 5, reference.config.vocab_size, device=device):
+        loss_ref, grads_ref = _step(reference, ids)
+        loss, grads = _step(engined, ids)
+        torch.testing.assert_close(loss, loss_ref, rtol=LOSS_RTOL, atol=0)
+        assert max_relative_error(grads, grads_ref) < GRAD_RTOL
 
 
 def test_lora_grads_over_fp8_are_those_over_the_dequantised_base_within_fp8_noise(device):
