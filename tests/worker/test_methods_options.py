@@ -16,7 +16,7 @@ def options(method: str, spec: dict | None = None):
 
 
 @pytest.mark.parametrize("method, lora, adapter", [
-    ("lora", None, True), ("qlora", None, True), ("full", None, False), ("pretrain", None, False),
+    ("lora", None, True), ("qlora", None, True), ("lora_fp8", None, True), ("full", None, False), ("pretrain", None, False),
     ("dpo", None, False), ("dpo", {"rank": 8}, True), ("orpo", None, False), ("kto", {"rank": 4}, True),
 ])
 def test_the_api_config_says_which_weights_train_and_the_learning_rate(method, lora, adapter):
@@ -24,6 +24,7 @@ def test_the_api_config_says_which_weights_train_and_the_learning_rate(method, l
                    **({"lora": lora} if lora else {}))
     trainer_options = training_options(load_spec(stored_config(spec)))
     assert (trainer_options.method, trainer_options.lora) == (method, adapter)
+    assert (trainer_options.load_in_4bit, trainer_options.load_in_fp8) == (method == "qlora", method == "lora_fp8")
     assert trainer_options.learning_rate == DEFAULT_LEARNING_RATE[method]
 
 
