@@ -20,6 +20,9 @@ FP8_DTYPE = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(FP8_DTYPE).max  # 448
 MIN_CAPABILITY = (8, 9)
 EMULATE_ENV = "LANNER_FP8_EMULATE"
+# quantize_rows works in float32 on this many elements at a time (64 MiB), not on a float32 copy of a whole
+# (tokens x 14,336) activation or gradient.
+QUANTIZE_CHUNK_ELEMENTS = 2**24
 
 
 class FP8Unsupported(RuntimeError):
@@ -43,16 +46,25 @@ def fp8_backend(device: torch.device) -> str:
     return "scaled_mm"
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, scale): x (M, K) as e4m3 codes and a float32 scale per row (M, 1) with x ~= codes * scale.
+def quantize_rows(x: torch.Tensor, column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scale): x (M, K), times column_scale (K,) when given, as e4m3 codes and a float32 scale per
+    row (M, 1) with x * column_scale ~= codes * scale.
 
     Each row's largest magnitude maps to 448, e4m3's largest finite value (an all-zero row gets scale 1).
-    The division is in float32 and the cast rounds to nearest even, so every element's error is at most
-    2^-4 of its magnitude (3 mantissa bits), or 2^-10 * scale below e4m3's normal range (2^-6 * scale)."""
-    x32 = x.float()
-    amax = x32.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    return (x32 / scale).clamp_(-E4M3_MAX, E4M3_MAX).to(FP8_DTYPE), scale
+    The products and the division are in float32 and the cast rounds to nearest even, so every element's
+    error is at most 2^-4 of its magnitude (3 mantissa bits), or 2^-10 * scale below e4m3's normal range
+    (2^-6 * scale). Rows are taken in chunks so the float32 temporaries stay small."""
+    codes = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
+    step = max(1, QUANTIZE_CHUNK_ELEMENTS // max(x.shape[1], 1))
+    for start in range(0, x.shape[0], step):
+        rows = slice(start, start + step)
+        x32 = x[rows].to(torch.float32, copy=True) if column_scale is None else x[rows] * column_scale.float()
+        amax = x32.abs().amax(dim=-1, keepdim=True)
+        chunk_scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+        codes[rows] = x32.div_(chunk_scale).clamp_(-E4M3_MAX, E4M3_MAX)
+        scale[rows] = chunk_scale
+    return codes, scale
 
 
 def fp8_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor | None,

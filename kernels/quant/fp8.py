@@ -17,6 +17,7 @@ Nothing else changes: the LoRA factors' products, the GLU, norms, RoPE and the l
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -109,10 +110,33 @@ class FP8Linear(QuantisedLinear):
                                       error_msgs)
 
 
+class _LastQuantised:
+    """The rows quantised by the last forward product, until different rows come or these die (held by a
+    weak reference): q, k and v, and gate and up, multiply the same rows and quantise them once."""
+
+    rows: weakref.ref | None = None
+    version = token = 0
+    quantised: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def of(cls, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if cls.rows is None or cls.rows() is not x2 or cls.version != x2._version:
+            cls.token += 1
+            token = cls.token
+            cls.rows = weakref.ref(x2, lambda _: cls._drop(token))
+            cls.version, cls.quantised = x2._version, quantize_rows(x2)
+        return cls.quantised
+
+    @classmethod
+    def _drop(cls, token: int) -> None:
+        if cls.token == token:
+            cls.rows = cls.quantised = None
+
+
 def fp8_forward(layer: FP8Linear, x2: torch.Tensor) -> torch.Tensor:
     """x2 @ W^T in x2's dtype: x2 quantised per token, one FP8 GEMM with both row-wise scales."""
     fp8 = layer.fp8
-    codes, scale = quantize_rows(x2)
+    codes, scale = _LastQuantised.of(x2)
     return fp8_matmul(codes, scale, fp8.e4m3, fp8.scale, x2.dtype, fp8_backend(x2.device))
 
 
@@ -121,7 +145,7 @@ def fp8_input_grad(layer: FP8Linear, dout: torch.Tensor) -> torch.Tensor:
     columns, which are then quantised per token and multiplied by the codes transposed."""
     fp8 = layer.fp8
     backend = fp8_backend(dout.device)
-    codes, scale = quantize_rows(dout.float() * fp8.scale)
+    codes, scale = quantize_rows(dout, fp8.scale)
     if backend == "scaled_mm":  # the GEMM's second operand column-major: W^T's codes, contiguous
         n, k = fp8.shape
         transposed = shared_buffer(n * k, fp8.codes.device, torch.uint8, "fp8_transposed").view(k, n)

@@ -68,6 +68,34 @@ def test_quantise_rows_clamps_and_keeps_bf16_inputs():
     assert codes.float()[0].tolist() == [224.0, -448.0, 112.0]
 
 
+def test_quantise_rows_in_chunks_is_the_same_and_leaves_its_input_alone(monkeypatch):
+    from lanner.kernels.ops import fp8_matmul as ops
+
+    x, column_scale = wide_rows(37, 48), torch.rand(48) + 0.5
+    before = x.clone()
+    whole = quantize_rows(x, column_scale)
+    monkeypatch.setattr(ops, "QUANTIZE_CHUNK_ELEMENTS", 5 * 48)  # 8 chunks, the last of 2 rows
+    chunked = quantize_rows(x, column_scale)
+    assert torch.equal(x, before)
+    assert torch.equal(chunked[0].view(torch.uint8), whole[0].view(torch.uint8)) and torch.equal(chunked[1], whole[1])
+    torch.testing.assert_close(whole[1][:, 0], (x * column_scale).abs().amax(1) / E4M3_MAX, rtol=FLOAT32_U, atol=0)
+
+
+def test_rows_shared_by_projections_are_quantised_once(monkeypatch):
+    from lanner.kernels.quant import fp8 as fp8_module
+
+    q, k = (FP8Linear.from_linear(torch.nn.Linear(32, 16)) for _ in range(2))
+    calls = []
+    monkeypatch.setattr(fp8_module, "quantize_rows", lambda x, *a: calls.append(x) or quantize_rows(x, *a))
+    x = torch.randn(5, 32)
+    first = fp8_forward(q, x), fp8_forward(k, x)
+    assert len(calls) == 1
+    x.mul_(2)  # changed in place: quantised again
+    torch.testing.assert_close(fp8_forward(q, x), 2 * first[0], rtol=1e-6, atol=1e-6)
+    fp8_forward(q, x.clone())
+    assert len(calls) == 3
+
+
 def gemm_bound(x, w, x_scale, w_scale):
     """|Q(x) Q(w)^T - x w^T| <= (|x| + Ex)(|w| + Ew)^T - |x||w|^T, plus float32 summation."""
     ex, ew = rounding_bound(x, x_scale).double(), rounding_bound(w, w_scale).double()
