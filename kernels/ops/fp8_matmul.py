@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 
 import torch
+import triton
+import triton.language as tl
 
 FP8_DTYPE = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(FP8_DTYPE).max  # 448
@@ -48,6 +50,15 @@ def fp8_backend(device: torch.device) -> str:
 
 def quantize_rows(x: torch.Tensor, column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, scale): x (M, K), times column_scale (K,) when given, as e4m3 codes and a float32 scale per
+    row (M, 1) with x * column_scale ~= codes * scale; on a GPU one Triton kernel (x read twice, the codes
+    written once), elsewhere torch in chunks. The same codes and scales, bit for bit."""
+    if x.is_cuda:
+        return quantize_rows_triton(x, column_scale)
+    return quantize_rows_torch(x, column_scale)
+
+
+def quantize_rows_torch(x: torch.Tensor, column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scale): x (M, K), times column_scale (K,) when given, as e4m3 codes and a float32 scale per
     row (M, 1) with x * column_scale ~= codes * scale.
 
     Each row's largest magnitude maps to 448, e4m3's largest finite value (an all-zero row gets scale 1).
@@ -65,6 +76,69 @@ def quantize_rows(x: torch.Tensor, column_scale: torch.Tensor | None = None) -> 
         codes[rows] = x32.div_(chunk_scale).clamp_(-E4M3_MAX, E4M3_MAX)
         scale[rows] = chunk_scale
     return codes, scale
+
+
+@triton.jit
+def _e4m3_bits(v):
+    """The e4m3 bit patterns (in int32) of float32 v, |v| <= 448, rounded to nearest even by integer
+    operations: the CPU interpreter's float8 cast rounds ties away and flushes small subnormals."""
+    bits = v.to(tl.int32, bitcast=True)
+    a = bits & 0x7FFFFFFF
+    e = (a >> 23) - 127
+    # normal (e >= -6): drop 20 of the 23 mantissa bits, to nearest even; a carry moves into the exponent
+    r = a + 0x7FFFF + ((a >> 20) & 1)
+    normal = (((r >> 23) - 120) << 3) | ((r >> 20) & 7)
+    # subnormal: round(mantissa * 2^(e + 9 - 23)) to nearest even; 8 is 2^-6, the smallest normal's pattern
+    mantissa = (a & 0x7FFFFF) | 0x800000
+    shift = tl.minimum(14 - e, 30)
+    q = mantissa >> shift
+    rest = mantissa & ((1 << shift) - 1)
+    half = 1 << (shift - 1)
+    q += ((rest > half) | ((rest == half) & ((q & 1) == 1))).to(tl.int32)
+    return tl.where(e >= -6, normal, q) | tl.where(bits < 0, 0x80, 0)
+
+
+@triton.jit
+def _scaled_block(x_row, COLUMN_SCALE, start, n_cols, HAS_COLUMN_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    cols = start + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    v = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_COLUMN_SCALE:
+        v = v * tl.load(COLUMN_SCALE + cols, mask=mask, other=0.0)
+    return v, cols, mask
+
+
+@triton.jit
+def _quantize_rows_kernel(X, COLUMN_SCALE, CODES, SCALE, n_cols, x_row_stride, E4M3_MAX: tl.constexpr,
+                          HAS_COLUMN_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * x_row_stride
+    amax = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        v, cols, mask = _scaled_block(x_row, COLUMN_SCALE, start, n_cols, HAS_COLUMN_SCALE, BLOCK)
+        amax = tl.maximum(amax, tl.abs(v))
+    row_max = tl.max(amax, axis=0)
+    scale = tl.where(row_max > 0, tl.math.div_rn(row_max, E4M3_MAX), 1.0)
+    tl.store(SCALE + row, scale)
+    for start in range(0, n_cols, BLOCK):  # the second read of the row mostly hits the L2 cache
+        v, cols, mask = _scaled_block(x_row, COLUMN_SCALE, start, n_cols, HAS_COLUMN_SCALE, BLOCK)
+        v = tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -E4M3_MAX), E4M3_MAX)
+        tl.store(CODES + row * n_cols + cols, _e4m3_bits(v).to(tl.uint8), mask=mask)
+
+
+def quantize_rows_triton(x: torch.Tensor, column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows as one Triton program per row (GPU, or the CPU interpreter in the tests)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    rows, cols = x.shape
+    codes = torch.empty((rows, cols), dtype=torch.uint8, device=x.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    if rows:
+        column_scale = None if column_scale is None else column_scale.float().contiguous()
+        _quantize_rows_kernel[(rows,)](x, column_scale if column_scale is not None else scale, codes, scale, cols,
+                                       x.stride(0), E4M3_MAX=E4M3_MAX, HAS_COLUMN_SCALE=column_scale is not None,
+                                       BLOCK=min(triton.next_power_of_2(cols), 2048), num_warps=4)
+    return codes.view(FP8_DTYPE), scale
 
 
 def fp8_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor | None,

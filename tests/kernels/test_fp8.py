@@ -280,3 +280,19 @@ def test_layers_the_fp8_gemm_cannot_take_stay_dense(device):
     assert type(model.get_base_model().lm_head) is torch.nn.Linear
     ids = token_batches(1, 1, 4, model.config.vocab_size, device=device)[0]
     model(input_ids=ids, labels=ids).loss.backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_column_scale", [False, True])
+def test_the_triton_quantiser_gives_torchs_codes_and_scales_bit_for_bit(dtype, with_column_scale, device):
+    from lanner.kernels.ops.fp8_matmul import quantize_rows_torch, quantize_rows_triton
+
+    x = wide_rows(6, 300, seed=7).to(device=device, dtype=dtype)
+    x[2] = 0
+    # ties between e4m3 neighbours and the subnormal range, where rounding to nearest even decides
+    x[3, :8] = torch.tensor([448, 200, -200, 13, 0.0048828125, 0.00732421875, 0.0017, -0.0029], dtype=dtype)
+    column_scale = (torch.rand(300, device=device) + 0.5) if with_column_scale else None
+    codes, scale = quantize_rows_triton(x, column_scale)
+    expected_codes, expected_scale = quantize_rows_torch(x, column_scale)
+    assert torch.equal(scale, expected_scale)
+    assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
