@@ -52,16 +52,25 @@ def supports_base_layer(layer: nn.Module) -> bool:
 
 
 def _base_input_grad_fn(layer: nn.Module, dtype: torch.dtype) -> Callable:
-    """grad(dout, dx=None) = dx + dout @ W of one frozen layer (dout @ W when dx is None). A dense weight
-    is read once here, for every call of the returned function."""
+    """grad(dout, dx=None, rank_r=None) = dx + dout @ W (+ rank_r[0] @ rank_r[1]) of one frozen layer. A
+    dense weight is read once here, for every call of the returned function. The rank-r product is written
+    first and the dense GEMM accumulates onto it; a base with its own product (FP8) writes that first and
+    the rank-r product accumulates onto it, so no second buffer of the output's size exists either way."""
     matmul = _BASE_MATMULS.get(type(layer))
     if matmul is not None:
-        def grad(dout, dx=None):
+        def grad(dout, dx=None, rank_r=None):
             product = matmul.input_grad(layer, dout)
+            if rank_r is not None:
+                product.addmm_(*rank_r)
             return product if dx is None else dx.add_(product)
         return grad
     weight = base_weight(layer).to(dtype)
-    return lambda dout, dx=None: dout @ weight if dx is None else dx.addmm_(dout, weight)
+
+    def dense_grad(dout, dx=None, rank_r=None):
+        if rank_r is not None:
+            dx = rank_r[0] @ rank_r[1] if dx is None else dx.addmm_(*rank_r)
+        return dout @ weight if dx is None else dx.addmm_(dout, weight)
+    return dense_grad
 
 
 def base_weight(layer: nn.Module) -> torch.Tensor:
@@ -285,7 +294,7 @@ def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down
             ha_down = dout2.new_empty((rows, A_down.shape[0]))
     for start in range(0, rows, step):
         tile = slice(start, start + step)
-        dh = down_input_grad(dout2[tile], None if not adapted else dha[tile] @ A_down)
+        dh = down_input_grad(dout2[tile], rank_r=(dha[tile], A_down) if adapted else None)
         h, _, _ = glu_backward_in_place(dh, gate[tile], up[tile], activation)
         if adapted:
             if recompute_ha:

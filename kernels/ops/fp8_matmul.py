@@ -9,6 +9,9 @@ order), then the two scales and one rounding to the output dtype. The two paths 
 rounding of the float32 sums and of that last cast (docs/fp8.md).
 
 A CUDA GPU older than 8.9 has no FP8 tensor cores: `fp8_backend` says so in words, with the fallbacks.
+
+`quantize_rows` makes the operands: per-row e4m3 codes and float32 scales (each row's largest magnitude
+maps to 448), one Triton program per row on a GPU, torch elsewhere, the same bits either way.
 """
 from __future__ import annotations
 
