@@ -80,3 +80,18 @@ def test_long_prompts_keep_their_end(smollm2_dir):
     assert kept[0]["prompt"].endswith("the question?") and kept[0]["chosen"] == "a"
     assert [m["content"] for m in kept[1]["prompt"]] == ["Be brief.", "the question?"]
     assert kept[2] == rows[2] and truncate_prompts(rows, tokenizer, None) is rows
+
+
+def test_a_gpu_without_fp8_fails_a_lora_fp8_job_in_words_before_loading(monkeypatch):
+    from lanner.kernels.ops.fp8_matmul import FP8Unsupported, fp8_unsupported_message
+    from lanner.kernels.quant import loading
+    from lanner.worker.job_process import JobFailed
+    from lanner.worker.training.model import _fp8_lora_model
+
+    def no_fp8(device):  # what fp8_backend says on an A100
+        raise FP8Unsupported(fp8_unsupported_message("NVIDIA A100-SXM4-80GB", (8, 0)))
+
+    monkeypatch.setattr(loading, "fp8_backend", no_fp8)
+    with pytest.raises(JobFailed, match=r"^FP8 needs compute capability 8\.9 or newer \(Ada/Hopper\); this GPU is "
+                                        r"NVIDIA A100-SXM4-80GB \(8\.0\)\. Train with lora"):
+        _fp8_lora_model("/no/checkpoint/is/read", options("lora_fp8"))
