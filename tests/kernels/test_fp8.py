@@ -209,8 +209,11 @@ def test_the_memory_engine_over_fp8_gives_the_gradients_of_no_checkpointing(devi
     for ids in token_batches(1, 2, 5, reference.config.vocab_size, device=device):
         loss_ref, grads_ref = _step(reference, ids)
         loss, grads = _step(engined, ids)
-        torch.testing.assert_close(loss, loss_ref, rtol=LOSS_RTOL, atol=0)
-        assert max_relative_error(grads, grads_ref) < GRAD_RTOL
+        # On the tensor cores every FP8 product is rounded to bf16, and a tiled MLP sums in another order:
+        # an element may round the other way there.
+        loss_rtol, grad_rtol = (LOSS_RTOL, GRAD_RTOL) if device == "cpu" else (1e-4, 1e-2)
+        torch.testing.assert_close(loss, loss_ref, rtol=loss_rtol, atol=0)
+        assert max_relative_error(grads, grads_ref) < grad_rtol
 
 
 def test_lora_grads_over_fp8_are_those_over_the_dequantised_base_within_fp8_noise(device):
