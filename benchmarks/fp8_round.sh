@@ -14,6 +14,8 @@ set -o pipefail
 part=${1:-all}; budget=${2:-570}; out=${OUT:?}; start=$SECONDS
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.peers/site:${PYTHONPATH:-}
 left() { echo $(( budget - (SECONDS - start) )); }
+# lanner.kernels importable from this checkout for the peer_bench processes started here (run.py makes its own)
+kernels_root=$(mktemp -d); mkdir "$kernels_root/lanner"; ln -s "$PWD/kernels" "$kernels_root/lanner/kernels"
 cd benchmarks
 python3 - <<'PY' | tee -a "$out/results.jsonl"
 import json, importlib.metadata as m, torch
@@ -37,7 +39,8 @@ variant() {  # variant TIMEOUT MODE MODEL OPTIONS...: peer_bench directly (run.p
   local t=$1; shift; local l; l=$(( $(left) - 5 )); (( l < t )) && t=$l
   (( t < 40 )) && { skip "$*"; return; }
   echo "=== $(date -u +%T) peer_bench $* ($(left) s left)"
-  timeout "$t" python3 peer_bench.py "$@" --steps 4 --warmup 2 --same-weights | tail -1 | tee -a "$out/results.jsonl"
+  PYTHONPATH=$kernels_root:$PYTHONPATH timeout "$t" python3 peer_bench.py "$@" --steps 4 --warmup 2 --same-weights \
+    | tail -1 | tee -a "$out/results.jsonl"
 }
 save() {  # the random weights the Unsloth loaders read
   (( $(left) < 150 )) && { skip "save $1"; return; }
