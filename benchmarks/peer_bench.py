@@ -5,7 +5,8 @@ mode, so that every system is measured by the same loop, data, optimizer and JSO
 
 One mode per process:  python peer_bench.py MODE MODEL [--seq S --bs B --steps N]
 MODE: hf | liger | unsloth | hf4 | unsloth4 | hfnogc | lanner | lanner4 (built in qlora_modes.py)
-lanner takes --budget GIB (the memory engine's budget) and --offload on|off|auto.
+      | lanner8 (lanner over an FP8 base: get_lora_model(load_in_fp8=True), docs/fp8.md)
+lanner, lanner4 and lanner8 take --budget GIB (the memory engine's budget) and --offload on|off|auto.
 MODEL: a name in CONFIGS (random-init weights of that architecture); add shapes freely.
 Prints one JSON line: mode, model, tokens/s, step ms (median), peak GiB, loss.
 """
@@ -53,6 +54,10 @@ CONFIGS = {
                       sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
                       query_pre_attn_scalar=256, hidden_activation="gelu_pytorch_tanh",
                       tie_word_embeddings=True, rope_theta=10000.0, max_position_embeddings=8192),
+    # Llama-2 13B: the hidden-size-5k class (issue 23's second shape), full multi-head attention.
+    "llama2-13b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                       num_attention_heads=40, num_key_value_heads=40, vocab_size=32000,
+                       tie_word_embeddings=False, rope_theta=10000.0, max_position_embeddings=4096),
     # Qwen3-8B (q_norm/k_norm).
     "qwen3-8b": dict(arch="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
@@ -162,7 +167,7 @@ def main():
         model = FastLanguageModel.get_peft_model(
             model, r=a.rank, lora_alpha=a.rank, lora_dropout=0, bias="none",
             target_modules=TARGETS, use_gradient_checkpointing="unsloth")
-    elif a.mode == "lanner":
+    elif a.mode in ("lanner", "lanner8"):
         from lanner.kernels import get_lora_model
         if a.same_weights:
             model = random_model(a.model)  # patch_model switches its attention to "lanner" whatever it was
@@ -173,7 +178,8 @@ def main():
         offload = {"on": True, "off": False, "auto": None}[a.offload]
         model = get_lora_model(model, r=a.rank, lora_alpha=a.rank, target_modules=TARGETS,
                                lora_dropout=0.0, gradient_checkpointing=gc, bias="none",
-                               memory_budget_gib=a.budget, offload_checkpoints=offload)
+                               memory_budget_gib=a.budget, offload_checkpoints=offload,
+                               load_in_fp8=a.mode == "lanner8")  # converted on the GPU, layer by layer
     elif a.mode == "lanner4":
         from qlora_modes import lanner4_model
         model = lanner4_model(saved_dir(a.model), a.rank, TARGETS, gc, a.budget,
@@ -264,7 +270,7 @@ def main():
                          f"the profiled one: {overall_peak / 2**30:.3f} GiB\n{phases.report()}\n\nforward:\n"
                          f"{analyse(snapshot, baseline=baseline)}\n")
     extra = {}
-    if a.mode == "lanner":
+    if a.mode in ("lanner", "lanner8"):
         from lanner.kernels.memory import memory_engine_of
         engine = memory_engine_of(model)
         if engine is not None and engine.plan is not None:

@@ -28,6 +28,7 @@ BENCH = Path(__file__).resolve().with_name("peer_bench.py")
 SYSTEMS = {"hf": "HF + PEFT", "liger": "HF + PEFT + Liger", "unsloth": "Unsloth", "lanner": "Lanner"}
 DEFAULT_SYSTEMS = list(SYSTEMS)
 SYSTEMS.update(QLORA_SYSTEMS)  # 4-bit rows, compared with lanner4
+SYSTEMS["lanner8"] = "Lanner, FP8 base"  # docs/fp8.md
 
 
 def lanner_import_root() -> Path:

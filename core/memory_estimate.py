@@ -3,7 +3,9 @@
 Deliberately simple (refine it against measured peaks on the GPU box):
 - weights: parameters × bytes of the dtype (float32 4, bfloat16/float16 2); QLoRA stores the
   decoder's linear weights in NF4 (0.5 byte + one float32 absmax per 64 weights) and keeps the
-  embeddings, lm_head and norms in 16 bits;
+  embeddings, lm_head and norms in 16 bits; lora_fp8 stores them in FP8 (1 byte a weight, a float32
+  scale per output row) plus one shared buffer for the largest weight's transposed FP8 copy, which
+  each backward GEMM fills just before it runs (docs/fp8.md);
 - LoRA: r × (in + out) per targeted projection per layer, trained in float32;
 - trainable parameters (the LoRA ones, or all for a full fine-tune) carry a gradient of their own
   dtype and Adam's two float32 moments (8 bytes);
@@ -17,7 +19,7 @@ Deliberately simple (refine it against measured peaks on the GPU box):
   gradients (tokens × vocab × (2 + 4 + 4 + 2) bytes), which lanner.kernels' fused linear +
   cross-entropy avoids (then one chunk, counted as the overhead); on the CPU, where the kernels do not
   run, CPU_LOGITS_BYTES a token and vocabulary entry (measured);
-- lanner.kernels' memory engine (lora/qlora on the kernels on a GPU, docs/memory-engine.md): with
+- lanner.kernels' memory engine (lora/qlora/lora_fp8 on the kernels on a GPU, docs/memory-engine.md): with
   `offload_checkpoints` the layer inputs wait in host memory (two on the GPU while they come back);
   with `memory_budget_gib` the engine keeps activations while the whole step fits the budget, so the
   activations fill the budget's room above the rest, between the smallest plan and every layer's; a
@@ -42,10 +44,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from lanner.core.spec import ADAPTER_METHODS, REWARD_MODEL_METHODS, JobSpec, quantized_base, trains_adapter
+from lanner.core.spec import ADAPTER_METHODS, REWARD_MODEL_METHODS, JobSpec, fp8_base, quantized_base, trains_adapter
 
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64
+FP8_BYTES_PER_WEIGHT, FP8_SCALE_BYTES = 1, 4
 ADAM_BYTES = 8
 CUDA_OVERHEAD_BYTES = 512 * 2**20
 # A CPU training process's resident memory before its model: Python with PyTorch, transformers, TRL, PEFT and
@@ -100,6 +103,15 @@ def count_parameters(model: dict[str, Any]) -> dict[str, int]:
     return {"total": linear + embeddings + norms, "linear": linear, "other": embeddings + norms}
 
 
+def fp8_linear_bytes(model: dict[str, Any]) -> int:
+    """The decoder's linear weights in FP8: 1 byte a weight, a float32 scale per output row, and the one
+    transposed copy of the largest weight that backward fills before each GEMM."""
+    s = _shape(model)
+    projections = _projections(s).values()
+    per_layer = sum(i * o * FP8_BYTES_PER_WEIGHT + o * FP8_SCALE_BYTES for i, o in projections)
+    return s["layers"] * per_layer + max(i * o for i, o in projections) * FP8_BYTES_PER_WEIGHT
+
+
 def lora_parameters(model: dict[str, Any], r: int, target_modules: list[str] | str = "all-linear") -> int:
     s = _shape(model)
     projections = _projections(s)
@@ -121,7 +133,7 @@ def reward_model_bytes(model: dict[str, Any], weight_bytes: int, max_seq_len: in
 
 
 def _memory_engine_on(spec: JobSpec, device_kind: str) -> bool:
-    """lanner.kernels' memory engine plans the checkpointing of lora/qlora jobs on the kernels on a GPU."""
+    """lanner.kernels' memory engine plans the checkpointing of adapter jobs on the kernels on a GPU."""
     hp = spec.hyperparameters
     return device_kind == "cuda" and spec.method in ADAPTER_METHODS and hp.use_kernels and hp.gradient_checkpointing
 
@@ -149,6 +161,9 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
         parts = count_parameters(model)
     if quantized_base(spec):
         weights = int(parts["linear"] * NF4_BYTES_PER_WEIGHT + parts["other"] * 2)
+    elif fp8_base(spec):
+        linear = fp8_linear_bytes(model) if "hidden_size" in model else parts["linear"] * FP8_BYTES_PER_WEIGHT
+        weights = int(linear + parts["other"] * 2)
     else:
         weights = parts["total"] * weight_bytes
 

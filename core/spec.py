@@ -23,8 +23,11 @@ SPEC_VERSION = 2
 # model folder) were made when it was queued and belong to the machine that runs it.
 STORED = "stored"
 
-Method = Literal["lora", "qlora", "full", "pretrain", "dpo", "orpo", "kto", "grpo", "reward"]
-ADAPTER_METHODS = {"lora", "qlora"}
+Method = Literal["lora", "qlora", "lora_fp8", "full", "pretrain", "dpo", "orpo", "kto", "grpo", "reward"]
+ADAPTER_METHODS = {"lora", "qlora", "lora_fp8"}
+# LoRA over a base stored and multiplied in FP8 (lanner.kernels, docs/fp8.md): FP8 tensor cores.
+FP8_NEEDS_GPU = ("lora_fp8 needs a GPU with FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper): "
+                 "set gpus to 1 or more, or use lora")
 # Reinforcement learning from reward functions: an adapter by default, as the preference methods.
 RL_METHODS = {"grpo"}
 PREFERENCE_METHODS = {"dpo", "orpo", "kto"}
@@ -38,7 +41,7 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[A-Za-z0-9][\w.\-]{0,95}$")
 
 # Learning rates that work for each method when the user gives none: adapters take large steps,
 # whole-model and preference tuning small ones.
-DEFAULT_LEARNING_RATE = {"lora": 2e-4, "qlora": 2e-4, "full": 2e-5, "pretrain": 1e-4,
+DEFAULT_LEARNING_RATE = {"lora": 2e-4, "qlora": 2e-4, "lora_fp8": 2e-4, "full": 2e-5, "pretrain": 1e-4,
                          "dpo": 5e-6, "orpo": 8e-6, "kto": 5e-6, "grpo": 1e-5, "reward": 1e-5}
 # Times a job goes back to the queue after losing its worker (requeue_on_worker_loss) before it fails:
 # a job that takes its worker down every time must not loop.
@@ -87,10 +90,10 @@ class Hyperparameters(BaseModel):
     oom_retry: bool = Field(default=True, description="On out of memory, retry once at half the micro-batch, same effective batch")
     memory_budget_gib: float | None = Field(
         default=None, gt=0, le=4096,
-        description="lora/qlora on lanner.kernels: the GPU memory (GiB) the step may use; activations that are "
+        description="lora/qlora/lora_fp8 on lanner.kernels: the GPU memory (GiB) the step may use; activations that are "
                     "dearest to recompute are kept while they fit. None: every layer is recomputed")
     offload_checkpoints: bool = Field(
-        default=False, description="lora/qlora on lanner.kernels: keep the checkpointed layer inputs in host memory "
+        default=False, description="lora/qlora/lora_fp8 on lanner.kernels: keep the checkpointed layer inputs in host memory "
                                    "(smallest footprint). Off: only when the memory budget needs it. GPU only")
     memory_limit_mb: int | None = Field(
         default=None, ge=1, le=2**31 - 1,
@@ -303,7 +306,8 @@ class JobSpec(BaseModel):
         if engine_options:
             names = " and ".join(engine_options)
             if method not in ADAPTER_METHODS:
-                raise ValueError(f"{names}: the memory engine runs for lora and qlora, not for {method}")
+                raise ValueError(f"{names}: the memory engine runs for {', '.join(sorted(ADAPTER_METHODS))}, "
+                                 f"not for {method}")
             if not value.use_kernels:
                 raise ValueError(f"{names}: the memory engine is part of lanner.kernels; turn use_kernels on")
             if not value.gradient_checkpointing:
@@ -357,9 +361,11 @@ class JobSpec(BaseModel):
 
     @field_validator("gpus")
     @classmethod
-    def _qlora_needs_gpu(cls, value: int, info: ValidationInfo) -> int:
+    def _quantised_bases_need_gpu(cls, value: int, info: ValidationInfo) -> int:
         if value == 0 and info.data.get("method") == "qlora":
             raise ValueError("qlora needs a GPU (4-bit weights): set gpus to 1 or more, or use lora")
+        if value == 0 and info.data.get("method") == "lora_fp8":
+            raise ValueError(FP8_NEEDS_GPU)
         grpo = info.data.get("grpo")
         if value == 0 and grpo is not None and grpo.load_in_4bit:
             raise ValueError("grpo's load_in_4bit needs a GPU (4-bit weights): set gpus to 1 or more, or turn it off")
@@ -367,7 +373,7 @@ class JobSpec(BaseModel):
 
 
 def trains_adapter(spec: JobSpec) -> bool:
-    """lora and qlora train a LoRA adapter, full and pretrain every weight; a preference method an
+    """lora, qlora and lora_fp8 train a LoRA adapter, full and pretrain every weight; a preference method an
     adapter when its spec gives LoRA settings, every weight otherwise."""
     return spec.lora is not None
 
@@ -375,6 +381,11 @@ def trains_adapter(spec: JobSpec) -> bool:
 def quantized_base(spec: JobSpec) -> bool:
     """Whether the adapter trains over a 4-bit NF4 base: qlora, and grpo with load_in_4bit."""
     return spec.method == "qlora" or (spec.grpo is not None and spec.grpo.load_in_4bit)
+
+
+def fp8_base(spec: JobSpec) -> bool:
+    """Whether the adapter trains over an FP8 base (lora_fp8): exported merged into the original weights."""
+    return spec.method == "lora_fp8"
 
 
 def reward_model_refusal(job_id: int, reason: str) -> str:

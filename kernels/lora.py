@@ -4,7 +4,8 @@ Every function computes, for each projection,
     out = x @ W^T (+ bias) + scaling * (x @ A^T) @ B^T
 and in backward produces dX and the A/B gradients through rank-r intermediates; the frozen base
 weight W never gets a gradient. W is read through `base_weight(module)` in forward and again in
-backward and is never saved, so a quantised base can hand out a dense weight on demand.
+backward and is never saved, so a quantised base can hand out a dense weight on demand; a base that
+multiplies in its own format (FP8) gives its two products instead (`register_base_matmul`).
 
 Saved for backward: the block input and the (N, r) products x @ A^T (cheap); the MLP also keeps
 its gate and up projections, from which the activation is recomputed in backward. Under the memory
@@ -28,8 +29,48 @@ def register_base_weight(layer_type: type, reader: Callable[[nn.Module], torch.T
     _WEIGHT_READERS[layer_type] = reader
 
 
+@dataclass(frozen=True)
+class BaseMatmul:
+    """A frozen layer type's own products, in the input's dtype: forward(layer, x) = x @ W^T and
+    input_grad(layer, dout) = dout @ W (x, dout: 2-D rows)."""
+
+    forward: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    input_grad: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+
+
+_BASE_MATMULS: dict[type, BaseMatmul] = {}
+
+
+def register_base_matmul(layer_type: type, forward, input_grad) -> None:
+    """Teach the LoRA functions a frozen layer type that multiplies in its own format (e.g. FP8 on the
+    tensor cores) instead of handing out a dense weight."""
+    _BASE_MATMULS[layer_type] = BaseMatmul(forward, input_grad)
+
+
 def supports_base_layer(layer: nn.Module) -> bool:
-    return type(layer) in _WEIGHT_READERS
+    return type(layer) in _WEIGHT_READERS or type(layer) in _BASE_MATMULS
+
+
+def _base_input_grad_fn(layer: nn.Module, dtype: torch.dtype) -> Callable:
+    """grad(dout, dx=None, rank_r=None) = dx + dout @ W (+ rank_r[0] @ rank_r[1]) of one frozen layer. A
+    dense weight is read once here, for every call of the returned function. The rank-r product is written
+    first and the dense GEMM accumulates onto it; a base with its own product (FP8) writes that first and
+    the rank-r product accumulates onto it, so no second buffer of the output's size exists either way."""
+    matmul = _BASE_MATMULS.get(type(layer))
+    if matmul is not None:
+        def grad(dout, dx=None, rank_r=None):
+            product = matmul.input_grad(layer, dout)
+            if rank_r is not None:
+                product.addmm_(*rank_r)
+            return product if dx is None else dx.add_(product)
+        return grad
+    weight = base_weight(layer).to(dtype)
+
+    def dense_grad(dout, dx=None, rank_r=None):
+        if rank_r is not None:
+            dx = rank_r[0] @ rank_r[1] if dx is None else dx.addmm_(*rank_r)
+        return dout @ weight if dx is None else dx.addmm_(dout, weight)
+    return dense_grad
 
 
 def base_weight(layer: nn.Module) -> torch.Tensor:
@@ -80,8 +121,18 @@ def _project(
     it costs nearly nothing): one write of the output instead of a write and then a read-modify-write
     by a rank-r addmm_, which on the 8B shape's gate and up outputs took 0.19 ms each."""
     dtype = x2.dtype
-    weight = base_weight(p.base).to(dtype)
     bias = p.base.bias
+    matmul = _BASE_MATMULS.get(type(p.base))
+    if matmul is not None:  # its own product first, then the bias and the rank-r term onto it
+        out = matmul.forward(p.base, x2)
+        if bias is not None:
+            out.add_(bias.to(dtype))
+        if p.lora_A is None:
+            return out, None
+        if xa is None:
+            xa = x2 @ p.lora_A.to(dtype).t()
+        return out.addmm_(xa, _scaled_B(p, dtype).t()), xa
+    weight = base_weight(p.base).to(dtype)
     if p.lora_A is None:
         out = x2 @ weight.t() if bias is None else torch.addmm(bias.to(dtype), x2, weight.t())
         return out, None
@@ -104,14 +155,9 @@ def _input_grad(pairs, dxa: torch.Tensor | None = None, A: torch.Tensor | None =
     first and each base GEMM accumulates onto it (beta=1), so no pass re-reads and re-writes dX for
     the rank-r term. Each W is read (a 4-bit one dequantised into the shared buffer) just before its
     GEMM."""
-    pairs = list(pairs)
-    if dxa is None:
-        dout, p = pairs.pop(0)
-        dx = dout @ base_weight(p.base).to(dout.dtype)
-    else:
-        dx = dxa @ A.to(dxa.dtype)
+    dx = None if dxa is None else dxa @ A.to(dxa.dtype)
     for dout, p in pairs:
-        dx.addmm_(dout, base_weight(p.base).to(dout.dtype))
+        dx = _base_input_grad_fn(p.base, dout.dtype)(dout, dx)
     return dx
 
 
@@ -237,7 +283,7 @@ def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down
     rows, dtype = dout2.shape[0], dout2.dtype
     step = dh_tile_rows if dh_tile_rows and rows > dh_tile_rows else max(rows, 1)
     adapted = down_p.lora_A is not None
-    weight = base_weight(down_p.base).to(dtype)
+    down_input_grad = _base_input_grad_fn(down_p.base, dtype)
     dA_down = dB_down = None
     if adapted:
         A_down = down_p.lora_A.to(dtype)
@@ -248,14 +294,14 @@ def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down
             ha_down = dout2.new_empty((rows, A_down.shape[0]))
     for start in range(0, rows, step):
         tile = slice(start, start + step)
-        dh = dout2[tile] @ weight if not adapted else (dha[tile] @ A_down).addmm_(dout2[tile], weight)
+        dh = down_input_grad(dout2[tile], rank_r=(dha[tile], A_down) if adapted else None)
         h, _, _ = glu_backward_in_place(dh, gate[tile], up[tile], activation)
         if adapted:
             if recompute_ha:
                 ha_down[tile] = _down_lora_input(h, down_p)
             dA_down.add_(dha[tile].t() @ h)
         del dh, h
-    del weight
+    del down_input_grad
     if adapted:
         dB_down = (dout2.t() @ ha_down).mul_(down_p.scaling).to(down_p.lora_B.dtype)
         dA_down = dA_down.to(down_p.lora_A.dtype)

@@ -14,19 +14,22 @@ from .patching.families import family_of, family_target_modules, family_target_p
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _load(model_or_path, model_kwargs: Mapping | None, load_in_4bit: bool = False) -> PreTrainedModel:
+def _load(model_or_path, model_kwargs: Mapping | None, load_in_4bit: bool = False,
+          load_in_fp8: bool = False) -> PreTrainedModel:
+    if load_in_4bit and load_in_fp8:
+        raise ValueError("load_in_4bit and load_in_fp8 are two formats of the base: choose one")
     if isinstance(model_or_path, (str, os.PathLike)):
-        if load_in_4bit:
-            from .quant import load_4bit
+        if load_in_4bit or load_in_fp8:
+            from .quant import load_4bit, load_fp8
 
-            return load_4bit(model_or_path, **(model_kwargs or {}))
+            return (load_4bit if load_in_4bit else load_fp8)(model_or_path, **(model_kwargs or {}))
         return AutoModelForCausalLM.from_pretrained(model_or_path, **{"dtype": "auto", **(model_kwargs or {})})
     if model_kwargs:
         raise ValueError("model_kwargs apply only when a model id or path is given")
-    if load_in_4bit:
+    if load_in_4bit or load_in_fp8:
         from .quant import quantize_model
 
-        return quantize_model(model_or_path)
+        return quantize_model(model_or_path, quant_type="nf4" if load_in_4bit else "fp8")
     return model_or_path
 
 
@@ -40,6 +43,7 @@ def get_lora_model(
     gradient_checkpointing: bool = True,
     *,
     load_in_4bit: bool = False,
+    load_in_fp8: bool = False,
     memory_budget_gib: float | None = None,
     offload_checkpoints: bool | None = None,
     model_kwargs: Mapping | None = None,
@@ -61,6 +65,12 @@ def get_lora_model(
     path is loaded through `quant.load_4bit` (a bitsandbytes 4-bit checkpoint as stored, any other
     quantised on load onto the GPU when there is one). See docs/qlora.md.
 
+    load_in_fp8: LoRA over an FP8 base. Every linear layer but lm_head (and any with a dimension not a
+    multiple of 16) becomes an FP8Linear: e4m3 codes with a float32 scale per output channel, converted
+    from the 16-bit weights, multiplied in FP8 on the tensor cores in forward and for the input
+    gradient (CUDA compute capability 8.9 or newer; an exact float32 emulation on the CPU; an error in
+    words on older GPUs). See docs/fp8.md.
+
     memory_budget_gib, offload_checkpoints: the memory engine (docs/memory-engine.md), on whenever
     gradient_checkpointing and the kernels are. With a budget, each decoder layer keeps, partly keeps
     or recomputes its activations so that the step's peak (torch.cuda.max_memory_allocated) stays
@@ -68,7 +78,7 @@ def get_lora_model(
     checkpointed layer inputs (and a frozen, untied input-embedding table) in pinned host memory,
     False never, None when the budget needs it (the inputs only).
     """
-    model = _load(model_or_path, model_kwargs, load_in_4bit)
+    model = _load(model_or_path, model_kwargs, load_in_4bit, load_in_fp8)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False

@@ -20,13 +20,13 @@ def merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
 def stored_spec(method: str = "lora", base: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None,
                 *, model: str = BUILTIN, dataset_id: int | None = None, gpus: int = 0) -> dict[str, Any]:
     """A stored spec of `base` with `overrides` merged in. A whole-model method drops the base's LoRA
-    settings; a qlora spec asks for a GPU, as the API has it (the tests run it on the CPU: the worker
+    settings; a qlora or lora_fp8 spec asks for a GPU, as the API has it (the tests run it on the CPU: the worker
     places a job by its own gpus column)."""
     data = merged(base or {}, overrides or {})
     if method in WHOLE_MODEL_METHODS and base and "lora" in base and "lora" not in (overrides or {}):
         data.pop("lora")
     spec = JobSpec.model_validate({**data, "method": method, "model": model, "dataset_id": dataset_id or 1,
-                                   "gpus": max(gpus, 1) if method == "qlora" else gpus})
+                                   "gpus": max(gpus, 1) if method in ("qlora", "lora_fp8") else gpus})
     return stored_config(spec)
 
 

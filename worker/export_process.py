@@ -75,7 +75,8 @@ class ExportProcess(JobProcess):
             name=name, adapter=spec.adapter if "adapter" in spec.model_fields_set else is_adapter,
             merged=spec.merged, merged_dtype=spec.merged_dtype, gguf_types=tuple(spec.gguf_types), verify=spec.verify,
             device="cuda" if _cuda() else "cpu",
-            base_quantization=base_quantization(parent, trained_dir) if is_adapter else None)
+            base_quantization=base_quantization(parent, trained_dir) if is_adapter else None,
+            fp8_base=is_adapter and parent.method == "lora_fp8")
         self.events.log(f"Exporting job {parent.id}'s {trained.kind}: adapter={request.adapter}, "
                         f"merged={request.merged}, gguf={list(request.gguf_types)}"
                         + (f", merged into its 4-bit base {request.base_quantization}"

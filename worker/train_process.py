@@ -23,10 +23,11 @@ from lanner.worker.distributed.ranks import is_main_process, world_size
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 
 # method -> (trainer module, dataset tasks it accepts). Which weights train is the model's part
-# (lanner.worker.training.model): an adapter for lora and qlora, every weight for full and pretrain.
+# (lanner.worker.training.model): an adapter for lora, qlora and lora_fp8, every weight for full and pretrain.
 METHODS = {
     "lora": ("lanner.worker.training.sft", ("sft",)),
     "qlora": ("lanner.worker.training.sft", ("sft",)),
+    "lora_fp8": ("lanner.worker.training.sft", ("sft",)),
     "full": ("lanner.worker.training.sft", ("sft", "text")),
     "pretrain": ("lanner.worker.training.sft", ("text",)),
     "dpo": ("lanner.worker.training.dpo", ("preference",)),

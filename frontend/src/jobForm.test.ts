@@ -51,6 +51,8 @@ describe('validateJobForm', () => {
     expect(validateJobForm(form({}, { method: 'grpo', rewardFunctions: [{ kind: 'reward_model' }] }))['grpo.reward_functions'])
       .toBe('Choose the reward job of each trained reward model.')
     expect(validateJobForm(form({ gpus: '0' }, { method: 'qlora' })).gpus).toMatch(/needs a GPU/)
+    expect(validateJobForm(form({ gpus: '0' }, { method: 'lora_fp8' })).gpus).toMatch(/needs a GPU with FP8/)
+    expect(validateJobForm(form({ gpus: '1' }, { method: 'lora_fp8' })).gpus).toBeUndefined()
     // LoRA fields do not count for a full fine-tune.
     expect(validateJobForm(form({ 'lora.rank': '' }, { method: 'full' }))).toEqual({})
   })

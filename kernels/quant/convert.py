@@ -1,10 +1,12 @@
-"""Swapping a model's linear layers to NF4 and back.
+"""Swapping a model's linear layers to NF4 or FP8 and back.
 
 `quantize_model` follows the peers' rule for what stays dense: every nn.Linear is quantised except
 the output embedding (lm_head) and the modules named in `skip_modules`; embeddings are not linear
-layers and stay dense too. `dequantize_model` is the way to merge: it gives every NF4 layer back
-as an nn.Linear holding the dequantised weight, so an adapter trained on the 4-bit base merges into
-exactly the base it was trained against (never re-quantised).
+layers and stay dense too; in FP8, so do layers whose dimensions are not multiples of 16 (the FP8
+GEMM's rule). `dequantize_model` gives every quantised layer back as an nn.Linear holding the
+dequantised weight, so an adapter trained on the 4-bit base merges into exactly the base it was
+trained against (never re-quantised). An FP8-trained adapter merges into the original 16-bit
+weights instead (docs/fp8.md: the bound between the two).
 """
 from __future__ import annotations
 
@@ -13,8 +15,13 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from ..ops.fp8_matmul import fp8_backend
+from .fp8 import FP8Linear, fp8_alignable
 from .linear import NF4Linear
 from .nf4 import from_bnb_state
+from .quantised_linear import QuantisedLinear
+
+QUANT_TYPES = ("nf4", "fp8")
 
 # Names bitsandbytes' transformers integration leaves dense besides the output embedding.
 DEFAULT_SKIP_MODULES = ("lm_head",)
@@ -45,20 +52,28 @@ def _from_bnb_linear4bit(layer: nn.Module) -> NF4Linear:
 
 @torch.no_grad()
 def quantize_model(model: nn.Module, device=None, skip_modules: Iterable[str] = DEFAULT_SKIP_MODULES,
-                   double_quant: bool = True) -> nn.Module:
-    """Replaces, in place and one layer at a time, every nn.Linear by an NF4Linear quantised on
-    `device` (default: where each weight lives), except the output embedding and `skip_modules`.
+                   double_quant: bool = True, quant_type: str = "nf4") -> nn.Module:
+    """Replaces, in place and one layer at a time, every nn.Linear by an NF4Linear (quant_type "nf4")
+    or an FP8Linear ("fp8") quantised on `device` (default: where each weight lives), except the
+    output embedding and `skip_modules` (and, in FP8, layers with a dimension not a multiple of 16).
     bitsandbytes' Linear4bit layers (a model loaded in 4-bit by transformers) become NF4Linear over
-    the same storage. With `device`, the rest of the model moves there too. Returns the model."""
+    the same storage. With `device`, the rest of the model moves there too. Returns the model.
+    FP8 on a CUDA GPU older than compute capability 8.9 raises FP8Unsupported before any work."""
+    if quant_type not in QUANT_TYPES:
+        raise ValueError(f"quant_type must be one of {QUANT_TYPES}, not {quant_type!r}")
+    if quant_type == "fp8":
+        fp8_backend(torch.device(device) if device is not None else next(model.parameters()).device)
     skip = set(skip_modules)
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     for name, module in list(model.named_modules()):
-        if isinstance(module, NF4Linear) or module is output or _skipped(name, skip):
+        if isinstance(module, QuantisedLinear) or module is output or _skipped(name, skip):
             continue
-        if _bnb_linear4bit(module):
+        if quant_type == "nf4" and _bnb_linear4bit(module):
             _set_submodule(model, name, _from_bnb_linear4bit(module))
-        elif type(module) is nn.Linear:
-            _set_submodule(model, name, NF4Linear.from_linear(module, device, double_quant))
+        elif type(module) is nn.Linear and (quant_type == "nf4" or fp8_alignable(module)):
+            quantised = (NF4Linear.from_linear(module, device, double_quant=double_quant) if quant_type == "nf4"
+                         else FP8Linear.from_linear(module, device))
+            _set_submodule(model, name, quantised)
             module.weight = None  # free the dense weight now, not when the loop ends
     if device is not None:
         model.to(device)
@@ -67,11 +82,11 @@ def quantize_model(model: nn.Module, device=None, skip_modules: Iterable[str] = 
 
 @torch.no_grad()
 def dequantize_model(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
-    """Replaces, in place, every NF4Linear (also inside PEFT's LoRA layers) by an nn.Linear holding
-    its dequantised weight in `dtype` (default: the dtype it was quantised from). Returns the model;
-    a PEFT model can then `merge_and_unload()` into the 16-bit base its adapter was trained on."""
+    """Replaces, in place, every NF4Linear or FP8Linear (also inside PEFT's LoRA layers) by an
+    nn.Linear holding its dequantised weight in `dtype` (default: the dtype it was quantised from).
+    Returns the model; a PEFT model can then `merge_and_unload()` into the dequantised base."""
     for name, module in list(model.named_modules()):
-        if isinstance(module, NF4Linear):
+        if isinstance(module, QuantisedLinear):
             weight = module.dense_weight(dtype)
             dense = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
                               device="meta", dtype=weight.dtype)

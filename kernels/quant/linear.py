@@ -13,36 +13,14 @@ import torch
 from torch import nn
 
 from ..lora import register_base_weight
+from .quantised_linear import QuantisedLinear, shared_buffer
 from .nf4 import BNB_STATE_KEYS, NF4Weight, dequantize, from_bnb_state, quantize_nf4, to_bnb_state
 
-_BUFFERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-
-
-def _shared_buffer(numel: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A flat scratch tensor of at least numel elements; the same memory for every layer."""
-    key = (device, dtype)
-    buffer = _BUFFERS.get(key)
-    if buffer is None or buffer.numel() < numel:
-        _BUFFERS.pop(key, None)  # free the smaller one before allocating
-        buffer = _BUFFERS[key] = torch.empty(numel, device=device, dtype=dtype)
-    return buffer[:numel]
-
-
-def release_buffers() -> None:
-    """Drop the shared dequantisation buffers (they come back, sized as needed, on the next use)."""
-    _BUFFERS.clear()
-
-
-class NF4Linear(nn.Linear):
+class NF4Linear(QuantisedLinear):
     """y = x @ dequantise(W)^T + b with W in NF4 (bitsandbytes' storage); W is frozen."""
 
     def __init__(self, nf4: NF4Weight, bias: torch.Tensor | None = None):
-        nn.Module.__init__(self)  # not nn.Linear's: it would allocate a dense weight
-        if len(nf4.shape) != 2:
-            raise ValueError(f"NF4Linear needs a 2-D weight, not shape {tuple(nf4.shape)}")
-        self.out_features, self.in_features = nf4.shape
-        self.weight = nn.Parameter(nf4.packed, requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        super().__init__(nf4.packed, tuple(nf4.shape), bias)
         self._nf4 = nf4
 
     @property
@@ -53,12 +31,7 @@ class NF4Linear(nn.Linear):
             self._nf4 = self._nf4.to(self.weight.device)
         return self._nf4
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, device=None, double_quant: bool = True) -> NF4Linear:
-        """Quantises `linear`'s weight on `device` (default: where it lives); the bias stays dense."""
-        weight = linear.weight.detach().to(device or linear.weight.device)
-        bias = None if linear.bias is None else linear.bias.detach().to(weight.device)
-        return cls(quantize_nf4(weight, double_quant=double_quant), bias)
+    quantise = staticmethod(quantize_nf4)  # options: double_quant (default True)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -72,12 +45,10 @@ class NF4Linear(nn.Linear):
         """The dense weight in the shared buffer: valid only until the next layer dequantises."""
         nf4 = self.nf4
         dtype = dtype or nf4.dtype
-        return dequantize(nf4, dtype, out=_shared_buffer(nf4.numel(), nf4.device, dtype))
+        return dequantize(nf4, dtype, out=shared_buffer(nf4.numel(), nf4.device, dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        bias = None if self.bias is None else self.bias.to(dtype)
-        return NF4LinearFunction.apply(x.to(dtype), self, bias)
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return NF4LinearFunction.apply(x, self, bias)
 
     def _apply(self, fn, recurse=True):
         # The codes are a parameter and move with the module; the statistics (not parameters, so

@@ -9,6 +9,8 @@ Two kinds of checkpoint load:
   model is built without weights, the saved codes and statistics become NF4Linear layers as they
   are, and everything else is loaded in the compute dtype. bitsandbytes is not needed.
 
+`load_fp8` loads a 16-bit checkpoint and converts its linear layers to FP8 the same way.
+
 `save_4bit` writes a checkpoint that transformers + bitsandbytes load as their own 4-bit model.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..ops.fp8_matmul import fp8_backend
 from .convert import DEFAULT_SKIP_MODULES, _set_submodule, quantize_model
 from .linear import NF4Linear
 from .nf4 import BNB_STATE_KEYS, QUANT_STATE_KEY, from_bnb_state
@@ -126,6 +129,20 @@ def load_4bit(path: str | os.PathLike, device=None, skip_modules=DEFAULT_SKIP_MO
     if device is None and "device_map" not in model_kwargs:
         device = default_device()
     return quantize_model(model, device, skip_modules)
+
+
+def load_fp8(path: str | os.PathLike, device=None, skip_modules=DEFAULT_SKIP_MODULES, **model_kwargs):
+    """A causal LM from `path` with FP8 base linears on `device` (default: cuda when there is one),
+    quantised on load from the checkpoint's 16-bit weights (dtype "auto"). On a CUDA GPU older than
+    compute capability 8.9 this raises FP8Unsupported before reading the checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    if device is None and "device_map" not in model_kwargs:
+        device = default_device()
+    if device is not None:
+        fp8_backend(torch.device(device))
+    model = AutoModelForCausalLM.from_pretrained(path, **{"dtype": "auto", **model_kwargs})
+    return quantize_model(model, device, skip_modules, quant_type="fp8")
 
 
 def save_4bit(model: nn.Module, path: str | os.PathLike) -> None:

@@ -22,8 +22,8 @@ LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
     ({"hyperparameters": {"offload_checkpoints": True, "use_kernels": False}}, "offload_checkpoints: the memory engine is part of lanner.kernels"),
     ({"hyperparameters": {"offload_checkpoints": True, "memory_budget_gib": 8, "gradient_checkpointing": False}},
      "memory_budget_gib and offload_checkpoints: the memory engine plans the gradient checkpointing"),
-    ({"method": "full", "hyperparameters": {"memory_budget_gib": 20}}, "runs for lora and qlora, not for full"),
-    ({"method": "dpo", "hyperparameters": {"offload_checkpoints": True}}, "runs for lora and qlora, not for dpo"),
+    ({"method": "full", "hyperparameters": {"memory_budget_gib": 20}}, "runs for lora, lora_fp8, qlora, not for full"),
+    ({"method": "dpo", "hyperparameters": {"offload_checkpoints": True}}, "runs for lora, lora_fp8, qlora, not for dpo"),
     ({"method": "kto", "hyperparameters": {"packing": True}}, "preference pairs are never packed"),
 ])
 def test_memory_options_that_cannot_work_are_refused_in_words(spec, words):

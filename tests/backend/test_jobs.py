@@ -56,6 +56,7 @@ def test_the_real_wake_up_never_fails_without_a_worker(team, chat):
     ({"model": "/no/such/model"}, ("model",), "no model folder"),
     ({"preference": {"beta": 0.1}}, ("preference",), "apply to dpo, orpo and kto"),
     ({"method": "qlora", "gpus": 0}, ("gpus",), "needs a GPU"),
+    ({"method": "lora_fp8", "gpus": 0}, ("gpus",), "lora_fp8 needs a GPU with FP8 tensor cores (compute capability 8.9"),
     ({"lora": {"rank": 0}}, ("lora", "rank"), "greater than or equal to 1"),
     ({"method": "orpo", "hyperparameters": {"packing": True}}, ("hyperparameters",), "packing"),
     ({"preset": {}}, ("preset",), "'quick'"),

@@ -60,6 +60,18 @@ def test_parts_follow_the_config(smollm2_dir):
     assert reward["logits_bytes"] == 0 and reward["activations_bytes"] == 2 * plain["activations_bytes"]
 
 
+def test_an_fp8_base_takes_a_byte_a_weight_and_one_transposed_copy():
+    base = {"precision": "bf16", "batch_size": 4, "max_seq_len": 2048}
+    lora, qlora, fp8 = (estimate_memory(unchecked_spec(method, **base), LLAMA_8B)
+                        for method in ("lora", "qlora", "lora_fp8"))
+    linear = 32 * (4096 * (4096 + 1024 + 1024 + 4096) + 3 * 4096 * 14336)
+    other = lora["weights_bytes"] - 2 * linear  # embeddings, lm_head and norms stay 16-bit
+    scales = 32 * 4 * (4096 + 1024 + 1024 + 4096 + 14336 + 14336 + 4096)
+    assert fp8["weights_bytes"] == linear + scales + 14336 * 4096 + other
+    assert qlora["weights_bytes"] < fp8["weights_bytes"] < lora["weights_bytes"]
+    assert fp8["activations_bytes"] == lora["activations_bytes"]
+
+
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, vocab_size=128256,
                 num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False)
 LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, vocab_size=128256,

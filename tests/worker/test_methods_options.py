@@ -16,7 +16,7 @@ def options(method: str, spec: dict | None = None):
 
 
 @pytest.mark.parametrize("method, lora, adapter", [
-    ("lora", None, True), ("qlora", None, True), ("full", None, False), ("pretrain", None, False),
+    ("lora", None, True), ("qlora", None, True), ("lora_fp8", None, True), ("full", None, False), ("pretrain", None, False),
     ("dpo", None, False), ("dpo", {"rank": 8}, True), ("orpo", None, False), ("kto", {"rank": 4}, True),
 ])
 def test_the_api_config_says_which_weights_train_and_the_learning_rate(method, lora, adapter):
@@ -24,6 +24,7 @@ def test_the_api_config_says_which_weights_train_and_the_learning_rate(method, l
                    **({"lora": lora} if lora else {}))
     trainer_options = training_options(load_spec(stored_config(spec)))
     assert (trainer_options.method, trainer_options.lora) == (method, adapter)
+    assert (trainer_options.load_in_4bit, trainer_options.load_in_fp8) == (method == "qlora", method == "lora_fp8")
     assert trainer_options.learning_rate == DEFAULT_LEARNING_RATE[method]
 
 
@@ -79,3 +80,18 @@ def test_long_prompts_keep_their_end(smollm2_dir):
     assert kept[0]["prompt"].endswith("the question?") and kept[0]["chosen"] == "a"
     assert [m["content"] for m in kept[1]["prompt"]] == ["Be brief.", "the question?"]
     assert kept[2] == rows[2] and truncate_prompts(rows, tokenizer, None) is rows
+
+
+def test_a_gpu_without_fp8_fails_a_lora_fp8_job_in_words_before_loading(monkeypatch):
+    from lanner.kernels.ops.fp8_matmul import FP8Unsupported, fp8_unsupported_message
+    from lanner.kernels.quant import loading
+    from lanner.worker.job_process import JobFailed
+    from lanner.worker.training.model import _fp8_lora_model
+
+    def no_fp8(device):  # what fp8_backend says on an A100
+        raise FP8Unsupported(fp8_unsupported_message("NVIDIA A100-SXM4-80GB", (8, 0)))
+
+    monkeypatch.setattr(loading, "fp8_backend", no_fp8)
+    with pytest.raises(JobFailed, match=r"^FP8 needs compute capability 8\.9 or newer \(Ada/Hopper\); this GPU is "
+                                        r"NVIDIA A100-SXM4-80GB \(8\.0\)\. Train with lora"):
+        _fp8_lora_model("/no/checkpoint/is/read", options("lora_fp8"))

@@ -1,18 +1,21 @@
-"""QLoRA on the real SmolLM2 on the CPU: LoRA trained over a base whose linear layers are stored in
-4-bit NF4 (lanner.kernels' get_lora_model(load_in_4bit=True)); the result is an ordinary adapter."""
+"""LoRA over a quantised base on the real SmolLM2 on the CPU: qlora (linear layers stored in 4-bit NF4,
+get_lora_model(load_in_4bit=True)) and lora_fp8 (stored and multiplied in FP8, get_lora_model(load_in_fp8=True),
+here through the exact float32 emulation of the FP8 GEMM); the result is an ordinary adapter."""
 from __future__ import annotations
 
 import json
 
+import pytest
 from safetensors.torch import load_file
 
 from training_run import logs, step_metrics, trained
 from worker_helpers import qa_rows
 
 
-def test_qlora_trains_an_adapter_over_a_4bit_base(studio):
+@pytest.mark.parametrize("method, base", [("qlora", "a 4-bit NF4 base"), ("lora_fp8", "an FP8 base")])
+def test_lora_trains_an_adapter_over_a_quantised_base(studio, method, base):
     job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(6)),
-                        {"hyperparameters": {"max_steps": 2, "max_seq_len": 48, "before_after_eval": False}}, method="qlora")
+                        {"hyperparameters": {"max_steps": 2, "max_seq_len": 48, "before_after_eval": False}}, method=method)
     trained(studio, job_id)
 
     metrics = step_metrics(studio, job_id)
@@ -20,7 +23,7 @@ def test_qlora_trains_an_adapter_over_a_4bit_base(studio):
     assert all(m["loss"] > 0 and m["grad_norm"] > 0 for m in metrics)
     lines = logs(studio, job_id)
     model_line = next(line for line in lines if line.startswith("Model "))
-    assert "(LoRA over a 4-bit NF4 base)" in model_line, model_line
+    assert f"(LoRA over {base})" in model_line, model_line
     assert any(line.startswith("lanner.kernels: ") for line in lines), lines
 
     adapter = studio.data_dir / "artifacts" / str(job_id) / "adapter"

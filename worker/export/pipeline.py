@@ -38,8 +38,8 @@ from .gguf_quantize import expected_quant_bytes, quantize_gguf
 from .gguf_tokenizer import read_chat_template
 from .merge import expected_merged_bytes, export_merged, export_whole_model
 from .modelfile import write_modelfile
-from .verify import (F16_KL_BOUND, Q8_0_KL_BOUND, merged_reference, tokenizer_texts, verify_gguf, verify_merged,
-                     verify_whole_model)
+from .verify import (F16_KL_BOUND, Q8_0_KL_BOUND, merged_reference, tokenizer_texts, verify_against_fp8_trained,
+                     verify_gguf, verify_merged, verify_whole_model)
 
 MANIFEST = "export.json"
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")  # the hub's "owner/name"
@@ -68,6 +68,7 @@ class ExportRequest:
     # defaults). The adapter is merged into that base, dequantised. None for a LoRA adapter.
     base_quantization: dict | None = None
     model_dir: Path | None = None  # a job that trained every weight (full, pretrain): its saved model
+    fp8_base: bool = False         # the adapter was trained over an FP8 base (lora_fp8): also checked against it
     extra: dict = field(default_factory=dict)
 
 
@@ -177,6 +178,9 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
                 else:
                     result, reference = verify_whole_model(request.model_dir, work / "merged", device=request.device)
                 manifest["verification"]["merged"] = result
+                if request.fp8_base and request.model_dir is None:
+                    manifest["verification"]["fp8_trained"] = verify_against_fp8_trained(
+                        request.base_model_dir, adapter_dir, reference, result, device=request.device)
                 progress("verify-merged", 1.0)
                 merged_passed = result["passed"]
             if not merged_passed:

@@ -12,6 +12,10 @@
    KL(merged || gguf) below F16_KL_BOUND.
 3. Other GGUF types (q8_0, k-quants): load in llama.cpp and generate; KL against the merged model is
    measured and reported, and bounded for q8_0 (Q8_0_KL_BOUND).
+4. An adapter trained over an FP8 base (lora_fp8), merged into the original 16-bit weights: the merged
+   model's logits against the FP8-trained model's (the FP8 base + the adapter), within twice the base's
+   own FP8 gap (16-bit vs FP8, no adapter) plus check 1's bound (docs/fp8.md derives it); reported
+   beside check 1, not a condition of keeping the merged files.
 A whole trained model (no adapter) saved in 16 bits is checked instead by its weights: each tensor is
 the trained one rounded to the 16-bit dtype, bit for bit; its logits against the trained model's
 (float32) are reported, with the top-1 token required to agree except at near-ties.
@@ -150,6 +154,37 @@ def verify_merged(base_model_dir: Path, adapter_dir: Path, merged_dir: Path, *, 
     )
     if return_reference:
         return result, {"ids": ids, "logits": merged_logits}
+    return result
+
+
+def verify_against_fp8_trained(base_model_dir: Path, adapter_dir: Path, merged: dict, merged_check: dict, *,
+                               device: str = "cpu") -> dict:
+    """The merged model (merged: its prompt ids and logits, from verify_merged) against the model an FP8-base
+    adapter was trained as: the base converted to FP8 as training converted it (lanner.kernels), with the
+    adapter, float32 compute (the FP8 products emulated on the CPU, on the tensor cores on an FP8 GPU).
+    Bound (docs/fp8.md): 2 x the largest logit gap between the base in 16 bits and in FP8, without the
+    adapter, plus check 1's bound for the merge's own rounding."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from lanner.kernels.quant import quantize_model
+
+    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32, device_map=device)
+    base.eval()
+    base16 = _logits(base, merged["ids"])
+    model = PeftModel.from_pretrained(quantize_model(base, quant_type="fp8"), adapter_dir)
+    model.eval()
+    trained = _logits(model, merged["ids"])
+    with model.disable_adapter():
+        base8 = _logits(model, merged["ids"])
+    del model, base
+    gap = compare_logits(base16, base8)["max_abs_logit_diff"]
+    result = compare_logits(trained, merged["logits"])
+    bound = 2 * gap + merged_check["bound_max_abs_logit_diff"]
+    result.update(check="merged (16-bit) vs the FP8-trained model (FP8 base + adapter, float32 compute)",
+                  base_fp8_gap_max_abs_logit_diff=gap, bound_max_abs_logit_diff=bound, top1_required=False,
+                  passed=bool(result["max_abs_logit_diff"] <= bound))
     return result
 
 

@@ -1,5 +1,5 @@
 """The model a job trains: resolved from its id, loaded on this process's device, wrapped with LoRA
-(over a 4-bit base for QLoRA) or trained whole, and put on lanner.kernels when the job wants them and
+(over a 4-bit base for QLoRA, an FP8 one for lora_fp8) or trained whole, and put on lanner.kernels when the job wants them and
 they can run here."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from lanner.core.default_model import DEFAULT_MODEL_ID, imported_model_dir
 from lanner.core.memory_estimate import default_budget_bytes
 from lanner.core.spec import ADAPTER_METHODS, REWARD_MODEL_METHODS
 from lanner.worker.events import JobEvents
+from lanner.worker.job_process import JobFailed
 from lanner.worker.training.options import TrainingOptions
 
 
@@ -57,6 +58,8 @@ def load_model(path: str, options: TrainingOptions, events: JobEvents):
             model, how = _whole_model(model, options), "reward model: every weight"
     elif options.load_in_4bit:
         model, how = _nf4_lora_model(path, options), "LoRA over a 4-bit NF4 base"
+    elif options.load_in_fp8:
+        model, how = _fp8_lora_model(path, options), "LoRA over an FP8 base"
     elif options.lora:
         model, how = _lora_model(_load(path, options), options), "LoRA"
     else:
@@ -119,6 +122,19 @@ def _nf4_lora_model(path: str, options: TrainingOptions):
     format, double-quantised statistics), quantised on load on this process's device and dequantised
     on use in the training dtype; LoRA trained over it."""
     return _lora_model(path, options, load_in_4bit=True, model_kwargs={"dtype": training_dtype(options)})
+
+
+def _fp8_lora_model(path: str, options: TrainingOptions):
+    """LoRA over an FP8 base through lanner.kernels: every linear layer but the head stored in e4m3 with a
+    scale per output channel, converted on load on this process's device, multiplied in FP8 on the tensor
+    cores (docs/fp8.md). A GPU without FP8 fails the job in words (compute capability 8.9 or newer); on
+    the CPU an exact float32 emulation runs (the tests' path)."""
+    from lanner.kernels.ops.fp8_matmul import FP8Unsupported
+
+    try:
+        return _lora_model(path, options, load_in_fp8=True, model_kwargs={"dtype": training_dtype(options)})
+    except FP8Unsupported as error:
+        raise JobFailed(str(error)) from None
 
 
 def _whole_model(model, options: TrainingOptions):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from lanner.core.spec import GrpoSettings, JobSpec, quantized_base, trains_adapter
+from lanner.core.spec import GrpoSettings, JobSpec, fp8_base, quantized_base, trains_adapter
 
 # KTO estimates its KL term from the other completions of a micro-batch: it needs two at least.
 SMALLEST_MICRO_BATCH = {"kto": 2}
@@ -17,6 +17,7 @@ class TrainingOptions:
     method: str
     lora: bool                          # train a LoRA adapter; False: every weight
     load_in_4bit: bool                  # the adapter over a 4-bit NF4 base (qlora; grpo's load_in_4bit)
+    load_in_fp8: bool                   # the adapter over a base stored and multiplied in FP8 (lora_fp8)
     max_steps: int                      # > 0 overrides num_train_epochs
     num_train_epochs: float
     per_device_train_batch_size: int
@@ -69,7 +70,7 @@ class TrainingOptions:
 def training_options(spec: JobSpec) -> TrainingOptions:
     hp, lora, preference = spec.hyperparameters, spec.lora if trains_adapter(spec) else None, spec.preference
     return TrainingOptions(
-        method=spec.method, lora=lora is not None, load_in_4bit=quantized_base(spec),
+        method=spec.method, lora=lora is not None, load_in_4bit=quantized_base(spec), load_in_fp8=fp8_base(spec),
         max_steps=hp.max_steps or -1, num_train_epochs=hp.epochs,
         per_device_train_batch_size=hp.batch_size, gradient_accumulation_steps=hp.gradient_accumulation,
         learning_rate=hp.learning_rate, lr_scheduler_type=hp.lr_scheduler, warmup_ratio=hp.warmup_ratio,

@@ -1,0 +1,180 @@
+"""FP8 base weights: `FP8Weight` (e4m3 codes + a float32 scale per output channel) and `FP8Linear`,
+the frozen layer that multiplies in FP8 in forward and backward (docs/fp8.md).
+
+Storage: the codes as a uint8 `weight` parameter (a float8 parameter would be cast by `model.to(dtype)`,
+uint8 is left alone), viewed as float8_e4m3fn on use, and one float32 scale per output row,
+scale = amax(|W[n, :]|) / 448, converted from the checkpoint's 16-bit weight at load. 1 byte a weight
+plus 4 bytes a row.
+
+Forward: x quantised per token (each row's amax maps to 448), one FP8 GEMM with both row-wise scales.
+Backward: dx = dy @ W with W the forward's very weight (codes * scale): the per-output-channel scale
+multiplies dy's columns, then dy is quantised per token and multiplied by the codes transposed (the
+FP8 GEMM takes its second operand column-major, so W^T's codes are copied into a buffer shared by all
+layers, just before the GEMM; no second copy of the weights is kept). No global loss scale: every row
+of dy gets its own float32 scale.
+
+Nothing else changes: the LoRA factors' products, the GLU, norms, RoPE and the loss run as in bf16 LoRA.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..lora import register_base_matmul
+from ..ops.fp8_matmul import E4M3_MAX, FP8_DTYPE, fp8_backend, fp8_matmul, quantize_rows
+from .quantised_linear import QuantisedLinear, shared_buffer
+
+# cuBLAS' FP8 GEMM wants both dimensions of the weight in multiples of 16; other layers stay 16-bit.
+FP8_ALIGNMENT = 16
+SCALE_KEY = "weight_scale"
+
+
+@dataclass
+class FP8Weight:
+    codes: torch.Tensor  # (out, in) uint8: e4m3 bit patterns
+    scale: torch.Tensor  # (out,) float32
+    dtype: torch.dtype   # the dtype it was quantised from (merging gives it back in this dtype)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    @property
+    def e4m3(self) -> torch.Tensor:
+        return self.codes.view(FP8_DTYPE)
+
+    def to(self, device) -> FP8Weight:
+        return FP8Weight(self.codes.to(device), self.scale.to(device), self.dtype)
+
+
+def quantize_fp8(weight: torch.Tensor) -> FP8Weight:
+    """W (out, in) as e4m3 codes with one float32 scale per output row (its amax maps to 448)."""
+    codes, scale = quantize_rows(weight)
+    return FP8Weight(codes.view(torch.uint8), scale.view(-1), weight.dtype)
+
+
+def dequantize_fp8(fp8: FP8Weight, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """codes * scale in float32, rounded once to dtype (default: the dtype it was quantised from)."""
+    return (fp8.e4m3.float() * fp8.scale[:, None]).to(dtype or fp8.dtype)
+
+
+def fp8_alignable(linear: nn.Linear) -> bool:
+    return linear.in_features % FP8_ALIGNMENT == 0 and linear.out_features % FP8_ALIGNMENT == 0
+
+
+class FP8Linear(QuantisedLinear):
+    """y = x @ W^T + b with the frozen W in e4m3 with per-output-channel scales, multiplied in FP8."""
+
+    def __init__(self, fp8: FP8Weight, bias: torch.Tensor | None = None):
+        super().__init__(fp8.codes, tuple(fp8.shape), bias)
+        self._fp8 = fp8
+
+    @property
+    def fp8(self) -> FP8Weight:
+        """The storage; its codes are always the `weight` parameter's (after a move or a load too)."""
+        self._fp8.codes = self.weight.data
+        if self._fp8.scale.device != self.weight.device:
+            self._fp8.scale = self._fp8.scale.to(self.weight.device)
+        return self._fp8
+
+    quantise = staticmethod(quantize_fp8)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.fp8.dtype
+
+    def dense_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return dequantize_fp8(self.fp8, dtype)
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return FP8LinearFunction.apply(x, self, bias)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.fp8  # noqa: B018  (moves the scales to the codes' device; they stay float32)
+        return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + SCALE_KEY] = self.fp8.scale
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        scale = state_dict.pop(prefix + SCALE_KEY, None)
+        if scale is not None:
+            self._fp8.scale = scale.to(device=self._fp8.scale.device, dtype=torch.float32)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+
+class _LastQuantised:
+    """The rows quantised by the last forward product, until different rows come or these die (held by a
+    weak reference): q, k and v, and gate and up, multiply the same rows and quantise them once."""
+
+    rows: weakref.ref | None = None
+    version = token = 0
+    quantised: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def of(cls, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if cls.rows is None or cls.rows() is not x2 or cls.version != x2._version:
+            cls.token += 1
+            token = cls.token
+            cls.rows = weakref.ref(x2, lambda _: cls._drop(token))
+            cls.version, cls.quantised = x2._version, quantize_rows(x2)
+        return cls.quantised
+
+    @classmethod
+    def _drop(cls, token: int) -> None:
+        if cls.token == token:
+            cls.rows = cls.quantised = None
+
+
+def fp8_forward(layer: FP8Linear, x2: torch.Tensor) -> torch.Tensor:
+    """x2 @ W^T in x2's dtype: x2 quantised per token, one FP8 GEMM with both row-wise scales."""
+    fp8 = layer.fp8
+    codes, scale = _LastQuantised.of(x2)
+    return fp8_matmul(codes, scale, fp8.e4m3, fp8.scale, x2.dtype, fp8_backend(x2.device))
+
+
+def fp8_input_grad(layer: FP8Linear, dout: torch.Tensor) -> torch.Tensor:
+    """dout @ W in dout's dtype, W = codes * scale exactly as forward used it: the scale goes onto dout's
+    columns, which are then quantised per token and multiplied by the codes transposed."""
+    fp8 = layer.fp8
+    backend = fp8_backend(dout.device)
+    codes, scale = quantize_rows(dout, fp8.scale)
+    if backend == "scaled_mm":  # the GEMM's second operand column-major: W^T's codes, contiguous
+        n, k = fp8.shape
+        transposed = shared_buffer(n * k, fp8.codes.device, torch.uint8, "fp8_transposed").view(k, n)
+        weight_t = transposed.copy_(fp8.codes.t()).view(FP8_DTYPE)
+    else:
+        weight_t = fp8.e4m3.t()
+    return fp8_matmul(codes, scale, weight_t, None, dout.dtype, backend)
+
+
+class FP8LinearFunction(torch.autograd.Function):
+    """The layer's own matmul (PEFT's plain path): FP8 in forward and for dx; nothing weight-sized saved."""
+
+    @staticmethod
+    def forward(ctx, x, layer, bias):
+        ctx.layer, ctx.has_bias = layer, bias is not None
+        out = fp8_forward(layer, x.reshape(-1, x.shape[-1]))
+        if bias is not None:
+            out.add_(bias)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dout):
+        dout2 = dout.reshape(-1, dout.shape[-1])
+        dx = (fp8_input_grad(ctx.layer, dout2).view(*dout.shape[:-1], -1)
+              if ctx.needs_input_grad[0] else None)
+        dbias = dout2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx, None, dbias
+
+
+register_base_matmul(FP8Linear, fp8_forward, fp8_input_grad)
+
+__all__ = ["E4M3_MAX", "FP8Linear", "FP8Weight", "dequantize_fp8", "fp8_alignable", "quantize_fp8"]
