@@ -54,14 +54,14 @@ def retire_worker(redis: Redis, name: str) -> None:
 
 
 def live_workers(redis: Redis) -> list[WorkerRecord]:
-    """Every live worker's record, each with `reserved_by`: the worker whose job holds its device
+    """Every live worker's record, by host then name, each with `reserved_by`: the worker whose job holds its device
     (itself while it runs a job, another worker while it lends the device to a multi-GPU job)."""
     keys = sorted(redis.scan_iter(match=WORKER_KEY_PREFIX + "*", count=100))
     records = [WorkerRecord.model_validate_json(raw) for raw in redis.mget(keys) if raw] if keys else []
     holders = device_holders(redis, [record.device.id for record in records])
     for record in records:
         record.reserved_by = holders.get(record.device.id)
-    return sorted(records, key=lambda record: record.name)
+    return sorted(records, key=lambda record: (record.host or "", record.name))  # grouped by host
 
 
 def largest_machine(records: list[WorkerRecord]) -> int:

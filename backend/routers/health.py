@@ -1,8 +1,8 @@
 """GET /api/health: the state of the database, Redis and the workers, for people and monitors, and
 whether llama.cpp is ready (./lanner builds it in the background on the first `up`; its state does not
 make the studio degraded). Anyone may ask (monitors and `lanner up` are not signed in); only a signed-in
-user sees where the database and Redis are, why a part is down, the workers' host and device names and
-where llama.cpp's build log is."""
+user sees where the database and Redis are, why a part is down, the workers' hosts (the workers come
+grouped by host) and device names and where llama.cpp's build log is."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request

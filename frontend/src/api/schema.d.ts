@@ -2208,6 +2208,10 @@ export interface components {
       device: components["schemas"]["Device"];
       /** Last Seen */
       last_seen: string;
+      /** Host */
+      host?: string | null;
+      /** Instance */
+      instance?: string | null;
       /** Reserved By */
       reserved_by?: string | null;
     };
