@@ -18,8 +18,7 @@ from lanner.cli.redis_server import answers
 from lanner.cli.stack import worker_command, worker_envs
 from lanner.core import db
 from lanner.core.settings import Settings
-
-EXIT_NAME_TAKEN = 2  # lanner.worker.celery_app's exit when a live worker holds its name
+from lanner.core.worker_registry import EXIT_NAME_TAKEN
 
 
 def preflight_problems(settings: Settings) -> list[str]:

@@ -18,6 +18,7 @@ from lanner.core.messages.device import Device, WorkerRecord
 WORKER_KEY_PREFIX = "lanner:worker:"
 HEARTBEAT_SECONDS = 2.0
 WORKER_TTL_SECONDS = 10
+EXIT_NAME_TAKEN = 78  # EX_CONFIG: a live worker holds this worker's name (take_worker_name)
 
 
 def announce_worker(redis: Redis, name: str, device: Device, instance: str | None = None,

@@ -21,8 +21,8 @@ from lanner.core.queue.claim import DISPATCH_TASK
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import get_settings
 from lanner.core.streams import HARDWARE_STREAM, SHARED_STREAM_MAXLEN, publish
-from lanner.core.worker_registry import (HEARTBEAT_SECONDS, announce_worker, device_holders, keep_gpu_claim,
-                                         retire_worker, take_worker_name)
+from lanner.core.worker_registry import (EXIT_NAME_TAKEN, HEARTBEAT_SECONDS, announce_worker, device_holders,
+                                         keep_gpu_claim, retire_worker, take_worker_name)
 from lanner.worker.devices import current_device, free_memory
 from lanner.worker.telemetry import device_sampler
 
@@ -46,9 +46,6 @@ app.conf.update(
 
 JANITOR_SECONDS = 15.0
 IDLE_LOOK_SECONDS = 5.0
-
-
-EXIT_NAME_TAKEN = 2
 
 
 class WorkerState:
