@@ -165,7 +165,7 @@ def run_queue(settings: Settings, worker_name: str, device: Device, instance: st
 
 
 def _claim(sessions: sessionmaker[Session], redis: Redis, worker_name: str, device: Device, lease: DeviceLease,
-           passed_over: set[int], instance: str | None) -> tuple[Job | None, Device | None] | None:
+           passed_over: set[int], instance: str | None = None) -> tuple[Job | None, Device | None] | None:
     """Claims the next job that fits and reserves the devices it needs; returns it with where it runs
     (this device, or a Placement on several). None: nothing fits (or what fits ranks behind a job on
     several devices that this machine is drained for, claim_next_job); (None, None): the job's devices
