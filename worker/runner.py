@@ -30,7 +30,7 @@ from lanner.core.messages.device import Device, Placement, WorkerRecord, devices
 from lanner.core.messages.signals import cancel_requested, clear_cancel
 from lanner.core.queue.claim import (claim_next_job, has_runnable_job, multi_device_capacity,
                                      note_waiting_jobs, requeue_stopped_job, sweep_orphaned_jobs, unclaim_job,
-                                     wake_worker)
+                                     wake_worker, wake_workers)
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import Settings
 from lanner.core.spec import MAX_REQUEUES
@@ -334,11 +334,13 @@ def _requeue_stopped(settings: Settings, sessions: sessionmaker[Session], redis:
         resume_from = checkpoint_on_record(session, settings, job.id)
         if not requeue_stopped_job(session, job.id, worker_name, resume_from):
             return
-        resume_from = session.get(Job, job.id).resume_from
+        requeued = session.get(Job, job.id, populate_existing=True)
+        resume_from, summary = requeued.resume_from, job_summary(requeued)
     events.status(JobStatus.queued, error=None, resume_from=resume_from)
     events.log(f"Queued again to {f'resume from {resume_from}' if resume_from else 'start over: no checkpoint yet'}"
                " on the next free worker")
-    publish_queue_event(redis, "requeued", job_summary(job))
+    publish_queue_event(redis, "requeued", summary)
+    wake_workers(settings)  # another worker may take it at once
 
 
 def _cancel_requested(redis: Redis, job_id: int) -> bool:
