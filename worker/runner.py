@@ -44,6 +44,9 @@ from lanner.worker.telemetry import DeviceSampler
 POLL_SECONDS = 0.5
 OWNERSHIP_CHECK_SECONDS = 5.0  # how often a running job's worker checks that the job is still its own
 CANCEL_GRACE_SECONDS = 7.0  # SIGTERM lets the trainer save a checkpoint; SIGKILL after this, within 10 s
+# A drain lets the step end and its checkpoint be written, however long a step takes on a big model; SIGKILL
+# (the job requeued from its last checkpoint on record) after this, within docker-compose's stop_grace_period.
+DRAIN_GRACE_SECONDS = 540.0
 _PR_SET_PDEATHSIG = 1
 PROCESS_MODULES = {JobKind.train: "lanner.worker.train_process", JobKind.export: "lanner.worker.export_process",
                    JobKind.chat: "lanner.worker.chat_process"}
@@ -280,7 +283,7 @@ def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, j
                 if cancelled or drained:
                     stop_requested_at = time.monotonic()
                     process.send_signal(signal.SIGTERM)
-            elif time.monotonic() - stop_requested_at > CANCEL_GRACE_SECONDS:
+            elif time.monotonic() - stop_requested_at > (DRAIN_GRACE_SECONDS if drained else CANCEL_GRACE_SECONDS):
                 process.kill()  # ranks die with their launcher (PDEATHSIG)
                 process.wait()
     finally:
@@ -288,7 +291,9 @@ def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, j
             sampler.stop()
     if taken:  # another worker may run it already: its status, stream and checkpoints are no longer ours
         return None
-    status, error = _outcome(sessions, job.id, process.returncode, cancelled, log_path)
+    stopped_by_drain = drained and process.returncode == -signal.SIGKILL  # past DRAIN_GRACE_SECONDS
+    status, error = (None, None) if stopped_by_drain else _outcome(sessions, job.id, process.returncode, cancelled,
+                                                                   log_path)
     if status is None:
         _requeue_stopped(settings, sessions, redis, events, job, worker_name)
         status = JobStatus.queued
