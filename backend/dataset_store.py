@@ -1,9 +1,8 @@
-"""Dataset files on disk: streamed into a temporary file, checked, then moved into place, so an
+"""Dataset files on disk: streamed into a temporary file, checked, then stored (lanner.backend.services.datasets.store_upload), so an
 upload that fails or is refused leaves nothing behind."""
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -48,12 +47,3 @@ def inspect(path: Path, display_name: str) -> dict[str, Any]:
         return report
 
 
-def move_into_place(temporary: Path, final_dir: Path, filename: str) -> Path:
-    final_dir.mkdir(parents=True, exist_ok=True)
-    final = final_dir / filename
-    os.replace(temporary, final)
-    return final
-
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

@@ -5,12 +5,13 @@ the due ones every few seconds. The API, not a worker, sends them: a worker's on
 taken by a job for hours, and a job may end (cancel of a queued job, a swept worker) with no worker
 alive; the rows outlive a restart of either, and the sender takes up the pending ones when the API
 is back. A row is claimed by moving its next try ahead before it is sent, so several API processes
-never send one twice at once.
+never send one twice at once. SENDERS threads send at once, so that a slow receiver holds one of them.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import ipaddress
 import json
 import logging
@@ -19,14 +20,13 @@ import socket
 import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from email.message import EmailMessage
 from urllib.parse import urlsplit
 
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import and_, delete, select, update
+from sqlalchemy.orm import Session, sessionmaker
 
 from lanner.core.db import session_factory
 from lanner.core.models import NotificationDelivery, User, Webhook
@@ -40,6 +40,8 @@ TIMEOUT_SECONDS = 10.0
 LOOK_SECONDS = 2.0  # how often the sender looks for due deliveries
 CLAIM_SECONDS = 60  # a claimed delivery is due again after this if its sender died while sending
 BATCH = 20
+SENDERS = 8  # deliveries sent at once
+KEPT_DELIVERIES = 100  # finished deliveries kept per webhook (per user's e-mail), newest first
 
 log = logging.getLogger(__name__)
 
@@ -48,60 +50,91 @@ def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def target_problem(url: str, allow_private: bool) -> str | None:
-    """Why a webhook may not POST to this URL (in words), or None. Not http(s), no host, a host that
-    does not resolve, or (unless an admin allows them) one that resolves to a private, loopback,
-    link-local or otherwise non-public address."""
+def resolve_target(url: str, allow_private: bool) -> tuple[str | None, str | None]:
+    """(why a webhook may not POST to this URL, in words, or None; the address to connect to). Not
+    http(s), no host, a host that does not resolve, or (unless an admin allows them) one with any
+    address that is private, loopback, link-local or otherwise not public. The host is resolved here
+    once, and the POST goes to the address this returns: a name whose DNS answers a public address to
+    the check and a private one to a second look-up (DNS rebinding) never gets that second look-up."""
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as error:  # a bracketed host that is no IPv6 address, a port that is no number...
-        return f"is not a valid URL ({error})"
+        return f"is not a valid URL ({error})", None
     if parts.scheme not in ("http", "https"):
-        return "must be an http:// or https:// URL"
+        return "must be an http:// or https:// URL", None
     if not parts.hostname:
-        return "has no host"
+        return "has no host", None
     try:
         infos = socket.getaddrinfo(parts.hostname, port or (443 if parts.scheme == "https" else 80),
                                    proto=socket.IPPROTO_TCP)
     except (ValueError, OSError) as error:
-        return f"cannot be reached: {parts.hostname} does not resolve ({error})"
-    if allow_private:
-        return None
-    for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
-        if not address.is_global:
-            return (f"points at {address}, a private address; an admin allows those with "
-                    f"LANNER_WEBHOOK_PRIVATE_TARGETS=true")
-    return None
+        return f"cannot be reached: {parts.hostname} does not resolve ({error})", None
+    addresses = [info[4][0] for info in infos]
+    if not allow_private:
+        for address in addresses:
+            checked = ipaddress.ip_address(address.split("%")[0])
+            if not checked.is_global:
+                return (f"points at {checked}, a private address; an admin allows those with "
+                        f"LANNER_WEBHOOK_PRIVATE_TARGETS=true"), None
+    return None, addresses[0]
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs):  # a redirect could lead to an address the check refused
-        return None
+def target_problem(url: str, allow_private: bool) -> str | None:
+    """Why a webhook may not POST to this URL (resolve_target), or None."""
+    return resolve_target(url, allow_private)[0]
 
 
-_opener = urllib.request.build_opener(_NoRedirects)
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    """An HTTP connection to `address` for the URL's host name, which stays in the Host header."""
+
+    def __init__(self, host: str, port: int | None, address: str, **kwargs):
+        super().__init__(host, port, **kwargs)
+        self.address = address
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self.address, self.port), self.timeout)
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """An HTTPS connection to `address` whose TLS names the URL's host (SNI) and checks its certificate
+    against that name."""
+
+    def __init__(self, host: str, port: int | None, address: str, **kwargs):
+        super().__init__(host, port, context=ssl.create_default_context(), **kwargs)
+        self.address = address
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.address, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
 
 
 def post_webhook(hook: Webhook, delivery: NotificationDelivery, settings: Settings) -> tuple[int | None, str | None]:
-    """One attempt: (HTTP status, None) on a 2xx answer, else (status or None, why in words)."""
-    problem = target_problem(hook.url, settings.webhook_private_targets)
+    """One attempt: (HTTP status, None) on a 2xx answer, else (status or None, why in words). A
+    redirect is not followed (it could lead where the URL check refused)."""
+    problem, address = resolve_target(hook.url, settings.webhook_private_targets)
     if problem:
         return None, f"The URL {problem}."
+    parts = urlsplit(hook.url)
     body = json.dumps(delivery.payload, separators=(",", ":")).encode()
-    request = urllib.request.Request(hook.url, data=body, method="POST", headers={
-        "Content-Type": "application/json", "User-Agent": "Lanner-Webhook",
-        SIGNATURE_HEADER: sign(hook.secret, body), TIMESTAMP_HEADER: str(int(time.time())),
-        EVENT_HEADER: delivery.event})
+    kind = _PinnedHTTPSConnection if parts.scheme == "https" else _PinnedHTTPConnection
+    connection = kind(parts.hostname, parts.port, address, timeout=TIMEOUT_SECONDS)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
-        with _opener.open(request, timeout=TIMEOUT_SECONDS) as response:
-            return response.status, None
-    except urllib.error.HTTPError as error:
-        reason = "a redirect, which is not followed" if 300 <= error.code < 400 else error.reason
-        return error.code, f"The receiver answered {error.code} ({reason})."
-    except (urllib.error.URLError, OSError) as error:
-        return None, f"No answer from {urlsplit(hook.url).netloc}: {getattr(error, 'reason', error)}."
+        connection.request("POST", target, body=body, headers={
+            "Content-Type": "application/json", "User-Agent": "Lanner-Webhook",
+            SIGNATURE_HEADER: sign(hook.secret, body), TIMESTAMP_HEADER: str(int(time.time())),
+            EVENT_HEADER: delivery.event})
+        response = connection.getresponse()
+        code, reason = response.status, response.reason
+    except (OSError, http.client.HTTPException) as error:
+        return None, f"No answer from {parts.netloc}: {error}."
+    finally:
+        connection.close()
+    if 200 <= code < 300:
+        return code, None
+    reason = "a redirect, which is not followed" if 300 <= code < 400 else reason
+    return code, f"The receiver answered {code} ({reason})."
 
 
 def email_message(delivery: NotificationDelivery, to: str, sender: str) -> EmailMessage:
@@ -111,8 +144,8 @@ def email_message(delivery: NotificationDelivery, to: str, sender: str) -> Email
     message["Subject"] = f"Lanner: job {job['name']} (#{job['id']}) {what}"
     message["From"], message["To"] = sender, to
     lines = [f"Your job {job['name']} (#{job['id']}, {job['method']}) {what}: its status is {job['status']}."]
-    if job.get("error"):
-        lines += ["", job["error"]]
+    if delivery.payload.get("reason") or job.get("error"):
+        lines += ["", delivery.payload.get("reason") or job["error"]]
     lines += ["", f"The job: {links['job']}", f"Its files: {links['artifacts']}"]
     message.set_content("\n".join(lines) + "\n")
     return message
@@ -148,9 +181,20 @@ def _claim(session: Session, delivery_id: int, now: datetime) -> bool:
         .execution_options(synchronize_session=False)).rowcount == 1
 
 
+def prune(session: Session, delivery: NotificationDelivery) -> None:
+    """Keeps the newest KEPT_DELIVERIES finished deliveries of the delivery's webhook (of its user's
+    e-mail when it has none); pending ones are never pruned."""
+    same = (NotificationDelivery.webhook_id == delivery.webhook_id if delivery.webhook_id is not None else
+            and_(NotificationDelivery.webhook_id.is_(None), NotificationDelivery.user_id == delivery.user_id))
+    finished = and_(same, NotificationDelivery.state != DeliveryState.pending)
+    kept = select(NotificationDelivery.id).where(finished).order_by(NotificationDelivery.id.desc()).limit(KEPT_DELIVERIES)
+    session.execute(delete(NotificationDelivery).where(finished, NotificationDelivery.id.not_in(kept.scalar_subquery()))
+                    .execution_options(synchronize_session=False))
+
+
 def attempt(session: Session, delivery: NotificationDelivery, settings: Settings, now: datetime) -> None:
     """Sends one delivery once and records the outcome: delivered, a retry after a backoff, or failed
-    for good after MAX_ATTEMPTS."""
+    for good after MAX_ATTEMPTS (then the webhook's log is pruned)."""
     if delivery.webhook_id is not None:
         code, error = post_webhook(session.get(Webhook, delivery.webhook_id), delivery, settings)
     else:
@@ -163,25 +207,37 @@ def attempt(session: Session, delivery: NotificationDelivery, settings: Settings
         delivery.state, delivery.next_try_at = DeliveryState.failed, None
     else:
         delivery.next_try_at = now + retry_delay(delivery.attempts)
+    if delivery.state != DeliveryState.pending:
+        session.flush()
+        prune(session, delivery)
     session.commit()
 
 
+def _send_one(sessions: sessionmaker[Session], delivery_id: int, settings: Settings, now: datetime) -> bool:
+    """Claims and sends one due delivery in a session of its own (a sender thread's). Whether it did."""
+    with sessions() as session:
+        claimed = _claim(session, delivery_id, now)
+        session.commit()
+        if not claimed:
+            return False  # another API process (or a turn before) took it
+        attempt(session, session.get(NotificationDelivery, delivery_id, populate_existing=True), settings, now)
+        return True
+
+
+_senders = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="lanner-webhook")
+
+
 def deliver_due(settings: Settings, now: datetime | None = None) -> int:
-    """Sends the deliveries due at `now` (default: now), each once. Returns how many it tried."""
+    """Sends the deliveries due at `now` (default: now), each once, SENDERS at a time: a receiver that
+    takes its 10 s holds one sender, not the others. Returns how many it tried."""
     now = now or datetime.now(timezone.utc)
-    tried = 0
-    with session_factory(settings.database_url)() as session:
+    sessions = session_factory(settings.database_url)
+    with sessions() as session:
         due = session.scalars(select(NotificationDelivery.id).where(
             NotificationDelivery.state == DeliveryState.pending, NotificationDelivery.next_try_at <= now)
             .order_by(NotificationDelivery.next_try_at).limit(BATCH)).all()
-        for delivery_id in due:
-            claimed = _claim(session, delivery_id, now)
-            session.commit()
-            if not claimed:
-                continue  # another API process took it
-            attempt(session, session.get(NotificationDelivery, delivery_id, populate_existing=True), settings, now)
-            tried += 1
-    return tried
+    sent = [_senders.submit(_send_one, sessions, delivery_id, settings, now) for delivery_id in due]
+    return sum(future.result() for future in sent)
 
 
 class NotificationSender:

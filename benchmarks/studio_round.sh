@@ -12,7 +12,3 @@ budget=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['budget
 cd benchmarks
 python3 run.py --models llama-8b --systems unsloth --lanner-variants "budget=$budget" --steps 8 --warmup 3 \
   --timeout 300 --out "$out/results.jsonl"
-# The same studio job without gradient clipping (the harness clips nothing): what clipping costs a step.
-cd ..
-python3 benchmarks/studio_bench.py --steps 25 --warmup 5 --budget "$budget" --set max_grad_norm=0 \
-  2> >(tail -20 >&2) > "$out/studio-noclip.json"

@@ -52,12 +52,14 @@ def train(config: Path, dataset: Path, out: Path) -> int:
 
 def _run_settings(user: Settings, data_dir: Path) -> Settings:
     """Settings for the run's own data dir, taken by every part of the process (get_settings); the
-    models folder is the user's, so the built-in model is imported, and hub models downloaded, once."""
+    models folder is the user's, so the built-in model is imported, and hub models downloaded, once; the
+    store is that data dir, whatever LANNER_STORE says."""
     data_dir.mkdir(parents=True)
     user.models_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "models").symlink_to(user.models_dir.resolve(), target_is_directory=True)
     os.environ["LANNER_DATA_DIR"] = str(data_dir)
     os.environ["LANNER_DATABASE_URL"] = f"sqlite:///{data_dir / 'lanner.db'}"
+    os.environ["LANNER_STORE"] = "local"  # the run's files are moved into its output folder, never uploaded
     get_settings.cache_clear()
     return get_settings()
 

@@ -24,6 +24,14 @@ Deliberately simple (refine it against measured peaks on the GPU box):
   GPU job that sets no budget gets `default_budget_bytes` of the GPU it will run on (all of its
   memory but the CUDA context is free for the job, which has the GPU to itself), which on a large
   GPU keeps every layer;
+- GRPO (method grpo): generation samples batch_size × gradient_accumulation completions at once (TRL's
+  generation batch, one per optimizer step) with a KV cache of max_seq_len tokens each (prompt and
+  completion), and the last token's logits; it runs between training steps, so the peak holds the larger
+  of generation and the step's activations + logits (generation_bytes, counted that way in the total);
+- reward models a GRPO job scores with (`reward_models`, their base's shapes) are loaded for the whole
+  run in the job's dtype, without gradients: each its weights (a one-output head instead of lm_head)
+  plus one layer's working tensors for a scoring forward of REWARD_SCORING_BATCH rows of max_seq_len
+  tokens (reward_models_bytes);
 - overhead: 5% of the rest plus, on a GPU, a fixed 512 MiB (CUDA context, allocator slack); on the
   CPU, the training process's own resident memory before its model (CPU_RUNTIME_BYTES). So each
   estimate counts what its device's measured peak counts: on a GPU, the memory in use on the GPU
@@ -52,6 +60,8 @@ CPU_LOGITS_BYTES = 40
 # (its lease gives it the device alone; the rest is the allocator's and CUDA's headroom), so layers
 # are kept rather than recomputed wherever the memory allows (docs/memory-engine.md).
 DEFAULT_BUDGET_SHARE_OF_FREE = 0.9
+# Completions a GRPO job's reward model scores in one forward (worker/training/reward_scoring.py).
+REWARD_SCORING_BATCH = 8
 
 
 def default_budget_bytes(allocated_bytes: int, free_bytes: int, memory_limit_mb: int | None) -> int:
@@ -97,6 +107,19 @@ def lora_parameters(model: dict[str, Any], r: int, target_modules: list[str] | s
                              if target_modules == "all-linear" or name in target_modules)
 
 
+def reward_model_bytes(model: dict[str, Any], weight_bytes: int, max_seq_len: int) -> int:
+    """A reward model loaded to score a GRPO job's completions: its weights (a sequence classifier, whose
+    one-output score head replaces the language-model head) and one layer's working tensors for a forward
+    of REWARD_SCORING_BATCH rows without gradients. Its parameter count alone when its shape is unknown."""
+    if "hidden_size" not in model:
+        return int(model["parameters"]) * weight_bytes
+    s = _shape(model)
+    parameters = count_parameters(model)["total"] - (0 if s["tied"] else s["vocab"] * s["hidden"]) + s["hidden"]
+    tokens = REWARD_SCORING_BATCH * max_seq_len
+    working = (4 * s["hidden"] + 2 * s["kv"] + 2 * s["intermediate"]) * weight_bytes * tokens
+    return parameters * weight_bytes + working
+
+
 def _memory_engine_on(spec: JobSpec, device_kind: str) -> bool:
     """lanner.kernels' memory engine plans the checkpointing of lora/qlora jobs on the kernels on a GPU."""
     hp = spec.hyperparameters
@@ -104,7 +127,8 @@ def _memory_engine_on(spec: JobSpec, device_kind: str) -> bool:
 
 
 def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cuda",
-                    device_free_bytes: int | None = None, longest_row: int | None = None) -> dict[str, int]:
+                    device_free_bytes: int | None = None, longest_row: int | None = None,
+                    reward_models: list[dict[str, Any]] = ()) -> dict[str, int]:
     """Bytes a job of this spec needs. model: the model's config.json as a dict (hidden_size,
     intermediate_size, num_hidden_layers, vocab_size, num_attention_heads, num_key_value_heads,
     head_dim, tie_word_embeddings) or {"parameters": N} when only the count is known (then
@@ -113,8 +137,8 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
     (unknown: the smallest plan is assumed). A method that trains every weight (full, pretrain, a preference
     method without LoRA settings) is estimated as a full fine-tune. longest_row: the dataset's longest row in
     tokens, when measured: a batch is padded to its longest row, so without packing a step holds
-    batch_size × min(longest_row, max_seq_len) tokens (max_seq_len when unknown). Returns the parts and
-    "total_bytes"."""
+    batch_size × min(longest_row, max_seq_len) tokens (max_seq_len when unknown). reward_models: the shapes (as `model`) of the reward models a GRPO job
+    scores with. Returns the parts and "total_bytes"."""
     hp = spec.hyperparameters
     weight_bytes = PRECISION_BYTES.get(hp.precision, 2 if device_kind == "cuda" else 4)
     act_bytes = weight_bytes
@@ -138,7 +162,7 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
     gradients = trainable * trainable_bytes
     optimizer = trainable * ADAM_BYTES
 
-    activations = logits = 0
+    activations = logits = generation = 0
     if "hidden_size" in model:
         s = _shape(model)
         row = hp.max_seq_len if hp.packing or not longest_row else min(longest_row, hp.max_seq_len)
@@ -172,9 +196,17 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
                 room = budget - (weights + adapter + gradients + optimizer + logits)
                 activations = max(activations, min(room, s["layers"] * per_layer))
 
-    subtotal = weights + adapter + gradients + optimizer + activations + logits
+        if spec.method == "grpo":
+            sequences = hp.batch_size * hp.gradient_accumulation
+            kv_cache = s["layers"] * 2 * s["kv"] * act_bytes * sequences * hp.max_seq_len
+            generation = kv_cache + sequences * s["vocab"] * (act_bytes + 4)  # the last token's logits, upcast to sample
+
+    rewards = sum(reward_model_bytes(shape, weight_bytes, hp.max_seq_len) for shape in reward_models)
+    # Generation and the training step take turns: the peak holds the larger of the two.
+    subtotal = weights + adapter + gradients + optimizer + max(activations + logits, generation) + rewards
     overhead = subtotal // 20 + (CUDA_OVERHEAD_BYTES if device_kind == "cuda" else CPU_RUNTIME_BYTES)
     return {"parameters": parts["total"], "trainable_parameters": trainable, "lora_parameters": lora,
             "weights_bytes": weights + adapter, "gradients_bytes": gradients, "optimizer_bytes": optimizer,
-            "activations_bytes": activations, "logits_bytes": logits, "overhead_bytes": overhead,
+            "activations_bytes": activations, "logits_bytes": logits, "generation_bytes": generation,
+            "reward_models_bytes": rewards, "overhead_bytes": overhead,
             "total_bytes": subtotal + overhead}

@@ -86,12 +86,14 @@ def model_shape(model: str, models_dir: Path) -> dict | None:
 
 
 def estimate_job_memory(spec: JobSpec, models_dir: Path, gpu_bytes: int | None = None,
-                        longest_row: int | None = None) -> dict | None:
+                        longest_row: int | None = None, reward_models: list[str] = ()) -> dict | None:
     """lanner.core.memory_estimate's estimate for a job spec on the device its gpus ask for (a GPU of
-    gpu_bytes, when known: the job has it to itself), with its dataset's longest row when measured;
-    None when the model's size is unknown."""
+    gpu_bytes, when known: the job has it to itself), with its dataset's longest row when measured and
+    the base models of the reward models a GRPO job scores with; None when the model's size, or a
+    reward model's, is unknown."""
     shape = model_shape(spec.model, models_dir)
-    if shape is None:
+    scorers = [model_shape(model, models_dir) for model in reward_models]
+    if shape is None or None in scorers:
         return None
     return estimate_memory(spec, shape, "cuda" if spec.gpus else "cpu", gpu_bytes if spec.gpus else None,
-                           longest_row)
+                           longest_row, scorers)

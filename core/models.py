@@ -33,8 +33,9 @@ class JobKind(str, enum.Enum):
 
 class ArtifactKind(enum.StrEnum):  # str() and f-strings give the value: it names folders too
     """What a job's artifact is. A training job saves checkpoints, then an adapter (LoRA/QLoRA) or
-    a whole model, and its evaluation; an export writes an adapter, a merged model, GGUF files and
-    a Modelfile."""
+    a whole model, its evaluation, and the files of the experiment trackers that write into its folder
+    (TensorBoard's event files, W&B's offline run); an export writes an adapter, a merged model, GGUF
+    files and a Modelfile."""
     checkpoint = "checkpoint"
     adapter = "adapter"
     model = "model"
@@ -42,6 +43,8 @@ class ArtifactKind(enum.StrEnum):  # str() and f-strings give the value: it name
     merged = "merged"
     gguf = "gguf"
     modelfile = "modelfile"
+    tensorboard = "tensorboard"
+    wandb = "wandb"
 
 
 class JobStatus(str, enum.Enum):

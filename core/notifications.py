@@ -47,10 +47,11 @@ def test_payload() -> dict[str, Any]:
     return {"event": TEST_EVENT, "occurred_at": _now().isoformat(), "job": None, "links": None}
 
 
-def job_payload(job: Job, event: str) -> dict[str, Any]:
-    """The body of a job's notification: what happened, to which job, and where to look."""
+def job_payload(job: Job, event: str, reason: str | None = None) -> dict[str, Any]:
+    """The body of a job's notification: what happened, to which job, why (a waiting job's reason,
+    in words), and where to look."""
     settings = get_settings()
-    return {"event": event, "occurred_at": _now().isoformat(),
+    return {"event": event, "occurred_at": _now().isoformat(), "reason": reason,
             "job": {"id": job.id, "name": job.name, "kind": job.kind.value, "method": job.method,
                     "status": job.status.value, "error": job.error},
             "links": {"job": settings.job_page_url(job.id),
@@ -64,10 +65,10 @@ def new_delivery(user_id: int, webhook_id: int | None, job_id: int | None, event
                                 state=DeliveryState.pending, attempts=0, next_try_at=_now())
 
 
-def notify_job(session: Session, job: Job, event: JobEvent) -> int:
+def notify_job(session: Session, job: Job, event: JobEvent, reason: str | None = None) -> int:
     """Adds the deliveries of this event of the job to the session (the caller commits them with the
     job's change). Returns how many."""
-    payload = job_payload(job, event.value)
+    payload = job_payload(job, event.value, reason)
     hooks = session.scalars(select(Webhook).where(Webhook.user_id == job.owner_id)).all()
     rows = [new_delivery(job.owner_id, hook.id, job.id, event.value, payload)
             for hook in hooks if event.value in hook.events]

@@ -62,10 +62,30 @@ class Settings(BaseSettings):
     smtp_username: str = Field(default="", description="SMTP user name; empty: no login")
     smtp_password: str = Field(default="", description="SMTP password")
     smtp_from: str = Field(default="", description="From address of notification e-mail; empty: lanner@HOST")
+    # Storage (docs/storage.md): datasets, checkpoints and artifacts in the data dir (one box) or in an
+    # S3-compatible object store that every host shares; a host keeps what it fetched in its cache.
+    store: Literal["local", "s3"] = Field(default="local", description="Where datasets, checkpoints and artifacts "
+                                          "live: the data dir, or an S3-compatible store (several hosts)")
+    s3_bucket: str = Field(default="", description="Bucket of the S3 store")
+    s3_prefix: str = Field(default="", description="Folder in the bucket the keys go under; empty: its top")
+    s3_endpoint_url: str = Field(default="", description="Address of an S3-compatible server; empty: AWS")
+    s3_region: str = Field(default="", description="Region of the bucket; empty: the client's default")
+    s3_access_key_id: str = Field(default="", description="Access key of the S3 store; empty: boto3's usual "
+                                                          "lookup (environment, ~/.aws, instance role)")
+    s3_secret_access_key: str = Field(default="", description="Secret of that access key")
+    cache_dir: Path | None = Field(default=None, description="This host's copies of store files (S3 store); "
+                                                             "empty: DATA_DIR/cache")
+    cache_max_bytes: int = Field(default=50 * 1024**3, ge=0, description="Most bytes the cache keeps; least "
+                                                                        "recently used copies go first")
+    store_retry_s: float = Field(default=900.0, ge=0, description="How long a store operation keeps retrying "
+                                                                  "while the store is unreachable")
 
     @model_validator(mode="after")
     def _derive(self) -> "Settings":
         self.data_dir = self.data_dir.expanduser().resolve()
+        self.cache_dir = (self.cache_dir or self.data_dir / "cache").expanduser().resolve()
+        if self.store == "s3" and not self.s3_bucket:
+            raise ValueError("LANNER_STORE=s3 needs LANNER_S3_BUCKET, the bucket to keep files in")
         if not self.database_url:
             self.database_url = f"sqlite:///{self.data_dir / 'lanner.db'}"
         self.public_url = (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")

@@ -13,7 +13,8 @@ from lanner.core.spec import Tracker
 
 TRACKERS_FOLDER = "trackers"
 RUNS_FILE = "trackers.json"
-# The trackers that write files into the job's folder, which the job page offers as a download.
+# The trackers that write files into the job's folder: each folder becomes an artifact of the job (its kind
+# the tracker's name) when the training process ends the trackers.
 FOLDERS: dict[str, str] = {"tensorboard": "tensorboard", "wandb": "wandb"}
 
 

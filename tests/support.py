@@ -59,15 +59,18 @@ def free_port() -> int:
 
 class WebhookReceiver(ThreadingHTTPServer):
     """An HTTP server on a free localhost port, in a thread, that records each POST (headers, raw body)
-    and answers it with the next of `answers` (then 200): what a webhook's owner runs."""
+    and answers it with the next of `answers` (then 200): what a webhook's owner runs. `hold`: it
+    answers only once that event is set (a slow receiver); `tls`: it speaks HTTPS with that context."""
 
-    def __init__(self, answers: list[int] = ()):
+    def __init__(self, answers: list[int] = (), hold: threading.Event | None = None, tls=None):
         self.answers, self.requests = list(answers), []
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(handler):
                 body = handler.rfile.read(int(handler.headers["Content-Length"]))
                 self.requests.append((dict(handler.headers), body))
+                if hold is not None:
+                    hold.wait(30)
                 handler.send_response(self.answers.pop(0) if self.answers else 200)
                 handler.end_headers()
 
@@ -75,6 +78,8 @@ class WebhookReceiver(ThreadingHTTPServer):
                 pass
 
         super().__init__(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self.socket = tls.wrap_socket(self.socket, server_side=True)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     @property

@@ -111,6 +111,7 @@ class ExportProcess(JobProcess):
         with self.sessions() as session:
             for item in manifest["artifacts"]:
                 path = out_dir / item["path"]
+                key = self.push(path)
                 verification = None
                 kind = ArtifactKind(item["kind"])  # the manifest names its files by artifact kind
                 if kind == ArtifactKind.merged:
@@ -118,7 +119,7 @@ class ExportProcess(JobProcess):
                 elif kind == ArtifactKind.gguf:
                     verification = manifest["verification"].get("gguf", {}).get(item.get("type"))
                 session.add(Artifact(job_id=self.job_id, kind=kind, name=path.name,
-                                     path=str(path.relative_to(self.settings.data_dir)), size_bytes=item["bytes"],
+                                     path=key, size_bytes=item["bytes"],
                                      verification=verification))
             session.commit()
         self.events.log(f"Export done: {len(manifest['artifacts'])} files, {manifest['bytes'] / 1e6:.1f} MB")

@@ -12,6 +12,7 @@ from lanner.core.errors import UserError
 from lanner.core.models import Artifact, Job, trained_weights
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import get_settings
+from lanner.core.storage import Store, get_store, local_copy
 from lanner.worker.events import FLUSH_SECONDS, JobEvents
 
 EXIT_FAILED = 1
@@ -42,10 +43,29 @@ class JobProcess:
         """Where the job's events go: its Redis stream and the database (`lanner train`: the terminal)."""
         return JobEvents(self.job_id, get_redis(self.settings.redis_url), self.sessions)
 
+    def store_wait(self, message: str) -> None:
+        """A wait for an unreachable store, in the job's log."""
+        self.events.log(message, level="warning")
+
+    def store(self) -> Store:
+        return get_store(self.settings, self.store_wait)
+
     def data_path(self, stored: str) -> Path:
-        """A path the database holds, relative to the data dir unless absolute."""
-        path = Path(stored)
-        return path if path.is_absolute() else self.settings.data_dir / path
+        """A path the database holds: absolute (`lanner train`'s dataset) as it is, else a store key,
+        whose file or folder is the data dir's own or fetched into this host's cache."""
+        if Path(stored).is_absolute():
+            return Path(stored)
+        try:
+            return local_copy(self.settings, stored, self.store_wait)
+        except FileNotFoundError:
+            raise JobFailed(f"{stored} is missing from the store (deleted, or never stored)") from None
+
+    def push(self, path: Path) -> str:
+        """Stores a file or folder this process wrote under the data dir (nothing to do with the local
+        store); returns its key."""
+        key = path.relative_to(self.settings.data_dir).as_posix()
+        self.store().put(key, path)
+        return key
 
     def parent_weights(self, session, deleted: str) -> tuple[Job, Job, Artifact | None]:
         """This job, the training job it reads (JobFailed with `deleted` when it is gone), and that

@@ -33,6 +33,7 @@ from lanner.core.queue.claim import (claim_next_job, has_runnable_job, multi_dev
                                      wake_worker, wake_workers)
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import Settings
+from lanner.core.storage import get_store
 from lanner.core.spec import MAX_REQUEUES
 from lanner.core.worker_registry import (HEARTBEAT_SECONDS, device_holders, keep_devices, largest_machine,
                                          live_workers, release_devices, reserve_devices)
@@ -433,8 +434,10 @@ def sweep_orphans(settings: Settings, worker_name: str | None = None, alive: str
 
 
 def checkpoint_on_record(session: Session, settings: Settings, job_id: int) -> str | None:
-    """The job's newest complete checkpoint that the database records (and whose folder still exists). Its Artifact row is written after the trainer finished
-    saving it, so a folder half-written when the worker died is never picked."""
+    """The job's newest complete checkpoint that the database records (and whose folder is still in the
+    store). Its Artifact row is written after the trainer finished saving it and it was stored, so a
+    folder half-written or half-uploaded when the worker died is never picked."""
     rows = session.execute(select(Artifact).where(Artifact.job_id == job_id, Artifact.kind == ArtifactKind.checkpoint)
                            .order_by(Artifact.id.desc())).scalars()
-    return next((row.name for row in rows if (settings.data_dir / row.path).is_dir()), None)
+    store = get_store(settings)
+    return next((row.name for row in rows if store.is_folder(row.path)), None)

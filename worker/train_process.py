@@ -18,6 +18,7 @@ from sqlalchemy import select
 from lanner.core.messages.records import CheckpointSaved, DatasetChecked
 from lanner.core.models import Artifact, ArtifactKind, Dataset, Job
 from lanner.core.spec import load_spec
+from lanner.core.trackers import FOLDERS, trackers_dir
 from lanner.worker.distributed.ranks import is_main_process, world_size
 from lanner.worker.job_process import EXIT_CANCELLED, JobFailed, JobProcess, artifacts_dir, main
 
@@ -63,9 +64,9 @@ class TrainProcess(JobProcess):
     def add_artifact(self, kind: ArtifactKind, name: str, path: Path) -> None:
         if not is_main_process():  # a multi-GPU job's artifacts are rank 0's to record
             return
+        key = self.push(path)  # stored before it is on record: a recorded checkpoint can always be resumed from
         with self.sessions() as session:
-            session.add(Artifact(job_id=self.job_id, kind=kind, name=name,
-                                 path=str(path.relative_to(self.settings.data_dir)), size_bytes=_dir_size(path)))
+            session.add(Artifact(job_id=self.job_id, kind=kind, name=name, path=key, size_bytes=_dir_size(path)))
             session.commit()
 
     def on_checkpoint(self, path: Path, step: int) -> None:
@@ -143,13 +144,41 @@ class TrainProcess(JobProcess):
             return
         studio = self.settings.public_url
         links = {"job_url": self.settings.job_page_url(self.job_id)}
+        store = self.store()
         with self.sessions() as session:
             for artifact in session.scalars(select(Artifact).where(Artifact.job_id == self.job_id)
                                             .order_by(Artifact.id)):
-                folder = (self.settings.data_dir / artifact.path).is_dir()
+                folder = store.is_folder(artifact.path)
                 links[f"artifact.{artifact.name}"] = (f"{studio}/api/artifacts/{artifact.id}/download"
                                                       + ("?archive=tar" if folder else ""))
         self.trackers.finish(outcome, links)
+        try:
+            self.record_tracker_files()
+        except Exception as error:  # a tracker never fails the job
+            self.events.log(f"The trackers' files could not be recorded as artifacts: {error}", level="warning")
+
+    def record_tracker_files(self) -> None:
+        """The trackers' folder (the runs' record and files) goes to the store, for the job page whichever
+        host serves it, and the folders TensorBoard and W&B wrote become the job's artifacts (kinds
+        tensorboard, wandb), downloaded as any folder artifact; a requeued job's row is updated, not doubled."""
+        folder = trackers_dir(artifacts_dir(self.settings.data_dir, self.job_id))
+        if not folder.is_dir() or not is_main_process():
+            return
+        self.push(folder)
+        for tracker, name in FOLDERS.items():
+            files = folder / name
+            if not files.is_dir():
+                continue
+            with self.sessions() as session:
+                kept = session.scalar(select(Artifact).where(Artifact.job_id == self.job_id,
+                                                             Artifact.kind == ArtifactKind(tracker)))
+                if kept is None:
+                    session.add(Artifact(job_id=self.job_id, kind=ArtifactKind(tracker), name=name,
+                                         path=files.relative_to(self.settings.data_dir).as_posix(),
+                                         size_bytes=_dir_size(files)))
+                else:
+                    kept.size_bytes = _dir_size(files)
+                session.commit()
 
     def train_and_save(self, job: Job, options, trainer_module: str, rows: list[dict]) -> int:
         from lanner.worker.training.callbacks import CancelCallback
@@ -250,14 +279,15 @@ class TrainProcess(JobProcess):
 
     def resume_path(self, job: Job) -> Path | None:
         """resume_from names a checkpoint of this job or, for a job that continues another, of
-        the parent job."""
+        the parent job: in the store, whichever host wrote it (fetched into this host's cache)."""
         if not job.resume_from:
             return None
+        store = self.store()
         for owner in (job.id, job.parent_job_id):
             if owner is not None:
-                path = artifacts_dir(self.settings.data_dir, owner) / "checkpoints" / job.resume_from
-                if path.is_dir():
-                    return path
+                key = f"artifacts/{owner}/checkpoints/{job.resume_from}"
+                if store.is_folder(key):
+                    return self.data_path(key)
         raise JobFailed(f"The checkpoint {job.resume_from!r} to resume from does not exist.")
 
 

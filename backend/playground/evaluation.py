@@ -7,10 +7,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lanner.backend.paths import inside
 from lanner.core.errors import UserError
 from lanner.core.models import Artifact, ArtifactKind, Job, JobStatus
 from lanner.core.settings import Settings
+from lanner.core.storage import BadKey, local_copy
 
 SAMPLE_FIELDS = ("prompt", "reference", "base_answer", "tuned_answer", "base_overlap", "tuned_overlap")
 
@@ -25,8 +25,11 @@ def job_evaluation(session: Session, settings: Settings, job_id: int) -> dict[st
                                .order_by(Artifact.id.desc())).first()
     if artifact is None:
         raise UserError(404, f"Job {job_id} has no before/after evaluation")
-    path = settings.data_dir / artifact.path
-    if not inside(settings.data_dir, artifact.path) or not path.is_file():
+    try:
+        path = local_copy(settings, artifact.path)
+    except (BadKey, FileNotFoundError):
+        path = None
+    if path is None or not path.is_file():
         raise UserError(404, f"The evaluation file of job {job_id} is missing")
     try:
         data = json.loads(path.read_text())

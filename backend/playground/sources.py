@@ -9,13 +9,13 @@ from pydantic import Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from lanner.backend.paths import inside
 from lanner.backend.schemas.playground import ModelFileOut
 from lanner.core.default_model import DEFAULT_MODEL_ID, DefaultModelMissing, gguf_path
 from lanner.core.errors import UserError
 from lanner.core.messages.chat import Side
 from lanner.core.models import Artifact, ArtifactKind, Job, JobKind, JobStatus
 from lanner.core.settings import Settings
+from lanner.core.storage import BadKey, local_copy
 from lanner.core.spec import REWARD_MODEL_METHODS, load_spec, reward_model_refusal
 
 # On a CPU, q8_0 answers about twice as fast as f16 and its output is nearly the same (export checks
@@ -66,8 +66,11 @@ def tuned_model(session: Session, settings: Settings, job: Job) -> ModelFile:
         .where(Job.parent_job_id == job.id, Job.kind == JobKind.export, Job.status == JobStatus.succeeded,
                Artifact.kind == ArtifactKind.gguf).order_by(Artifact.id.desc())).scalars().all()
     for artifact in sorted(found, key=lambda a: _type_rank(a.name)):  # stable: newest first within a type
-        if inside(settings.data_dir, artifact.path) and (settings.data_dir / artifact.path).is_file():
-            path = (settings.data_dir / artifact.path).resolve()
+        try:
+            path = local_copy(settings, artifact.path).resolve()
+        except (BadKey, FileNotFoundError):
+            continue
+        if path.is_file():
             return ModelFile(available=True, gguf=artifact.name, path=path, artifact_id=artifact.id,
                              size_bytes=path.stat().st_size)
     export = pending_export(session, job)

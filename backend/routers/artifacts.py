@@ -1,11 +1,11 @@
 """Artifacts: list per job, download (one HTTP range at a time, so large files resume; HEAD for the
 size and ETag alone; If-None-Match answered 304 when the file is unchanged; a whole folder as a tar
-stream), delete. Every path is resolved (symlinks and '..' included) and must stay inside the data dir."""
+stream), delete. An artifact's path is its store key (lanner.core.storage): a file of the data dir, or of
+the S3 store served from this host's cache; '..', absolute keys and symlinks out of the data dir are refused."""
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat as stat_mode
 import tarfile
 from collections.abc import Iterator
@@ -23,6 +23,7 @@ from lanner.backend.paths import inside, safe_filename
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, PathId, errors
 from lanner.backend.schemas.artifacts import ArtifactOut
 from lanner.core.settings import Settings, get_settings
+from lanner.core.storage import BadKey, get_store, local_copy
 
 router = APIRouter(tags=["artifacts"], responses={**SIGNED_IN_ERRORS, **errors(404)})
 SINGLE_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
@@ -38,11 +39,15 @@ def _artifact(session: Session, artifact_id: int) -> Artifact:
     return artifact
 
 
-def _location(settings: Settings, artifact: Artifact) -> Path | None:
-    """The artifact's path on disk, or None if it points outside the data dir."""
-    if not artifact.path or not inside(settings.data_dir, artifact.path):
-        return None
-    return (settings.data_dir / artifact.path).resolve()
+def _location(settings: Settings, artifact: Artifact) -> Path:
+    """The artifact's file or folder on this machine: the data dir's own, or the store's copy in this
+    host's cache (fetched whole, then served with ranges as a local file). 404 in words when it has none."""
+    try:
+        return local_copy(settings, artifact.path).resolve()
+    except BadKey:
+        raise HTTPException(404, f"Artifact {artifact.id} has no file inside the store") from None
+    except FileNotFoundError:
+        raise HTTPException(404, f"The file of artifact {artifact.id} is missing") from None
 
 
 def _files(folder: Path) -> list[str]:
@@ -63,11 +68,14 @@ def list_artifacts(job_id: PathId, _: User = Depends(current_user), session: Ses
     if session.get(Job, job_id) is None:
         raise HTTPException(404, f"No job {job_id}")
     found = []
+    store = get_store(settings)
     for artifact in session.scalars(select(Artifact).where(Artifact.job_id == job_id).order_by(Artifact.id)):
         out = ArtifactOut.model_validate(artifact)
-        location = _location(settings, artifact)
-        if location is not None and location.is_dir():
-            out.files = _files(location)[:MAX_LISTED_FILES]
+        try:
+            if store.is_folder(artifact.path):
+                out.files = store.list(artifact.path)[:MAX_LISTED_FILES]
+        except BadKey:
+            pass
         found.append(out)
     return found
 
@@ -147,8 +155,6 @@ def download_artifact(artifact_id: PathId, request: Request,
         raise HTTPException(422, "Give ?file= (one file of a folder) or ?archive= (the whole folder), not both")
     artifact = _artifact(session, artifact_id)
     location = _location(settings, artifact)
-    if location is None:
-        raise HTTPException(404, f"Artifact {artifact_id} has no file inside the data directory")
     if location.is_dir():
         if archive:
             return folder_archive(location, f"job-{artifact.job_id}-{artifact.name}", head=request.method == "HEAD")
@@ -178,13 +184,10 @@ def delete_artifact(artifact_id: PathId, user: User = Depends(current_user), ses
     artifact = _artifact(session, artifact_id)
     job = session.get(Job, artifact.job_id)
     require_owner_or_admin(user, job.owner_id, "delete this artifact")
-    location = _location(settings, artifact)
     session.delete(artifact)
     session.commit()
-    if location is not None:  # never touch anything outside the data dir, whatever the row says
-        unresolved = settings.data_dir / artifact.path
-        if unresolved.is_symlink() or unresolved.is_file():
-            unresolved.unlink(missing_ok=True)
-        elif unresolved.is_dir():
-            shutil.rmtree(unresolved, ignore_errors=True)
+    try:
+        get_store(settings).delete(artifact.path)
+    except BadKey:  # never touch anything outside the store, whatever the row says
+        pass
     return Response(status_code=204)

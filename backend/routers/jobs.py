@@ -53,7 +53,8 @@ def estimate_job(body: JobCreate, _: User = Depends(current_user), session: Sess
     """The device memory a spec would need, without queueing it (the dataset is not checked; when it
     exists and its report measured its rows with the spec's model, its longest row sizes a batch)."""
     return MemoryEstimate(model=body.model, device="cuda" if body.gpus else "cpu",
-                          estimate=jobs.memory_estimate(body, settings, redis, session.get(Dataset, body.dataset_id)))
+                          estimate=jobs.memory_estimate(body, settings, redis, session,
+                                                               session.get(Dataset, body.dataset_id)))
 
 
 @router.post("/api/jobs/config/parse", response_model=ParsedConfig, responses=errors(422))

@@ -1,20 +1,21 @@
-"""Experiment trackers: the ones this studio offers a new job, a job's runs in them (the MLflow run's
-page, the status, why one stopped), and the files TensorBoard and W&B wrote into the job's folder as
-one tar stream."""
+"""Experiment trackers: the ones this studio offers a new job, and a job's runs in them (the MLflow run's
+page, the status, why one stopped). The files TensorBoard and W&B wrote into the job's folder are its
+artifacts (kinds tensorboard and wandb), downloaded as any other."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import APIRouter, Depends, HTTPException
-from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
 from lanner.backend.deps import current_user, get_db
-from lanner.backend.routers.artifacts import BINARY, folder_archive
 from lanner.backend.schemas.common import SIGNED_IN_ERRORS, PathId, errors
-from lanner.backend.schemas.trackers import JobTrackerRun, TrackerOption
+from lanner.backend.schemas.trackers import TrackerOption
 from lanner.core.models import Job, User
 from lanner.core.settings import Settings, get_settings
 from lanner.core.spec import MLFLOW_NOT_SET_UP
-from lanner.core.trackers import FOLDERS, read_runs, trackers_dir
+from lanner.core.storage import get_store, local_copy
+from lanner.core.trackers import TRACKERS_FOLDER, TrackerRun, read_runs
 
 router = APIRouter(tags=["trackers"], responses=SIGNED_IN_ERRORS)
 
@@ -27,42 +28,27 @@ def tracker_options(_: User = Depends(current_user), settings: Settings = Depend
                       detail=f"Runs in the experiment {settings.mlflow_experiment!r} at {mlflow}" if mlflow
                       else MLFLOW_NOT_SET_UP),
         TrackerOption(name="tensorboard", label="TensorBoard", available=True,
-                      detail="Event files in the job's folder, downloadable from its page"),
+                      detail="Event files in the job's folder, one of its artifacts once it ends"),
         TrackerOption(name="wandb", label="Weights & Biases", available=True,
-                      detail=f"An offline run (project {settings.wandb_project!r}) in the job's folder, downloadable "
-                             "from its page; `wandb sync` uploads it"),
+                      detail=f"An offline run (project {settings.wandb_project!r}) in the job's folder, one of its "
+                             "artifacts once it ends; `wandb sync` uploads it"),
     ]
 
 
-def _job_folder(session: Session, settings: Settings, job_id: int):
+def _job_folder(session: Session, settings: Settings, job_id: int) -> Path:
+    """The folder holding the job's trackers folder on this machine: the job's artifacts folder in the
+    data dir, or the cache entry of its stored trackers folder (pushed when training ends)."""
     if session.get(Job, job_id) is None:
         raise HTTPException(404, f"No job {job_id}")
-    return settings.artifacts_dir / str(job_id)
+    if get_store(settings).is_local:
+        return settings.artifacts_dir / str(job_id)
+    try:
+        return local_copy(settings, f"artifacts/{job_id}/{TRACKERS_FOLDER}").parent
+    except FileNotFoundError:
+        return settings.artifacts_dir / str(job_id)  # none stored (yet): no runs to show
 
 
-@router.get("/api/jobs/{job_id}/trackers", response_model=list[JobTrackerRun], responses=errors(404))
+@router.get("/api/jobs/{job_id}/trackers", response_model=list[TrackerRun], responses=errors(404))
 def job_tracker_runs(job_id: PathId, _: User = Depends(current_user), session: Session = Depends(get_db),
-                     settings: Settings = Depends(get_settings)) -> list[JobTrackerRun]:
-    folder = _job_folder(session, settings, job_id)
-    found = []
-    for run in read_runs(folder).runs:
-        files = FOLDERS.get(run.tracker)
-        download = (f"/api/jobs/{job_id}/trackers/{run.tracker}/archive"
-                    if files and (trackers_dir(folder) / files).is_dir() else None)
-        found.append(JobTrackerRun(**run.model_dump(), download=download))
-    return found
-
-
-@router.get("/api/jobs/{job_id}/trackers/{tracker}/archive", response_class=StreamingResponse,
-            responses={200: {"content": {"application/x-tar": BINARY}, "description": "The tracker's files"},
-                       **errors(404)})
-def tracker_archive(job_id: PathId, tracker: str, _: User = Depends(current_user), session: Session = Depends(get_db),
-                    settings: Settings = Depends(get_settings)) -> StreamingResponse:
-    folder = _job_folder(session, settings, job_id)
-    if tracker not in FOLDERS:
-        raise HTTPException(404, f"{tracker!r} writes no files into a job's folder; "
-                                 f"{' and '.join(FOLDERS)} do")
-    files = trackers_dir(folder) / FOLDERS[tracker]
-    if not files.is_dir():
-        raise HTTPException(404, f"Job {job_id} has no {tracker} files")
-    return folder_archive(files, f"job-{job_id}-{tracker}")
+                     settings: Settings = Depends(get_settings)) -> list[TrackerRun]:
+    return read_runs(_job_folder(session, settings, job_id)).runs

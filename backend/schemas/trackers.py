@@ -1,10 +1,9 @@
-"""Experiment trackers: which ones this studio offers, and a job's runs in them."""
+"""Experiment trackers: which ones this studio offers (a job's runs in them: lanner.core.trackers.TrackerRun)."""
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
 from lanner.core.spec import Tracker
-from lanner.core.trackers import TrackerRun
 
 
 class TrackerOption(BaseModel):
@@ -12,8 +11,3 @@ class TrackerOption(BaseModel):
     label: str
     available: bool = Field(description="Whether a job may choose it: MLflow once an admin has set it up")
     detail: str = Field(description="Where its runs go, or what an admin sets to offer it")
-
-
-class JobTrackerRun(TrackerRun):
-    download: str | None = Field(default=None, description="The tracker's files in the job's folder as a tar "
-                                                           "stream (TensorBoard's event files, W&B's offline run)")

@@ -10,14 +10,14 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from lanner.backend import dataset_preview, dataset_store
+from lanner.backend import dataset_preview
 from lanner.backend.deps import require_owner_or_admin
 from lanner.backend.disk_space import NoRoom, check_room
-from lanner.backend.paths import inside
 from lanner.core.default_model import DEFAULT_MODEL_ID
 from lanner.core.errors import UserError
 from lanner.core.models import Dataset, Job, JobStatus, User
 from lanner.core.settings import Settings
+from lanner.core.storage import BadKey, get_store, local_copy
 from lanner.core.spec import Hyperparameters
 
 log = logging.getLogger(__name__)
@@ -37,9 +37,13 @@ def require_room(settings: Settings, size: int) -> None:
 
 
 def dataset_file(settings: Settings, dataset: Dataset) -> Path:
-    """The dataset's file in the data dir; 404 in words when it is gone."""
-    path = settings.data_dir / dataset.path
-    if not inside(settings.data_dir, dataset.path) or not path.is_file():
+    """The dataset's file on this machine (the data dir's, or the store's copy in the cache); 404 in
+    words when it is gone."""
+    try:
+        path = local_copy(settings, dataset.path)
+    except (FileNotFoundError, BadKey):
+        path = None
+    if path is None or not path.is_file():
         raise UserError(404, f"The file of dataset {dataset.id} is missing")
     return path
 
@@ -97,24 +101,25 @@ def refresh_token_stats(session: Session, settings: Settings, datasets: list[Dat
 
 def store_upload(session: Session, settings: Settings, user: User, received: Path, filename: str, name: str | None,
                  size: int, report: dict[str, Any]) -> Dataset:
-    """Commits the dataset with the received file moved into DATASETS_DIR/<id>/; nothing is left behind
-    when this fails."""
-    final_dir: Path | None = None
+    """Commits the dataset with the received file stored as datasets/<id>/<filename> (moved into the data
+    dir, or uploaded to the S3 store); nothing is left behind when this fails."""
+    store = get_store(settings)
+    folder: str | None = None
     try:
         dataset = Dataset(owner_id=user.id, name=name or Path(filename).stem, filename=filename, path="",
                           size_bytes=size, format=report.get("format"), rows=report.get("rows", 0),
                           usable_rows=report.get("usable_rows", 0), report=report)
         session.add(dataset)
         session.flush()
-        final_dir = settings.datasets_dir / str(dataset.id)
-        final = dataset_store.move_into_place(received, final_dir, filename)
-        dataset.path = str(final.relative_to(settings.data_dir))
+        folder = f"datasets/{dataset.id}"
+        dataset.path = f"{folder}/{filename}"
+        store.put(dataset.path, received, move=True)
         session.commit()
         return dataset
     except BaseException:
         session.rollback()
-        if final_dir is not None:
-            dataset_store.remove_tree(final_dir)
+        if folder is not None:
+            store.delete(folder)
         raise
 
 
@@ -127,9 +132,7 @@ def delete(session: Session, settings: Settings, user: User, dataset: Dataset) -
         raise UserError(409, f"{busy} queued or running job(s) use dataset {dataset.id}: cancel them first")
     session.delete(dataset)
     session.commit()
-    folder = settings.datasets_dir / str(dataset.id)
-    if inside(settings.data_dir, folder):
-        dataset_store.remove_tree(folder)
+    get_store(settings).delete(f"datasets/{dataset.id}")
 
 
 def rows_and_tokenizer(dataset: Dataset, model: str, settings: Settings):

@@ -5,8 +5,6 @@ field of the spec is a 422 naming that field (RequestValidationError, as pydanti
 from __future__ import annotations
 
 import logging
-import shutil
-from pathlib import Path
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
@@ -16,7 +14,6 @@ from redis.exceptions import RedisError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from lanner.backend.paths import inside
 from lanner.backend.schemas.jobs import QueueMove
 from lanner.backend.services import datasets
 from lanner.core.db import LIKE_ESCAPE, like_literal
@@ -28,8 +25,10 @@ from lanner.core.model_catalog import estimate_job_memory
 from lanner.core.models import (TRAINED_KINDS, Artifact, ArtifactKind, Dataset, Job, JobKind, JobStatus, Role, User,
                                 trained_weights)
 from lanner.core.queue import order as queue_order
-from lanner.core.queue.claim import cancel_queued, enqueue, waiting_reason
+from lanner.core.queue.claim import cancel_queued, enqueue
+from lanner.core.queue.waiting import waiting_reason
 from lanner.core.settings import Settings
+from lanner.core.storage import BadKey, get_store
 from lanner.core.spec import REWARD_MODEL_METHODS, JobSpec, load_spec, reward_model_refusal, stored_config
 from lanner.core.streams import job_stream
 from lanner.core.worker_registry import largest_machine, live_workers
@@ -103,12 +102,27 @@ def longest_row(dataset: Dataset | None, model: str) -> int | None:
     return stats.get("max") if stats.get("model") == model else None
 
 
-def memory_estimate(spec: JobSpec, settings: Settings, redis: Redis,
+def reward_model_bases(session: Session, spec: JobSpec) -> list[str]:
+    """The base models of the reward jobs a GRPO spec's reward functions name (those that exist and
+    read back: the create route refuses the others in words)."""
+    bases = []
+    for function in spec.grpo.reward_functions if spec.grpo else ():
+        job = session.get(Job, function.job_id) if function.kind == "reward_model" else None
+        if job is not None and job.kind == JobKind.train:
+            try:
+                bases.append(load_spec(job.config).model)
+            except UserError:
+                continue
+    return bases
+
+
+def memory_estimate(spec: JobSpec, settings: Settings, redis: Redis, session: Session,
                     dataset: Dataset | None = None) -> dict[str, int] | None:
-    """The device memory the spec needs on its dataset, by part; None when it cannot be told."""
+    """The device memory the spec needs on its dataset (with the reward models it loads), by part; None
+    when it cannot be told."""
     try:
         return estimate_job_memory(spec, settings.models_dir, largest_gpu_bytes(redis) if spec.gpus else None,
-                                   longest_row(dataset, spec.model))
+                                   longest_row(dataset, spec.model), reward_model_bases(session, spec))
     except Exception:  # an estimate is advice (e.g. a local config.json of an odd shape): never a failure
         log.warning("no memory estimate for %s", spec.model, exc_info=True)
         return None
@@ -206,7 +220,7 @@ def training_job(session: Session, redis: Redis, settings: Settings, user: User,
     dataset = _check_against_database(session, spec, user)
     waiting = _check_against_machines(redis, spec)
     datasets.refresh_token_stats(session, settings, [dataset])  # measured once its tokenizer is here
-    estimate = memory_estimate(spec, settings, redis, dataset)
+    estimate = memory_estimate(spec, settings, redis, session, dataset)
     return _queued_job(session, user, name or spec.name or default_name(session, spec), kind=JobKind.train,
                        method=spec.method, model=spec.model, dataset_id=spec.dataset_id, config=stored_config(spec),
                        memory_estimate_bytes=(estimate or {}).get("total_bytes"), priority=spec.priority,
@@ -335,17 +349,12 @@ def move(session: Session, redis: Redis, user: User, job: Job, where: QueueMove)
 
 
 def _delete_files(settings: Settings, job: Job, artifacts: list[Artifact]) -> None:
-    targets = [settings.artifacts_dir / str(job.id)]
-    targets += [settings.data_dir / artifact.path for artifact in artifacts]
-    for target in targets:
-        if not inside(settings.data_dir, target):
-            log.warning("job %s: artifact path %s is outside the data dir; left alone", job.id, target)
-            continue
-        path = Path(target)
-        if path.is_symlink() or path.is_file():
-            path.unlink(missing_ok=True)
-        elif path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
+    store = get_store(settings)
+    for key in [f"artifacts/{job.id}", *(artifact.path for artifact in artifacts)]:
+        try:
+            store.delete(key)
+        except BadKey:
+            log.warning("job %s: artifact path %s is outside the store; left alone", job.id, key)
 
 
 def delete(session: Session, redis: Redis, settings: Settings, job: Job) -> None:

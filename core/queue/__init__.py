@@ -1,1 +1,2 @@
-"""The job queue in the database: its order (order.py) and the workers' claims on it (claim.py)."""
+"""The job queue in the database: its order (order.py), the workers' claims on it (claim.py) and why a
+job waits (waiting.py)."""

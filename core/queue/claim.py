@@ -21,7 +21,8 @@ from lanner.core.messages.records import StatusChange
 from lanner.core.queue import order as queue_order
 from lanner.core.queue.order import QUEUE_ORDER
 from lanner.core.models import Job, JobKind, JobStatus
-from lanner.core.notifications import JobEvent, notify_job, notify_status
+from lanner.core.notifications import notify_status
+from lanner.core.queue.waiting import WAITING_PREFIX, note_queued_waits, notify_waiting, waiting_reason
 from lanner.core.settings import Settings
 from lanner.core.spec import MAX_REQUEUES, load_spec
 
@@ -53,11 +54,13 @@ def wake_workers(settings: Settings) -> bool:
 
 
 def enqueue(session: Session, redis: Redis, settings: Settings, jobs: list[Job]) -> None:
-    """Commits new queued jobs (added to the session) at once, announces each on the queue stream and
-    wakes the workers."""
+    """Commits new queued jobs (added to the session and flushed) at once, with the notification of
+    those that wait (core.queue.waiting), announces each on the queue stream (`waiting`: the reason
+    of a notified one, else null) and wakes the workers."""
+    waits = note_queued_waits(session, redis, jobs)
     session.commit()
     for job in jobs:
-        queue_order.publish_queue_event(redis, "added", queue_order.job_summary(job))
+        queue_order.publish_queue_event(redis, "added", {**queue_order.job_summary(job), "waiting": waits.get(job.id)})
     wake_workers(settings)  # never raises: a job not announced waits in the database, where idle workers look
 
 
@@ -217,19 +220,6 @@ def requeue_stopped_job(session: Session, job_id: int, worker_name: str, resume_
     return returned == 1
 
 
-WAITING_PREFIX = "Waiting: "
-
-
-def waiting_reason(gpus: int, largest: int) -> str | None:
-    """Why a job on `gpus` devices waits when the best-equipped live machine has `largest` (0: no
-    worker is live); None when some machine has enough."""
-    if gpus < 2 or gpus <= largest:
-        return None
-    if not largest:
-        return f"{WAITING_PREFIX}needs {gpus} GPUs on one machine; no worker is running yet to say what a machine has."
-    return f"{WAITING_PREFIX}needs {gpus} GPUs, the largest machine has {largest}."
-
-
 def note_waiting_jobs(session: Session, largest: int) -> list[int]:
     """Writes on each queued job that asks for more GPUs than the best-equipped live machine has
     (`largest`) why it waits, as its error (a claim clears it), and clears that reason from the jobs
@@ -246,7 +236,7 @@ def note_waiting_jobs(session: Session, largest: int) -> list[int]:
         if noted:
             changed.append(job_id)
             if error is None:  # newly waiting (a changed reason is no news)
-                notify_job(session, session.get(Job, job_id, populate_existing=True), JobEvent.waiting)
+                notify_waiting(session, session.get(Job, job_id, populate_existing=True), reason)
     session.commit()
     return changed
 

@@ -65,6 +65,18 @@ describe('jobNotice', () => {
       .toMatchObject({ title: 'tiny-lora was cancelled' })
   })
 
+  it('tells the owner why a job just queued waits, once: the added event carries the reason', () => {
+    const added = (waiting: string | null, owner = 1) => ({
+      type: 'added', data: { job_id: 8, owner_id: owner, name: 'sweep #1', status: 'queued', priority: 0, waiting },
+    })
+    expect(jobNotice(added('Waiting: the one worker is busy; it runs in its turn.'), 1)).toEqual({
+      title: 'sweep #1 is waiting', body: 'Waiting: the one worker is busy; it runs in its turn.',
+      tag: 'lanner-job-8', path: '/jobs/8',
+    })
+    expect(jobNotice(added(null), 1)).toBeNull() // it starts at once, or another run of its sweep told
+    expect(jobNotice(added('Waiting: ...', 2), 1)).toBeNull()
+  })
+
   it('ignores other users\' jobs and events that end nothing', () => {
     expect(jobNotice(ended('succeeded'), 2)).toBeNull()
     expect(jobNotice({ type: 'started', data: { job_id: 7, owner_id: 1, status: 'running' } }, 1)).toBeNull()

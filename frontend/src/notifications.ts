@@ -5,7 +5,7 @@ import type { StreamEvent, User } from './types'
 /**
  * Browser notifications: while they are on (this browser's choice, kept in localStorage, and the
  * permission the browser granted on a click), a Notification appears when a job of the signed-in
- * user ends, as the queue's stream tells it.
+ * user ends or is queued to wait, as the queue's stream tells it.
  */
 export type BrowserNotificationState = 'unsupported' | 'denied' | 'off' | 'on'
 
@@ -57,10 +57,19 @@ export interface JobNotice {
 
 const ENDINGS: Record<string, string> = { succeeded: 'finished', failed: 'failed', cancelled: 'was cancelled' }
 
-/** The notice of a queue event when it is the end of one of `userId`'s jobs; null otherwise. */
+/**
+ * The notice of a queue event when it is the end of one of `userId`'s jobs, or one of them queued
+ * with the reason it waits (an `added` event's `waiting`: set once per job, and once per sweep);
+ * null otherwise.
+ */
 export function jobNotice(event: { type: string; data: unknown }, userId: number): JobNotice | null {
-  if (event.type !== 'finished' && event.type !== 'cancelled') return null
   const data = (event.data ?? {}) as Record<string, unknown>
+  if (event.type === 'added') {
+    if (data.owner_id !== userId || typeof data.job_id !== 'number' || typeof data.waiting !== 'string' || !data.waiting) return null
+    const name = typeof data.name === 'string' && data.name ? data.name : `Job #${data.job_id}`
+    return { title: `${name} is waiting`, body: data.waiting, tag: `lanner-job-${data.job_id}`, path: `/jobs/${data.job_id}` }
+  }
+  if (event.type !== 'finished' && event.type !== 'cancelled') return null
   const status = event.type === 'cancelled' ? 'cancelled' : String(data.status)
   if (data.owner_id !== userId || !(status in ENDINGS) || typeof data.job_id !== 'number') return null
   const name = typeof data.name === 'string' && data.name ? data.name : `Job #${data.job_id}`
@@ -73,7 +82,7 @@ export function jobNotice(event: { type: string; data: unknown }, userId: number
   }
 }
 
-/** Shows a Notification for each of the user's jobs that ends, while browser notifications are on. */
+/** Shows a Notification for each of the user's jobs that ends or waits, while browser notifications are on. */
 export function useJobNotifications(user: User | null, open: (path: string) => void): void {
   const userId = user?.id ?? null
   const [on, setOn] = useState(() => browserNotificationState() === 'on')

@@ -50,7 +50,7 @@ export type Tracker = Schemas['TrackerOption']['name']
 /** GET /api/trackers: whether the studio offers it, and where its runs go. */
 export type TrackerOption = Schemas['TrackerOption']
 /** GET /api/jobs/{id}/trackers: a job's run in one tracker. */
-export type TrackerRun = Schemas['JobTrackerRun']
+export type TrackerRun = Schemas['TrackerRun']
 
 // ---- Datasets, models, artifacts -----------------------------------------
 

@@ -82,6 +82,15 @@ def test_a_succeeded_reward_job_is_a_grpo_reward_of_anyone_and_is_never_exported
                                                                     "tolerance": None, "pattern": None,
                                                                     "max_chars": None, "json_schema": None,
                                                                     "source": None}
+    # Its memory estimate counts the reward model it loads (the reward job's base, the built-in model here).
+    spec = {"method": "grpo", "model": MODEL, "dataset_id": prompts, "grpo": {"reward_functions": [
+        {"kind": "reward_model", "job_id": job["id"]}, {"kind": "exact_match"}]}}
+    judged = team.bob.post("/api/jobs/estimate", json=spec).json()["estimate"]
+    spec["grpo"]["reward_functions"] = [{"kind": "exact_match"}]
+    plain = team.bob.post("/api/jobs/estimate", json=spec).json()["estimate"]
+    assert judged["reward_models_bytes"] > 100 * 2**20 and plain["reward_models_bytes"] == 0
+    assert judged["total_bytes"] - plain["total_bytes"] >= judged["reward_models_bytes"]
+    assert team.bob.get(f"/api/jobs/{grpo.json()['id']}").json()["memory_estimate_bytes"] == judged["total_bytes"]
     exported = team.alice.post(f"/api/jobs/{job['id']}/export", json={"adapter": True})
     assert exported.status_code == 409 and "trained a reward model" in exported.json()["detail"]
     assert "vLLM's LoRA loader, which takes no score head" in exported.json()["detail"]

@@ -1,11 +1,13 @@
 """Experiment trackers through the API: a job chooses them in its spec (MLflow refused in words until an
 admin sets it up), the new-job page reads which are offered, and the job page reads the job's runs and
-downloads the files TensorBoard and W&B wrote."""
+downloads the files TensorBoard and W&B wrote as the job's artifacts."""
 from __future__ import annotations
 
 import io
 import tarfile
 
+from lanner.core import db
+from lanner.core.models import Artifact, ArtifactKind
 from lanner.core.settings import get_settings
 from lanner.core.trackers import TrackerRun, TrackerRuns, trackers_dir, write_runs
 
@@ -42,34 +44,37 @@ def test_mlflow_is_offered_and_accepted_only_once_an_admin_has_set_it_up(team_wi
     assert submit(team.alice, dataset_id, ["mlflow"]).json()["config"]["trackers"] == ["mlflow"]
 
 
-def test_a_jobs_tracker_runs_link_to_mlflow_and_download_the_files_of_the_others(team, wakes):
+def test_a_jobs_tracker_runs_link_to_mlflow_and_the_files_of_the_others_are_artifacts(team, wakes):
     dataset_id = upload(team.alice, "chat.jsonl", CHAT_ROWS).json()["id"]
     job_id = submit(team.alice, dataset_id, ["tensorboard", "wandb"]).json()["id"]
     assert team.bob.get(f"/api/jobs/{job_id}/trackers").json() == []  # not started yet
     folder = team.api.settings.artifacts_dir / str(job_id)
-    (trackers_dir(folder) / "tensorboard").mkdir(parents=True)
-    (trackers_dir(folder) / "tensorboard" / "events.out.tfevents.1").write_bytes(b"scalars")
+    files = trackers_dir(folder) / "tensorboard"
+    files.mkdir(parents=True)
+    (files / "events.out.tfevents.1").write_bytes(b"scalars")
     write_runs(folder, TrackerRuns(runs=[
         TrackerRun(tracker="mlflow", status="finished", run_id="abc", url="http://mlflow.example/#/experiments/1/runs/abc"),
         TrackerRun(tracker="tensorboard", status="finished"),
         TrackerRun(tracker="wandb", status="unavailable", problem="ValueError: disk full")]))
+    with db.session_factory(team.api.settings.database_url)() as session:  # what the training process records
+        session.add(Artifact(job_id=job_id, kind=ArtifactKind.tensorboard, name="tensorboard", size_bytes=7,
+                             path=str(files.relative_to(team.api.settings.data_dir))))
+        session.commit()
 
     runs = {run["tracker"]: run for run in team.bob.get(f"/api/jobs/{job_id}/trackers").json()}
-    assert runs["mlflow"]["url"] == "http://mlflow.example/#/experiments/1/runs/abc" and runs["mlflow"]["download"] is None
-    assert runs["tensorboard"]["download"] == f"/api/jobs/{job_id}/trackers/tensorboard/archive"
+    assert runs["mlflow"]["url"] == "http://mlflow.example/#/experiments/1/runs/abc"
     assert runs["wandb"] == {"tracker": "wandb", "status": "unavailable", "url": None, "run_id": None,
-                             "problem": "ValueError: disk full", "download": None}
+                             "problem": "ValueError: disk full"}
 
-    archive = team.bob.get(runs["tensorboard"]["download"])
+    [artifact] = team.bob.get(f"/api/jobs/{job_id}/artifacts").json()
+    assert (artifact["kind"], artifact["name"]) == ("tensorboard", "tensorboard")
+    archive = team.bob.get(f"/api/artifacts/{artifact['id']}/download", params={"archive": "tar"})
     assert archive.status_code == 200 and archive.headers["content-type"] == "application/x-tar"
     with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
         [member] = tar.getmembers()
         assert member.name == f"job-{job_id}-tensorboard/events.out.tfevents.1"
         assert tar.extractfile(member).read() == b"scalars"
 
-    wandb = team.bob.get(f"/api/jobs/{job_id}/trackers/wandb/archive")
-    assert wandb.status_code == 404 and wandb.json()["detail"] == f"Job {job_id} has no wandb files"
-    mlflow = team.bob.get(f"/api/jobs/{job_id}/trackers/mlflow/archive")
-    assert mlflow.status_code == 404 and "tensorboard and wandb do" in mlflow.json()["detail"]
+    assert team.bob.get(f"/api/jobs/{job_id}/trackers/tensorboard/archive").status_code == 404  # no route of its own
     assert team.bob.get("/api/jobs/999/trackers").status_code == 404
     assert team.anonymous.get(f"/api/jobs/{job_id}/trackers").status_code == 401

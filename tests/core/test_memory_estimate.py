@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from lanner.core.memory_estimate import default_budget_bytes, estimate_memory
 
-from job_specs import unchecked_spec
+from job_specs import BUILTIN, unchecked_spec
 
 
 def test_counts_match_the_real_model(smollm2_dir):
@@ -99,3 +100,52 @@ def test_without_a_budget_the_estimate_follows_the_default_plan_of_the_gpu_it_ge
     assert unknown["activations_bytes"] < small["activations_bytes"] < large["activations_bytes"]
     assert small["total_bytes"] < large["total_bytes"] and capped["total_bytes"] < large["total_bytes"]
     assert estimate_memory(spec, LLAMA_8B, "cpu", 141 * 2**30) == estimate_memory(spec, LLAMA_8B, "cpu")
+
+
+def test_a_grpo_estimate_counts_generation_and_its_reward_models():
+    """Issue 26: a GRPO job holds its generation's KV cache between steps and its reward models all along."""
+    from lanner.core.memory_estimate import REWARD_SCORING_BATCH, reward_model_bytes
+    from lanner.core.model_catalog import estimate_job_memory
+    from lanner.core.default_model import SHAPE
+
+    def grpo(rewards=(), **hp):
+        spec = unchecked_spec(**{"precision": "bf16", "batch_size": 4, "max_seq_len": 1024, "gradient_accumulation": 1, **hp})
+        return estimate_memory(spec.model_copy(update={"method": "grpo"}), LLAMA_8B, "cuda", reward_models=list(rewards))
+
+    plain = grpo()
+    lora = estimate_memory(unchecked_spec(precision="bf16", batch_size=4, max_seq_len=1024, gradient_accumulation=1),
+                           LLAMA_8B, "cuda")
+    # 4 sequences of 1,024 tokens: 32 layers × (k, v) × 1,024 values × 2 bytes each, and the last token's logits.
+    assert plain["generation_bytes"] == 32 * 2 * 1024 * 2 * 4 * 1024 + 4 * 128256 * (2 + 4)
+    assert plain["reward_models_bytes"] == 0 and lora["generation_bytes"] == lora["reward_models_bytes"] == 0
+    # TRL generates a whole optimizer step's completions at once: gradient accumulation multiplies them.
+    assert grpo(gradient_accumulation=4)["generation_bytes"] > 3 * plain["generation_bytes"]
+    # Generation and the step take turns: the peak holds the larger, which here is the step's activations ...
+    assert plain["total_bytes"] == lora["total_bytes"]
+    # ... until the generation batch outgrows them.
+    big = grpo(gradient_accumulation=64)
+    assert big["generation_bytes"] > big["activations_bytes"] + big["logits_bytes"]
+    assert big["total_bytes"] > plain["total_bytes"] + big["generation_bytes"] // 2
+
+    with_scorers = grpo([LLAMA_1B, SHAPE])
+    scorers = with_scorers["reward_models_bytes"]
+    assert scorers == reward_model_bytes(LLAMA_1B, 2, 1024) + reward_model_bytes(SHAPE, 2, 1024)
+    # A reward model's weights (a one-output score head instead of lm_head) and one layer's tensors for a
+    # forward of REWARD_SCORING_BATCH rows: the tied 1B keeps its embeddings, the untied 8B drops its lm_head.
+    working = REWARD_SCORING_BATCH * 1024 * (4 * 2048 + 2 * 512 + 2 * 8192) * 2
+    assert reward_model_bytes(LLAMA_1B, 2, 1024) == 2 * (count_parameters_of(LLAMA_1B) + 2048) + working
+    assert reward_model_bytes(LLAMA_8B, 2, 1) == 2 * (count_parameters_of(LLAMA_8B) - 128256 * 4096 + 4096) + \
+        REWARD_SCORING_BATCH * (4 * 4096 + 2 * 1024 + 2 * 14336) * 2
+    assert with_scorers["total_bytes"] - plain["total_bytes"] >= scorers  # (the overhead's 5% on top)
+
+    # From a job's spec: the reward jobs' base models by name (the built-in one here).
+    spec = unchecked_spec(precision="fp32", batch_size=2, max_seq_len=64).model_copy(update={"method": "grpo", "gpus": 0})
+    with_builtin = estimate_job_memory(spec, Path("/nonexistent"), reward_models=[BUILTIN])
+    assert with_builtin["reward_models_bytes"] == reward_model_bytes(SHAPE, 4, 64) > 0
+    assert estimate_job_memory(spec, Path("/nonexistent"), reward_models=["someone/unknown-model"]) is None
+
+
+def count_parameters_of(shape) -> int:
+    from lanner.core.memory_estimate import count_parameters
+
+    return count_parameters(shape)["total"]

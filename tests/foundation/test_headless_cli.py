@@ -39,6 +39,9 @@ def test_lanner_train_writes_the_adapter_and_prints_the_events(tmp_path):
     spec, rows = files(tmp_path)
     env = {key: value for key, value in os.environ.items() if not key.startswith("LANNER_")}
     env.update(LANNER_DATA_DIR=str(TEST_CACHE), LANNER_REDIS_URL="redis://127.0.0.1:1/0")  # no Redis to reach
+    # a studio's S3 store in the environment (nothing listens there): `lanner train` keeps to its run folder
+    env.update(LANNER_STORE="s3", LANNER_S3_BUCKET="team", LANNER_S3_ENDPOINT_URL="http://127.0.0.1:9",
+               LANNER_STORE_RETRY_S="0")
     run = lanner("train", spec, "--dataset", rows, "--out", tmp_path / "out", env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     adapter = tmp_path / "out" / "adapter"

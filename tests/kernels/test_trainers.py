@@ -90,3 +90,28 @@ def test_the_studio_sft_trainer_takes_its_loss_from_the_fused_head_with_trls_num
     for entry, expected in zip(ours, reference, strict=True):
         assert abs(entry["loss"] - expected["loss"]) <= LOSS_RTOL * abs(expected["loss"])
         assert entry["num_tokens"] == expected["num_tokens"]
+        # logged one step late, under the step's own number and values
+        assert (entry["step"], entry["learning_rate"]) == (expected["step"], expected["learning_rate"])
+        assert abs(entry["grad_norm"] - expected["grad_norm"]) <= 1e-3 * expected["grad_norm"]
+
+
+def test_a_late_logged_step_is_in_its_checkpoint_and_before_the_evaluation_after_it(tmp_path, device):
+    """A step that saves or evaluates is logged at once: the checkpoint's trainer state holds every
+    step up to it, and the evaluation's line comes after the step's."""
+    from lanner.worker.training.sft import KernelLossSFTTrainer
+
+    _, fast = twins("llama", device=device)
+    tokenizer = word_tokenizer(fast.config.vocab_size)
+    dataset = text_dataset(16, fast.config.vocab_size)
+    args = SFTConfig(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=2, learning_rate=1e-2,
+                     logging_steps=1, report_to=[], save_strategy="steps", save_steps=3, eval_strategy="steps",
+                     eval_steps=2, max_length=16, seed=0, use_cpu=not torch.cuda.is_available(),
+                     dataloader_num_workers=0)
+    trainer = KernelLossSFTTrainer(model=fast, args=args, train_dataset=dataset, eval_dataset=dataset.select(range(4)),
+                                   processing_class=tokenizer)
+    trainer.train()
+    order = [("eval" if "eval_loss" in entry else "train" if "train_runtime" in entry else "step", entry["step"])
+             for entry in trainer.state.log_history]
+    assert order == [("step", 1), ("step", 2), ("eval", 2), ("step", 3), ("step", 4), ("eval", 4), ("train", 4)]
+    saved = json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text())["log_history"]
+    assert [entry["step"] for entry in saved if "loss" in entry] == [1, 2, 3]

@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 from lanner.core.messages.device import Device
 from lanner.core.queue.order import QUEUE_ORDER
 from lanner.core.models import Job, JobStatus
-from lanner.core.queue.claim import claim_next_job, has_runnable_job, unclaim_job, waiting_reason
+from lanner.core.queue.claim import claim_next_job, has_runnable_job, unclaim_job
+from lanner.core.queue.waiting import waiting_reason
 from lanner.core.settings import Settings, get_settings
 from lanner.core.streams import HARDWARE_STREAM, QUEUE_STREAM, read_after
 from lanner.core.worker_registry import (announce_worker, device_holders, keep_devices, live_workers,

@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
+from sqlalchemy import select
 
+from lanner.core.models import Artifact, ArtifactKind
 from lanner.core.settings import get_settings
 from lanner.core.trackers import read_runs
 from lanner.worker.job_process import artifacts_dir
 
 from support import free_port
-from tracker_files import MlflowServer, tensorboard_scalars, wandb_history, wandb_records
+from tracker_files import MlflowServer, SlowProxy, tensorboard_scalars, wandb_history, wandb_records
 from training_run import logs, step_metrics
 from worker_helpers import REPO, qa_rows
 
@@ -96,6 +99,13 @@ def test_one_job_logs_its_spec_metrics_and_links_to_mlflow_tensorboard_and_wandb
     assert {point["step"]: point["value"] for point in history} == pytest.approx(streamed)
     assert "learning_rate" in {metric["key"] for metric in run["data"]["metrics"]}
 
+    # TensorBoard's and W&B's folders are the job's artifacts, downloaded as any folder artifact
+    with studio.sessions() as session:
+        recorded = {row.kind: row for row in session.scalars(select(Artifact).where(Artifact.job_id == job_id))}
+    for kind in (ArtifactKind.tensorboard, ArtifactKind.wandb):
+        assert studio.data_dir / recorded[kind].path == job_folder / "trackers" / kind.value
+        assert recorded[kind].name == kind.value and recorded[kind].size_bytes > 0
+
     # TensorBoard: event files under the job's folder, read by TensorBoard's own reader
     scalars = tensorboard_scalars(job_folder / "trackers" / "tensorboard")
     assert dict(scalars["loss"]) == pytest.approx(streamed)
@@ -135,3 +145,72 @@ def test_mlflow_unset_since_the_job_was_queued_is_said_and_nothing_is_logged_els
                                     "LANNER_MLFLOW_TRACKING_URI (and LANNER_MLFLOW_EXPERIMENT) first); the job goes "
                                     "on without it"]
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_slow_mlflow_server_never_holds_a_step(mlflow_server, tmp_path, monkeypatch):
+    """Steps go to MLflow from a thread with a bounded queue (MLFLOW_QUEUE_STEPS); the end waits at most
+    MLFLOW_FLUSH_TIMEOUT_S for them. Against the real server behind a proxy that holds each request."""
+    from lanner.core.settings import Settings
+    from lanner.worker.training import trackers
+
+    proxy = SlowProxy(mlflow_server.wait_ready().url)
+
+    def tracker(name: str) -> trackers.MlflowTracker:
+        settings = Settings(data_dir=tmp_path, mlflow_tracking_uri=proxy.url, mlflow_experiment="lanner-tests")
+        made = trackers.MlflowTracker(settings, tmp_path)
+        proxy.delay = 0.0
+        made.start(1, name, {"method": "lora"}, None)
+        return made
+
+    try:
+        slow = tracker("slow server")
+        proxy.delay = 0.4  # a request: 0.4 s more; 30 synchronous steps would take 12 s
+        began = time.monotonic()
+        for step in range(1, 31):
+            slow.log_metrics(step, {"loss": 1.0 / step})
+        assert time.monotonic() - began < 2  # synchronous: 12 s
+        assert slow.finish("finished", {"job_url": f"{STUDIO}/jobs/1"}) is None  # all steps went, a few a request
+        history = mlflow_server.api(f"metrics/get-history?run_id={slow.run_id}&metric_key=loss")["metrics"]
+        assert sorted(point["step"] for point in history) == list(range(1, 31))
+        assert mlflow_server.api(f"runs/get?run_id={slow.run_id}")["run"]["info"]["status"] == "FINISHED"
+
+        # A server slower still: the queue holds MLFLOW_QUEUE_STEPS steps, the rest are dropped, and the end
+        # gives up after MLFLOW_FLUSH_TIMEOUT_S (the tracker is then dropped with that reason, in words).
+        monkeypatch.setattr(trackers, "MLFLOW_QUEUE_STEPS", 5)
+        monkeypatch.setattr(trackers, "MLFLOW_FLUSH_TIMEOUT_S", 1)
+        stuck = tracker("stuck server")
+        proxy.delay = 3.0
+        for step in range(1, 21):
+            stuck.log_metrics(step, {"loss": 1.0})
+        assert stuck.steps.qsize() == 5 and stuck.dropped >= 1  # the thread's first request hangs meanwhile
+        began = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"took more than 1 s to take the last \d+ steps"):
+            stuck.finish("finished", {})
+        assert time.monotonic() - began < 5  # waiting for the queued steps: 3 s a request
+    finally:
+        proxy.shutdown()
+
+
+def test_a_tracker_that_fell_behind_says_so_at_the_end(mlflow_server, studio, monkeypatch, tracking_uri):
+    from lanner.core.settings import Settings
+    from lanner.worker.events import JobEvents
+    from lanner.worker.training import trackers
+
+    proxy = SlowProxy(mlflow_server.wait_ready().url)
+    try:
+        tracking_uri(proxy.url)
+        monkeypatch.setattr(trackers, "MLFLOW_QUEUE_STEPS", 2)
+        job_id = studio.job(studio.dataset("qa.jsonl", qa_rows(4)))
+        events = JobEvents(job_id, studio.redis, studio.sessions)
+        settings = Settings(data_dir=studio.data_dir, mlflow_tracking_uri=proxy.url, mlflow_experiment="lanner-tests")
+        job = trackers.JobTrackers(["mlflow"], events, settings, artifacts_dir(studio.data_dir, job_id))
+        job.start(job_id, "behind", {"method": "lora"})
+        proxy.delay = 0.5
+        for step in range(1, 8):
+            job.log_metrics(step, {"loss": 1.0})
+        job.finish("finished", {})
+        warnings = [line for line in logs(studio, job_id) if "fell behind" in line]
+        assert len(warnings) == 1 and "steps were not logged to it (more than 2 waited for the server)" in warnings[0]
+        assert read_runs(artifacts_dir(studio.data_dir, job_id)).get("mlflow").status == "finished"
+    finally:
+        proxy.shutdown()

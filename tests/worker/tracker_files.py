@@ -7,8 +7,11 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from support import free_port
@@ -56,6 +59,45 @@ class MlflowServer:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, 9)
             self.process.wait()
+
+
+class SlowProxy(ThreadingHTTPServer):
+    """An HTTP proxy on localhost in front of `target` that holds each request `delay` seconds before
+    passing it on: a slow tracking server, or a slow network to it."""
+
+    def __init__(self, target: str, delay: float = 0.0):
+        self.delay = delay
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(handler):
+                time.sleep(self.delay)
+                length = int(handler.headers.get("Content-Length") or 0)
+                request = urllib.request.Request(target + handler.path, method=handler.command,
+                                                 data=handler.rfile.read(length) if length else None,
+                                                 headers={"Content-Type": handler.headers.get("Content-Type", "")})
+                try:
+                    with urllib.request.urlopen(request, timeout=30) as answer:
+                        status, body = answer.status, answer.read()
+                except urllib.error.HTTPError as error:
+                    status, body = error.code, error.read()
+                handler.send_response(status)
+                handler.send_header("Content-Type", "application/json")
+                handler.send_header("Content-Length", str(len(body)))
+                handler.end_headers()
+                handler.wfile.write(body)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = _forward
+
+            def log_message(handler, *_):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.daemon_threads = True
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
 
 
 def tensorboard_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:

@@ -26,6 +26,7 @@ from transformers import TrainerCallback
 from lanner.core.messages.records import EvaluationResult
 from lanner.core.models import Artifact, ArtifactKind
 from lanner.core.settings import get_settings
+from lanner.core.storage import get_store
 from lanner.worker.distributed.ranks import is_main_process
 from lanner.worker.job_process import artifacts_dir
 from lanner.worker.training.callbacks import CancelCallback, MetricsCallback
@@ -187,7 +188,8 @@ class BeforeAfterEvaluation(TrainerCallback):
         partial = self.path.with_name(f".{self.path.name}.partial")
         partial.write_text(json.dumps(self.result, indent=1))
         os.replace(partial, self.path)
-        relative = str(self.path.relative_to(self.settings.data_dir))
+        relative = self.path.relative_to(self.settings.data_dir).as_posix()
+        get_store(self.settings, self.events.log).put(relative, self.path)
         with self.events.sessions() as session:
             artifact = session.query(Artifact).filter_by(job_id=self.events.job_id, kind=ArtifactKind.evaluation).first()
             if artifact is None and register:

@@ -12,20 +12,22 @@ import torch
 from trl.data_utils import _tokenize
 
 from lanner.core.models import ArtifactKind
+from lanner.core.memory_estimate import REWARD_SCORING_BATCH
 from lanner.core.settings import Settings
-from lanner.worker.job_process import JobFailed, artifacts_dir
+from lanner.core.storage import get_store, local_copy
+from lanner.worker.job_process import JobFailed
 from lanner.worker.training.model import device, resolve_model
 
-# Completions scored in one forward pass.
-SCORING_BATCH = 8
 
 
 def trained_folder(settings: Settings, job_id: int) -> Path:
-    """The reward job's saved adapter (with the score head) or whole model."""
+    """The reward job's saved adapter (with the score head) or whole model, from the store (fetched into
+    this host's cache unless the store is the data dir)."""
+    store = get_store(settings)
     for kind in (ArtifactKind.adapter, ArtifactKind.model):
-        folder = artifacts_dir(settings.data_dir, job_id) / kind
-        if folder.is_dir():
-            return folder
+        key = f"artifacts/{job_id}/{kind}"
+        if store.is_folder(key):
+            return local_copy(settings, key)
     raise JobFailed(f"Reward model: job {job_id}'s trained model is gone (its adapter or model artifact was deleted).")
 
 
@@ -62,9 +64,9 @@ class RewardModelScorer:
     @torch.no_grad()
     def __call__(self, prompts: list, completions: list) -> list[float]:
         scores = []
-        for start in range(0, len(completions), SCORING_BATCH):
+        for start in range(0, len(completions), REWARD_SCORING_BATCH):
             ids = [{"input_ids": self._ids(p, c)}
-                   for p, c in zip(prompts[start:start + SCORING_BATCH], completions[start:start + SCORING_BATCH])]
+                   for p, c in zip(prompts[start:start + REWARD_SCORING_BATCH], completions[start:start + REWARD_SCORING_BATCH])]
             batch = self.tokenizer.pad(ids, return_tensors="pt").to(self.model.device)
             scores += self.model(**batch).logits[:, 0].float().tolist()
         return scores

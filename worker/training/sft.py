@@ -23,6 +23,7 @@ from lanner.worker.job_process import JobFailed
 from lanner.worker.training.callbacks import MetricsCallback
 from lanner.worker.training.common import common_args, split
 from lanner.worker.training.evaluation import with_before_after_evaluation
+from lanner.worker.training.late_logging import LateLogging
 from lanner.worker.training.options import TrainingOptions
 
 
@@ -50,12 +51,16 @@ def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, 
     return with_before_after_evaluation(trainer, evaluation, train, callbacks, options.before_after_eval)
 
 
-class KernelLossSFTTrainer(SFTTrainer):
+class KernelLossSFTTrainer(LateLogging, SFTTrainer):
     """SFTTrainer whose training loss is the model's own when lanner.kernels fused its head with the
     cross-entropy: TRL's SFTTrainer otherwise calls the model through a head of its own (the logits in
     PyTorch tiles, with entropy and top-1 accuracy on every step), and the kernels' never runs. The
     loss is the same (the token sum over the accumulated batch's label count); the per-step
-    `entropy` and `mean_token_accuracy` metrics are not computed. Evaluation keeps TRL's path."""
+    `entropy` and `mean_token_accuracy` metrics are not computed. Evaluation keeps TRL's path. Each
+    step is logged one step late (LateLogging), so the host does not wait for the GPU between steps."""
+
+    def logs_late(self) -> bool:
+        return has_fused_loss(self.model)  # TRL's own loss reads its metrics on the host as it goes
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if (return_outputs or not self.model.training or self.label_smoother is not None
@@ -65,18 +70,22 @@ class KernelLossSFTTrainer(SFTTrainer):
         inputs["use_cache"] = False
         if getattr(self, "aux_loss_enabled", False):  # an MoE model's router loss, as TRL asks for it
             inputs["output_router_logits"] = True
-        self._count_train_tokens(inputs)  # before the forward: its wait for the GPU finds the queue empty
+        self._count_train_tokens(inputs)
         return Trainer.compute_loss(self, model, inputs, num_items_in_batch=num_items_in_batch)
 
     def _count_train_tokens(self, inputs) -> None:
         """TRL's `num_tokens` metric (what the job's tokens/s is computed from), as its compute_loss
-        counts it: the attention mask's tokens, or a padding-free row's length."""
+        counts it: the attention mask's tokens, or a padding-free row's length; kept on the device until
+        the step is logged."""
         if "attention_mask" in inputs:
             local = inputs["attention_mask"].sum()
         else:
             local = torch.tensor(inputs["position_ids"].size(1), device=inputs["position_ids"].device)
-        self._total_train_tokens += self.accelerator.gather_for_metrics(local).sum().item() // getattr(self, "_tp_size", 1)
-        self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+        self.count_tokens(self.accelerator.gather_for_metrics(local).sum() // getattr(self, "_tp_size", 1))
+
+    def late_logged_metrics(self, tokens: int) -> None:
+        self._total_train_tokens = tokens
+        self._metrics["train"]["num_tokens"] = [tokens]
 
 
 def packing_report(seq_lengths: list[list[int]], options: TrainingOptions) -> str:

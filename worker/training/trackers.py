@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,9 @@ from lanner.worker.events import JobEvents
 
 # How long one request to the MLflow server may take; it is not retried (a tracker that fails is dropped).
 MLFLOW_TIMEOUT_S = 10
+# Steps waiting for the MLflow server (beyond, a step is dropped), and how long the end waits for them.
+MLFLOW_QUEUE_STEPS = 1000
+MLFLOW_FLUSH_TIMEOUT_S = 30
 LABELS = {"mlflow": "MLflow", "tensorboard": "TensorBoard", "wandb": "W&B"}
 # How a job ended, in each tracker's words.
 MLFLOW_STATUS = {"finished": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
@@ -60,6 +65,11 @@ class MlflowTracker:
         self.experiment = settings.mlflow_experiment
         self.client = MlflowClient(tracking_uri=self.uri)
         self.run_id: str | None = None
+        # Steps go to the server from a thread of their own, so a slow server never holds a training step.
+        self.steps: queue.Queue = queue.Queue(maxsize=MLFLOW_QUEUE_STEPS + 1)  # + 1: finish's end mark
+        self.sender: threading.Thread | None = None
+        self.failure: Exception | None = None
+        self.dropped = 0
 
     def start(self, job_id: int, name: str, spec: dict[str, Any], previous: TrackerRun | None) -> TrackerRun:
         from mlflow.entities import Param, RunTag
@@ -82,16 +92,66 @@ class MlflowTracker:
                           url=mlflow_run_url(self.uri, experiment_id, self.run_id))
 
     def log_metrics(self, step: int, values: dict[str, float]) -> None:
+        """Hands the step to the logging thread without waiting for the server; a step that finds
+        MLFLOW_QUEUE_STEPS steps still waiting is dropped (counted and said at the end). The thread's
+        failure is raised here, on the next step: the tracker is then dropped."""
+        self._raise_if_failed()
+        if self.sender is None:
+            self.sender = threading.Thread(target=self._send, daemon=True, name="lanner-mlflow")
+            self.sender.start()
+        if self.steps.qsize() >= MLFLOW_QUEUE_STEPS:
+            self.dropped += 1
+        else:
+            self.steps.put_nowait((step, values, int(time.time() * 1000)))
+
+    def _send(self) -> None:
+        """The logging thread: sends what waits, several steps a request, until finish's None."""
         from mlflow.entities import Metric
+        from mlflow.utils.validation import MAX_METRICS_PER_BATCH
 
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(key, value, now, step) for key, value in values.items()])
+        done = False
+        while not done:
+            batch = [self.steps.get()]
+            while batch[-1] is not None and sum(len(values) for _, values, _ in batch) < MAX_METRICS_PER_BATCH:
+                try:
+                    batch.append(self.steps.get_nowait())
+                except queue.Empty:
+                    break
+            done = batch[-1] is None
+            metrics = [Metric(key, value, at, step) for step, values, at in batch[:-1 if done else None]
+                       for key, value in values.items()]
+            try:
+                for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+                    self.client.log_batch(self.run_id, metrics=metrics[start:start + MAX_METRICS_PER_BATCH])
+            except Exception as error:  # raised to the training loop at its next step or at the end
+                self.failure = error
+                return
 
-    def finish(self, outcome: str, links: dict[str, str]) -> None:
+    def _raise_if_failed(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def finish(self, outcome: str, links: dict[str, str]) -> str | None:
+        """Waits at most MLFLOW_FLUSH_TIMEOUT_S for the steps still queued, then ends the run. Returns
+        a warning in words when steps were dropped."""
         from mlflow.entities import RunTag
 
-        self.client.log_batch(self.run_id, tags=[RunTag(f"lanner.{key}", url) for key, url in links.items()])
+        if self.sender is not None:
+            self.steps.put(None)  # room is kept for it: the thread is taking steps off
+            self.sender.join(MLFLOW_FLUSH_TIMEOUT_S)
+            if self.sender.is_alive():
+                raise RuntimeError(f"the server took more than {MLFLOW_FLUSH_TIMEOUT_S} s to take the last "
+                                   f"{self.steps.qsize()} steps; they are not logged and the run is not ended")
+            self._raise_if_failed()
+        tags = [RunTag(f"lanner.{key}", url) for key, url in links.items()]
+        if self.dropped:
+            tags.append(RunTag("lanner.dropped_steps", str(self.dropped)))
+        self.client.log_batch(self.run_id, tags=tags)
         self.client.set_terminated(self.run_id, status=MLFLOW_STATUS[outcome])
+        if self.dropped:
+            return (f"MLflow at {self.uri} fell behind: {self.dropped} steps were not logged to it "
+                    f"(more than {MLFLOW_QUEUE_STEPS} waited for the server)")
+        return None
 
 
 class TensorBoardTracker:
@@ -202,7 +262,10 @@ class JobTrackers:
 
     def finish(self, outcome: str, links: dict[str, str]) -> None:
         for tracker in list(self.trackers):
-            if self._call(tracker.name, lambda tracker=tracker: tracker.finish(outcome, links)):
+            warnings = []
+            if self._call(tracker.name, lambda tracker=tracker: warnings.append(tracker.finish(outcome, links))):
                 self.runs.put(self.runs.get(tracker.name).model_copy(update={"status": outcome}))
+                if warnings[0]:
+                    self.events.log(warnings[0], level="warning")
         self.trackers = []
         self._save()

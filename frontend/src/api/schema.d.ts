@@ -321,10 +321,6 @@ export interface paths {
     /** Job Tracker Runs */
     get: operations["job_tracker_runs_api_jobs__job_id__trackers_get"];
   };
-  "/api/jobs/{job_id}/trackers/{tracker}/archive": {
-    /** Tracker Archive */
-    get: operations["tracker_archive_api_jobs__job_id__trackers__tracker__archive_get"];
-  };
   "/api/webhooks": {
     /** List Webhooks */
     get: operations["list_webhooks_api_webhooks_get"];
@@ -366,11 +362,12 @@ export interface components {
     /**
      * ArtifactKind
      * @description What a job's artifact is. A training job saves checkpoints, then an adapter (LoRA/QLoRA) or
-     * a whole model, and its evaluation; an export writes an adapter, a merged model, GGUF files and
-     * a Modelfile.
+     * a whole model, its evaluation, and the files of the experiment trackers that write into its folder
+     * (TensorBoard's event files, W&B's offline run); an export writes an adapter, a merged model, GGUF
+     * files and a Modelfile.
      * @enum {string}
      */
-    ArtifactKind: "checkpoint" | "adapter" | "model" | "evaluation" | "merged" | "gguf" | "modelfile";
+    ArtifactKind: "checkpoint" | "adapter" | "model" | "evaluation" | "merged" | "gguf" | "modelfile" | "tensorboard" | "wandb";
     /** ArtifactOut */
     ArtifactOut: {
       /** Id */
@@ -1301,30 +1298,6 @@ export interface components {
      * @enum {string}
      */
     JobStatus: "queued" | "running" | "succeeded" | "failed" | "cancelled";
-    /** JobTrackerRun */
-    JobTrackerRun: {
-      /**
-       * Tracker
-       * @enum {string}
-       */
-      tracker: "mlflow" | "tensorboard" | "wandb";
-      /**
-       * Status
-       * @enum {string}
-       */
-      status: "running" | "finished" | "failed" | "cancelled" | "unavailable";
-      /** Url */
-      url?: string | null;
-      /** Run Id */
-      run_id?: string | null;
-      /** Problem */
-      problem?: string | null;
-      /**
-       * Download
-       * @description The tracker's files in the job's folder as a tar stream (TensorBoard's event files, W&B's offline run)
-       */
-      download?: string | null;
-    };
     /** LlamaCppStatus */
     LlamaCppStatus: {
       /**
@@ -2112,6 +2085,25 @@ export interface components {
        * @description Where its runs go, or what an admin sets to offer it
        */
       detail: string;
+    };
+    /** TrackerRun */
+    TrackerRun: {
+      /**
+       * Tracker
+       * @enum {string}
+       */
+      tracker: "mlflow" | "tensorboard" | "wandb";
+      /**
+       * Status
+       * @enum {string}
+       */
+      status: "running" | "finished" | "failed" | "cancelled" | "unavailable";
+      /** Url */
+      url?: string | null;
+      /** Run Id */
+      run_id?: string | null;
+      /** Problem */
+      problem?: string | null;
     };
     /** UsageOut */
     UsageOut: {
@@ -5121,48 +5113,7 @@ export interface operations {
       /** @description Successful Response */
       200: {
         content: {
-          "application/json": components["schemas"]["JobTrackerRun"][];
-        };
-      };
-      /** @description Not signed in (no valid session cookie or bearer API token) */
-      401: {
-        content: {
-          "application/json": components["schemas"]["ErrorOut"];
-        };
-      };
-      /** @description No such resource */
-      404: {
-        content: {
-          "application/json": components["schemas"]["ErrorOut"];
-        };
-      };
-      /** @description Invalid input: one entry per field, or a sentence */
-      422: {
-        content: {
-          "application/json": components["schemas"]["ErrorOut"];
-        };
-      };
-      /** @description Too many requests: wait Retry-After seconds */
-      429: {
-        content: {
-          "application/json": components["schemas"]["ErrorOut"];
-        };
-      };
-    };
-  };
-  /** Tracker Archive */
-  tracker_archive_api_jobs__job_id__trackers__tracker__archive_get: {
-    parameters: {
-      path: {
-        job_id: number;
-        tracker: string;
-      };
-    };
-    responses: {
-      /** @description The tracker's files */
-      200: {
-        content: {
-          "application/x-tar": string;
+          "application/json": components["schemas"]["TrackerRun"][];
         };
       };
       /** @description Not signed in (no valid session cookie or bearer API token) */

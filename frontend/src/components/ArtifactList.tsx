@@ -8,6 +8,8 @@ const KIND_NAMES: Record<string, string> = {
   merged: 'Merged model',
   gguf: 'GGUF',
   modelfile: 'Ollama Modelfile',
+  tensorboard: 'TensorBoard event files',
+  wandb: 'W&B offline run (wandb sync uploads it)',
 }
 
 export function downloadUrl(artifact: Artifact, file?: string): string {

@@ -14,8 +14,12 @@ const PARTS: [string, string][] = [
   ['optimizer_bytes', 'optimizer state'],
   ['activations_bytes', 'activations'],
   ['logits_bytes', 'logits'],
+  ['generation_bytes', 'generation (KV cache; GRPO, in turn with activations)'],
+  ['reward_models_bytes', 'reward models'],
   ['overhead_bytes', 'overhead'],
 ]
+// Parts only a GRPO job has: left out at 0.
+const GRPO_PARTS = new Set(['generation_bytes', 'reward_models_bytes'])
 
 /**
  * The device memory the chosen settings need (POST /api/jobs/estimate), and whether that fits each
@@ -69,7 +73,7 @@ export function MemoryEstimatePanel({ form }: { form: JobForm }) {
             {estimate.parameters ? <span className="muted small"> · {formatParameters(estimate.parameters)} parameters, {formatParameters(estimate.trainable_parameters ?? 0)} trained</span> : null}
           </p>
           <dl className="facts facts--row small">
-            {PARTS.filter(([key]) => typeof estimate[key] === 'number').map(([key, label]) => (
+            {PARTS.filter(([key]) => typeof estimate[key] === 'number' && !(GRPO_PARTS.has(key) && estimate[key] === 0)).map(([key, label]) => (
               <div key={key}><dt>{label}</dt><dd className="mono">{formatGiB(estimate[key])}</dd></div>
             ))}
           </dl>

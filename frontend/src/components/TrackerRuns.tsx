@@ -3,13 +3,16 @@ import { useResource } from '../useResource'
 import type { TrackerRun } from '../types'
 
 const LABELS: Record<TrackerRun['tracker'], string> = { mlflow: 'MLflow', tensorboard: 'TensorBoard', wandb: 'Weights & Biases' }
-const DOWNLOAD_TEXT: Record<TrackerRun['tracker'], string> = {
-  mlflow: '', tensorboard: 'Event files (.tar)', wandb: 'Offline run (.tar, for wandb sync)',
+const FILES: Record<TrackerRun['tracker'], string> = {
+  mlflow: '',
+  tensorboard: 'its event files are among the artifacts once the job ends',
+  wandb: 'its offline run is among the artifacts once the job ends (wandb sync uploads it)',
 }
 
 /**
- * A job's runs in the experiment trackers it chose: the MLflow run's page, the TensorBoard and W&B
- * files to download, and why a tracker stopped logging. Hidden when the job chose none.
+ * A job's runs in the experiment trackers it chose: the MLflow run's page and why a tracker stopped
+ * logging. TensorBoard's and W&B's files are the job's artifacts (ArtifactList downloads them). Hidden
+ * when the job chose none.
  */
 export function TrackerRuns({ jobId, refresh }: { jobId: number; refresh?: unknown }) {
   const runs = useResource<TrackerRun[]>(`/api/jobs/${jobId}/trackers`)
@@ -31,7 +34,7 @@ export function TrackerRuns({ jobId, refresh }: { jobId: number; refresh?: unkno
               <strong>{LABELS[run.tracker]}</strong>{' '}
               <span className={`badge badge--${run.status === 'unavailable' ? 'failed' : run.status === 'finished' ? 'succeeded' : run.status}`}>{run.status}</span>{' '}
               {run.url && <a href={run.url} target="_blank" rel="noopener noreferrer">Open the run</a>}
-              {run.download && <a href={run.download} download>{DOWNLOAD_TEXT[run.tracker]}</a>}
+              {FILES[run.tracker] && run.status !== 'unavailable' && <span className="muted small">{FILES[run.tracker]}</span>}
               {run.problem && <p className="error-text small">Stopped logging: {run.problem}</p>}
             </li>
           ))}

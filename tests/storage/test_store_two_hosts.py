@@ -1,0 +1,160 @@
+"""Two worker "hosts" (Celery worker processes with their own data and cache directories) and the API
+on one PostgreSQL database, one Redis and one S3 store (moto): a dataset uploaded through the API is
+trained on by both; host A's store is cut for a while mid-job (the job waits, says so, and goes on);
+A is SIGKILLed mid-job and the job resumes on B from the store's last checkpoint and succeeds; an
+export on B of a job trained on A is downloaded through the API with a byte range."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+from fastapi.testclient import TestClient
+from redis import Redis
+
+from lanner.core.models import Artifact, ArtifactKind, Job, JobKind, JobStatus
+from lanner.core.settings import Settings, get_settings
+from lanner.core.storage import Cache
+
+from storage_helpers import ACCESS, Host, s3_settings, worker_helpers
+from support import WORKER_REDIS_URL
+
+FINAL = (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
+
+
+def _store_env(endpoint: str, bucket: str, cache_dir) -> dict:
+    return {"LANNER_STORE": "s3", "LANNER_S3_BUCKET": bucket, "LANNER_S3_ENDPOINT_URL": endpoint,
+            "LANNER_S3_PREFIX": "team", "LANNER_CACHE_DIR": str(cache_dir), "LANNER_STORE_RETRY_S": "120", **ACCESS}
+
+
+def _host(tmp_path, name: str, database_url: str, owner: int, endpoint: str, bucket: str, smollm2_dir) -> Host:
+    data_dir = tmp_path / name / "data"
+    (data_dir / "models").mkdir(parents=True)
+    (data_dir / "models" / "SmolLM2-135M-Instruct").symlink_to(smollm2_dir)
+    return Host(data_dir, database_url, Redis.from_url(WORKER_REDIS_URL, decode_responses=True), owner,
+                store_env=_store_env(endpoint, bucket, tmp_path / name / "cache"))
+
+
+def _api(tmp_path, monkeypatch, database_url: str, endpoint: str, bucket: str) -> TestClient:
+    from lanner.backend import security
+    from lanner.backend.app import create_app
+    from lanner.core import db
+
+    monkeypatch.setattr(security, "SCRYPT_N", 2**10)
+    for key, value in {**_store_env(endpoint, bucket, tmp_path / "api" / "cache"),
+                       "LANNER_DATA_DIR": str(tmp_path / "api" / "data"), "LANNER_DATABASE_URL": database_url,
+                       "LANNER_REDIS_URL": WORKER_REDIS_URL, "LANNER_HUB_URL": "http://127.0.0.1:9"}.items():
+        monkeypatch.setenv(key, value)
+    get_settings.cache_clear()
+    get_settings().ensure_dirs()
+    db.migrate(database_url)
+    client = TestClient(create_app())
+    response = client.post("/api/setup", json={"email": "ada@example.com", "display_name": "Ada",
+                                               "password": "correct horse battery"})
+    assert response.status_code == 201, response.text
+    return client
+
+
+def _log(host: Host, job_id: int) -> list[str]:
+    from lanner.core.streams import job_stream, read_after
+
+    return [data["message"] for _, kind, data in read_after(host.redis, job_stream(job_id), count=10_000)
+            if kind == "log"]
+
+
+def _checkpoints(host: Host, job_id: int) -> list[Artifact]:
+    with host.sessions() as session:
+        return list(session.query(Artifact).filter_by(job_id=job_id, kind=ArtifactKind.checkpoint))
+
+
+def test_a_job_moves_between_hosts_through_the_store(tmp_path, monkeypatch, postgres_url, moto, bucket, link,
+                                                     smollm2_dir):
+    Redis.from_url(WORKER_REDIS_URL).flushdb()
+    client = _api(tmp_path, monkeypatch, postgres_url, moto.url, bucket)
+    rows = "".join(f'{{"instruction": "What is {i} plus {i}?", "output": "{2 * i}."}}\n' for i in range(16))
+    uploaded = client.post("/api/datasets", params={"filename": "qa.jsonl"}, content=rows.encode(),
+                           headers={"content-type": "application/octet-stream"})
+    assert uploaded.status_code == 201, uploaded.text
+    dataset = uploaded.json()
+    store = s3_settings(tmp_path / "probe", moto.url, bucket)
+    from lanner.core.storage import get_store
+    s3 = get_store(store)
+    assert b"".join(s3.read(f"datasets/{dataset['id']}/qa.jsonl")).decode() == rows  # in the store...
+    assert not (tmp_path / "api" / "data" / "datasets" / str(dataset["id"])).exists()  # ...not on the API's disk
+
+    owner = client.get("/api/me").json()["id"]
+    host_a = _host(tmp_path, "hostA", postgres_url, owner, link.url, bucket, smollm2_dir)  # its store link is cut below
+    host_b = _host(tmp_path, "hostB", postgres_url, owner, moto.url, bucket, smollm2_dir)
+    quick = host_a.job(dataset["id"], {"hyperparameters": {"max_steps": 2, "save_steps": 2, "before_after_eval": False},
+                                       "trackers": ["tensorboard"]}, name="trained on A")
+    moved = host_a.job(dataset["id"], {"hyperparameters": {"max_steps": 10, "save_steps": 1, "before_after_eval": False}},
+                       name="moves to B")
+    worker_a = worker_helpers.CeleryWorker(host_a, "hostA").wait_ready()
+    worker_b = None
+    try:
+        assert host_a.wait_for(quick, lambda j: j.status in FINAL, 240, "a final status").status == JobStatus.succeeded
+        [run] = client.get(f"/api/jobs/{quick}/trackers").json()  # the API reads the runs A stored
+        assert run["status"] == "finished" and run["download"] == f"/api/jobs/{quick}/trackers/tensorboard/archive"
+        assert client.get(run["download"]).content.startswith(f"job-{quick}-tensorboard/".encode())
+        host_a.wait_for(moved, lambda j: j.step >= 1, 120, "its first step")
+        link.cut()  # host A's store is unreachable: its next checkpoint waits
+        time.sleep(6)
+        stalled_at = host_a.get_job(moved).step
+        link.restore()
+        host_a.wait_for(moved, lambda j: j.step >= 4 and len(_checkpoints(host_a, moved)) >= 3, 120,
+                        "step 4 with checkpoints on record")
+        os.kill(worker_a.process.pid, signal.SIGKILL)
+        worker_a.process.wait()
+        killed_at = host_a.get_job(moved).step
+        assert host_a.get_job(moved).status == JobStatus.running and killed_at < 10
+
+        worker_b = worker_helpers.CeleryWorker(host_b, "hostB").wait_ready()
+        job = host_b.wait_for(moved, lambda j: j.status in FINAL, 240, "a final status on host B")
+        assert job.status == JobStatus.succeeded, job.error
+        assert job.requeues == 1 and job.worker.startswith("hostB@")
+        log = _log(host_a, moved)
+        assert any(line.startswith(f"The store is unreachable while uploading artifacts/{moved}/checkpoints/checkpoint-")
+                   and "trying again in" in line for line in log), log
+        assert f"Resuming from {job.resume_from}" in log
+        assert stalled_at <= 3  # training waited at the checkpoint while the store was away
+        # Nothing lost: every checkpoint on record, the adapter and the dataset are in the store.
+        for checkpoint in _checkpoints(host_a, moved):
+            assert s3.is_folder(checkpoint.path) and "adapter_model.safetensors" in s3.list(checkpoint.path)
+        assert "adapter_model.safetensors" in s3.list(f"artifacts/{moved}/adapter")
+        resumed = Cache(get_store(store), tmp_path / "hostB" / "cache", 1)
+        assert resumed.entry(f"artifacts/{moved}/checkpoints/{job.resume_from}").is_dir()  # B fetched it
+        for host in ("hostA", "hostB"):  # the uploaded dataset was read on both hosts, from their caches
+            assert Cache(s3, tmp_path / host / "cache", 1).entry(f"datasets/{dataset['id']}/qa.jsonl").is_dir()
+
+        # An export on B of the job trained on A, downloaded through the API with a range.
+        with host_b.sessions() as session:
+            export = Job(owner_id=owner, kind=JobKind.export, name="export", method="export",
+                         model=host_b.get_job(quick).model, parent_job_id=quick, status=JobStatus.queued,
+                         config={"export": {"adapter": True, "merged": False, "gguf_types": [], "verify": False}})
+            session.add(export)
+            session.commit()
+            export_id = export.id
+        from lanner.core.queue.claim import wake_workers
+        wake_workers(Settings(data_dir=tmp_path / "probe", redis_url=WORKER_REDIS_URL))
+        done = host_b.wait_for(export_id, lambda j: j.status in FINAL, 180, "the export's final status")
+        assert done.status == JobStatus.succeeded and done.worker.startswith("hostB@"), done.error
+        artifacts = client.get(f"/api/jobs/{export_id}/artifacts").json()
+        adapter = next(item for item in artifacts if item["kind"] == "adapter")
+        name = "adapter_model.safetensors"
+        with host_b.sessions() as session:
+            path = session.get(Artifact, adapter["id"]).path
+        key = f"{path}/{name}" if adapter.get("files") else path
+        whole = b"".join(s3.read(key))
+        response = client.get(f"/api/artifacts/{adapter['id']}/download",
+                              params={"file": name} if adapter.get("files") else {},
+                              headers={"Range": "bytes=100-1123"})
+        assert response.status_code == 206, response.text
+        assert response.content == whole[100:1124]
+        assert response.headers["content-range"] == f"bytes 100-1123/{len(whole)}"
+        assert not (tmp_path / "api" / "data" / "artifacts").exists()  # served from the API's cache
+    finally:
+        for worker in (worker_a, worker_b):
+            if worker is not None:
+                worker.stop()
+        get_settings.cache_clear()
