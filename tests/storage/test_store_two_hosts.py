@@ -95,8 +95,10 @@ def test_a_job_moves_between_hosts_through_the_store(tmp_path, monkeypatch, post
     try:
         assert host_a.wait_for(quick, lambda j: j.status in FINAL, 240, "a final status").status == JobStatus.succeeded
         [run] = client.get(f"/api/jobs/{quick}/trackers").json()  # the API reads the runs A stored
-        assert run["status"] == "finished" and run["download"] == f"/api/jobs/{quick}/trackers/tensorboard/archive"
-        assert client.get(run["download"]).content.startswith(f"job-{quick}-tensorboard/".encode())
+        assert run["tracker"] == "tensorboard" and run["status"] == "finished"
+        [files] = [a for a in client.get(f"/api/jobs/{quick}/artifacts").json() if a["kind"] == "tensorboard"]
+        archive = client.get(f"/api/artifacts/{files['id']}/download", params={"archive": "tar"})
+        assert archive.content.startswith(f"job-{quick}-tensorboard/".encode())  # the files A stored
         host_a.wait_for(moved, lambda j: j.step >= 1, 120, "its first step")
         link.cut()  # host A's store is unreachable: its next checkpoint waits
         time.sleep(6)
