@@ -36,10 +36,12 @@ def test_compose_has_the_studio_services():
 
 def test_the_worker_profile_runs_only_workers_against_the_studios_database_and_redis():
     env = {**os.environ, "LANNER_DATABASE_URL": "postgresql+psycopg://lanner:secret@studio:5432/lanner",
-           "LANNER_REDIS_URL": "redis://studio:6379/0", "LANNER_HOST_NAME": "box2"}
+           "LANNER_REDIS_URL": "redis://studio:6379/0", "LANNER_HOST_NAME": "box2", "LANNER_STORE": "s3",
+           "LANNER_S3_BUCKET": "lanner-team"}
     host = compose_config("--profile", "worker", env=env)["services"]["worker-host"]
     assert host["profiles"] == ["worker"] and host["command"] == ["lanner", "worker"]
     assert host["hostname"] == "box2" and "depends_on" not in host  # no database or Redis of its own
     assert host["environment"]["LANNER_DATABASE_URL"] == env["LANNER_DATABASE_URL"]
     assert host["environment"]["LANNER_REDIS_URL"] == env["LANNER_REDIS_URL"]
+    assert (host["environment"]["LANNER_STORE"], host["environment"]["LANNER_S3_BUCKET"]) == ("s3", "lanner-team")
     assert host["deploy"]["resources"]["reservations"]["devices"][0]["count"] == "all"
