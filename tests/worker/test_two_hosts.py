@@ -72,3 +72,13 @@ def test_a_worker_stops_a_job_taken_from_it_and_a_draining_worker_requeues_its_j
     assert (job.status, job.worker, job.requeues, job.error) == (JobStatus.queued, None, 0, None)
     assert job.resume_from and job.resume_from.startswith("checkpoint-") and _has_checkpoint(studio, drained)
     assert any(message.startswith("Queued again to resume from checkpoint-") for message in logs(studio, drained))
+
+
+def test_the_placement_line_names_the_host_and_the_gpus():
+    from lanner.core.messages.device import Device, Placement
+    from lanner.worker.runner import placement_line
+
+    gpu = Device(kind="cuda", name="NVIDIA H200", memory_total_bytes=2**37, index=1, id="GPU-b", host="box2")
+    assert placement_line(gpu) == "Placed on host box2, GPU 1"
+    pair = Placement.of([gpu.model_copy(update={"index": 0, "id": "GPU-a"}), gpu], "ddp")
+    assert placement_line(pair) == "Placed on host box2, GPUs 0, 1 (DDP)"
