@@ -16,11 +16,12 @@ def main(argv: list[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("up", help="start the whole studio: Redis if needed, the API, one worker per GPU")
     commands.add_parser("api", help="run the API server alone (for containers)")
-    worker = commands.add_parser("worker", help="run one Celery worker alone (for containers)")
-    worker.add_argument("--name", default="worker", help="worker name; the host name is appended")
+    worker = commands.add_parser("worker", help="run a worker host: one worker per GPU (or one CPU worker) against "
+                                                "the studio's database and Redis; SIGTERM drains it")
     worker.add_argument("--gpu", default=None,
-                        help="GPU index or UUID to own, or 'claim' to take the first GPU no other worker holds "
-                             "(default: what CUDA_VISIBLE_DEVICES says)")
+                        help="run one worker alone (a container per GPU), on this GPU index or UUID, or 'claim' "
+                             "to take the first GPU no other worker holds")
+    worker.add_argument("--name", default="worker", help="with --gpu: the worker's name; @LANNER_HOST_NAME is appended")
     commands.add_parser("migrate", help="bring the database schema to the latest version")
     commands.add_parser("import-default-model", help="import the built-in SmolLM2 into the data dir")
     build = commands.add_parser("build-llama-cpp", help="install llama.cpp (llama-cpp-python compiles it; `up` "
@@ -77,15 +78,17 @@ def main(argv: list[str] | None = None) -> None:
 
         uvicorn.run("lanner.backend.app:create_app", factory=True, host=settings.host, port=settings.port)
     elif args.command == "worker":
-        from lanner.cli.stack import worker_command
+        from lanner.cli.worker_host import preflight, run_one_worker, run_worker_host
 
         settings.ensure_dirs()
+        if args.gpu is None:
+            raise SystemExit(run_worker_host(settings))
+        preflight(settings)
         if args.gpu == "claim":
             os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["LANNER_GPU_CLAIM"] = _claim_a_gpu(settings)
-        elif args.gpu is not None:
+        else:
             os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu
-        command = worker_command(args.name)
-        os.execv(command[0], command)
+        run_one_worker(settings, args.name)
     elif args.command == "migrate":
         from lanner.core import db
 
@@ -126,8 +129,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _claim_a_gpu(settings) -> str:
-    import socket
-
     from lanner.core.redis_client import get_redis
     from lanner.core.worker_registry import claim_gpu
     from lanner.worker.devices import gpu_uuids
@@ -135,7 +136,7 @@ def _claim_a_gpu(settings) -> str:
     uuids = gpu_uuids()
     if not uuids:
         raise SystemExit("--gpu claim: this machine shows no GPU (is the NVIDIA runtime enabled for the container?).")
-    claimed = claim_gpu(get_redis(settings.redis_url), uuids, f"{socket.gethostname()}:{os.getpid()}")
+    claimed = claim_gpu(get_redis(settings.redis_url), uuids, f"{settings.host_name}:{os.getpid()}")
     if claimed is None:
         raise SystemExit(f"--gpu claim: all {len(uuids)} GPUs already have a worker; run fewer worker replicas.")
     return claimed

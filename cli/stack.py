@@ -65,10 +65,11 @@ def _port_taken(host: str, port: int) -> bool:
         return probe.connect_ex((host, port)) == 0
 
 
-def worker_command(name: str) -> list[str]:
+def worker_command(name: str, host_name: str) -> list[str]:
+    """A Celery worker named name@host_name (LANNER_HOST_NAME: the host in placement and the hardware page)."""
     return [sys.executable, "-m", "celery", "-A", "lanner.worker.celery_app", "worker",
             "--concurrency", "1", "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle",
-            "--loglevel", "INFO", "-n", f"{name}@%h"]
+            "--loglevel", "INFO", "-n", f"{name}@{host_name}"]
 
 
 def visible_gpus() -> list[str]:
@@ -101,7 +102,7 @@ class Stack:
         log = self.settings.logs_dir / f"{name}.log"
         env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1",
                "LANNER_DATA_DIR": str(self.settings.data_dir), "LANNER_DATABASE_URL": self.settings.database_url,
-               "LANNER_REDIS_URL": self.settings.redis_url}
+               "LANNER_REDIS_URL": self.settings.redis_url, "LANNER_HOST_NAME": self.settings.host_name}
         with open(log, "ab") as out:
             # cwd is the data dir, not the checkout: from the checkout's root, `python -m` would make
             # backend/, worker/ and kernels/ importable as top-level names that shadow other packages.
@@ -137,7 +138,7 @@ class Stack:
                             "--host", settings.host, "--port", str(settings.port), "--log-level", settings.log_level])
         workers = worker_envs()
         for name, env in workers:
-            self._spawn(f"worker-{name}", worker_command(name), env)
+            self._spawn(f"worker-{name}", worker_command(name, settings.host_name), env)
         self._wait_until_ready(len(workers))
         print(f"Lanner is up: {self.url}  (logs in {settings.logs_dir}; Ctrl-C stops it)", flush=True)
         self.report_llama_cpp()

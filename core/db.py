@@ -66,6 +66,22 @@ def current_revision(url: str) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
 
+CANNOT_CONNECT = "cannot connect"
+
+
+def schema_problem(url: str) -> str | None:
+    """Why the database at `url` cannot be used as it is, in words; None when it answers at the
+    latest schema."""
+    try:
+        current = current_revision(url)
+    except Exception as exc:  # any driver error means "down"
+        return f"{CANNOT_CONNECT}: {exc.__class__.__name__}: {exc}"
+    head = head_revision()
+    if current != head:
+        return f"schema at {current}, expected {head}: run `lanner migrate`"
+    return None
+
+
 # `%` and `_` typed by a person are letters to search for, not LIKE wildcards.
 LIKE_ESCAPE = "\\"
 

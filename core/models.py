@@ -124,6 +124,9 @@ class Job(Base):
     memory_estimate_bytes: Mapped[int | None] = mapped_column(BigInteger)
     gpus: Mapped[int] = mapped_column(Integer, default=1, doc="GPUs the job asks for; 0 means CPU")
     worker: Mapped[str | None] = mapped_column(String(255))
+    host: Mapped[str | None] = mapped_column(String(255), doc="the worker host it runs or last ran on")
+    worker_instance: Mapped[str | None] = mapped_column(
+        String(32), doc="the process of its worker that claimed it: a restarted worker of the same name is another")
     device: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     step: Mapped[int] = mapped_column(Integer, default=0)
     total_steps: Mapped[int | None] = mapped_column(Integer)

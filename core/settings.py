@@ -1,6 +1,7 @@
 """Settings, read from LANNER_* environment variables (the README has the table)."""
 from __future__ import annotations
 
+import socket
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -18,6 +19,9 @@ class Settings(BaseSettings):
     database_url: str = Field(default="", description="SQLAlchemy URL; empty means SQLite at DATA_DIR/lanner.db")
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Celery broker and event streams")
     host: str = Field(default="127.0.0.1", description="Address the API listens on")
+    host_name: str = Field(default_factory=socket.gethostname, min_length=1, pattern=r"^[^@\s]+$",
+                           description="This worker host's name in worker names (name@host), placement and "
+                                       "the hardware page; unique per host")
     port: int = Field(default=8000, ge=1, le=65535, description="Port the API listens on")
     frontend_dir: Path = Field(default=REPO_ROOT / "frontend" / "dist", description="Built web UI served at /")
     log_level: str = Field(default="info", description="debug, info, warning or error")

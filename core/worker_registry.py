@@ -7,6 +7,7 @@ refreshed while the job runs: a worker that dies mid-job frees its devices by it
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
 from datetime import datetime, timezone
 
@@ -17,11 +18,36 @@ from lanner.core.messages.device import Device, WorkerRecord
 WORKER_KEY_PREFIX = "lanner:worker:"
 HEARTBEAT_SECONDS = 2.0
 WORKER_TTL_SECONDS = 10
+EXIT_NAME_TAKEN = 78  # EX_CONFIG: a live worker holds this worker's name (take_worker_name)
 
 
-def announce_worker(redis: Redis, name: str, device: Device) -> None:
-    record = WorkerRecord(name=name, device=device, last_seen=datetime.now(timezone.utc).isoformat())
-    redis.set(WORKER_KEY_PREFIX + name, record.model_dump_json(exclude={"reserved_by"}), ex=WORKER_TTL_SECONDS)
+def announce_worker(redis: Redis, name: str, device: Device, instance: str | None = None,
+                    first: bool = False) -> bool:
+    """Writes this worker's record with a fresh expiry. With `first`, only while no record of that
+    name is live (the start of a worker); returns whether it wrote."""
+    record = WorkerRecord(name=name, device=device, last_seen=datetime.now(timezone.utc).isoformat(),
+                          host=device.host, instance=instance)
+    return bool(redis.set(WORKER_KEY_PREFIX + name, record.model_dump_json(exclude={"reserved_by"}),
+                          ex=WORKER_TTL_SECONDS, nx=first))
+
+
+def duplicate_name_message(name: str, holder: WorkerRecord | None) -> str:
+    where = f" on host {holder.host}" if holder and holder.host else ""
+    return (f"A worker named {name} is already running{where}: two hosts share the name "
+            f"{name.split('@', 1)[-1]!r}. Give each host its own LANNER_HOST_NAME (or each worker its own --name).")
+
+
+def take_worker_name(redis: Redis, name: str, device: Device, instance: str) -> str | None:
+    """Announces a starting worker under `name`. A record of that name left by a previous life of the
+    worker (killed, then started again) expires within WORKER_TTL_SECONDS, so this waits that long for
+    it; a live worker of that name keeps its record fresh. Returns None once announced, else why not."""
+    deadline = time.monotonic() + WORKER_TTL_SECONDS + HEARTBEAT_SECONDS
+    while not announce_worker(redis, name, device, instance, first=True):
+        if time.monotonic() > deadline:
+            raw = redis.get(WORKER_KEY_PREFIX + name)
+            return duplicate_name_message(name, WorkerRecord.model_validate_json(raw) if raw else None)
+        time.sleep(0.5)
+    return None
 
 
 def retire_worker(redis: Redis, name: str) -> None:
@@ -29,14 +55,14 @@ def retire_worker(redis: Redis, name: str) -> None:
 
 
 def live_workers(redis: Redis) -> list[WorkerRecord]:
-    """Every live worker's record, each with `reserved_by`: the worker whose job holds its device
+    """Every live worker's record, by host then name, each with `reserved_by`: the worker whose job holds its device
     (itself while it runs a job, another worker while it lends the device to a multi-GPU job)."""
     keys = sorted(redis.scan_iter(match=WORKER_KEY_PREFIX + "*", count=100))
     records = [WorkerRecord.model_validate_json(raw) for raw in redis.mget(keys) if raw] if keys else []
     holders = device_holders(redis, [record.device.id for record in records])
     for record in records:
         record.reserved_by = holders.get(record.device.id)
-    return sorted(records, key=lambda record: record.name)
+    return sorted(records, key=lambda record: (record.host or "", record.name))  # grouped by host
 
 
 def largest_machine(records: list[WorkerRecord]) -> int:

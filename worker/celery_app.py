@@ -8,19 +8,21 @@ direct child and dies with it (a prefork pool child would outlive a SIGKILLed pa
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
+import uuid
 
 from celery import Celery
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_ready, worker_shutdown, worker_shutting_down
 
 from lanner.core.messages.device import Device
 from lanner.core.queue.claim import DISPATCH_TASK
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import get_settings
 from lanner.core.streams import HARDWARE_STREAM, SHARED_STREAM_MAXLEN, publish
-from lanner.core.worker_registry import (HEARTBEAT_SECONDS, announce_worker, device_holders, keep_gpu_claim,
-                                            retire_worker)
+from lanner.core.worker_registry import (EXIT_NAME_TAKEN, HEARTBEAT_SECONDS, announce_worker, device_holders,
+                                         keep_gpu_claim, retire_worker, take_worker_name)
 from lanner.worker.devices import current_device, free_memory
 from lanner.worker.telemetry import device_sampler
 
@@ -49,6 +51,7 @@ IDLE_LOOK_SECONDS = 5.0
 class WorkerState:
     def __init__(self):
         self.busy = threading.Event()
+        self.instance = uuid.uuid4().hex  # this process of the worker, on the jobs it claims
 
 
 worker_state = WorkerState()
@@ -64,7 +67,7 @@ def _heartbeat(name: str, device: Device) -> None:
     sample = device_sampler(device)
     while not _stop_heartbeat.is_set():
         try:
-            announce_worker(redis, name, device.with_free_memory(free_memory(device)))
+            announce_worker(redis, name, device.with_free_memory(free_memory(device)), worker_state.instance)
             if os.environ.get("LANNER_GPU_CLAIM"):
                 keep_gpu_claim(redis, os.environ["LANNER_GPU_CLAIM"], name)
             holder = device_holders(redis, [device.id]).get(device.id)
@@ -95,6 +98,25 @@ def _janitor(name: str, device: Device) -> None:
                 app.send_task(DISPATCH_TASK, queue=worker_direct(name))
         except Exception:  # database or Redis away: try again next round
             pass
+
+
+@worker_init.connect
+def _take_name(sender, **_):
+    """Before it consumes anything: a worker whose name a live worker holds (another host with the
+    same LANNER_HOST_NAME) is refused, in words."""
+    refused = take_worker_name(get_redis(settings.redis_url), sender.hostname, current_device(sender.hostname),
+                               worker_state.instance)
+    if refused:
+        print(f"lanner: {refused}", file=sys.stderr, flush=True)
+        os._exit(EXIT_NAME_TAKEN)  # Celery catches exceptions raised in signal handlers
+
+
+@worker_shutting_down.connect
+def _drain(**_):
+    """SIGTERM (a warm shutdown): claim nothing more; the running job checkpoints and is queued again."""
+    from lanner.worker.runner import draining
+
+    draining.set()
 
 
 @worker_ready.connect

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
-import socket
 
 import psutil
 
 from lanner.core.messages.device import Device
+from lanner.core.settings import get_settings
 
 
 def _nvml():
@@ -45,7 +45,7 @@ def cpu_device(worker_name: str | None = None) -> Device:
             name = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    host = socket.gethostname()
+    host = get_settings().host_name
     return Device(kind="cpu", name=f"{name} ({psutil.cpu_count()} threads)",
                   memory_total_bytes=psutil.virtual_memory().total, id=f"cpu:{worker_name or host}", host=host)
 
@@ -64,7 +64,7 @@ def current_device(worker_name: str | None = None) -> Device:
     return Device(kind="cuda", name=_text(nvml.nvmlDeviceGetName(handle)),
                   memory_total_bytes=int(nvml.nvmlDeviceGetMemoryInfo(handle).total),
                   index=int(nvml.nvmlDeviceGetIndex(handle)), id=_text(nvml.nvmlDeviceGetUUID(handle)),
-                  host=socket.gethostname(), machine=min(gpu_uuids()))
+                  host=get_settings().host_name, machine=min(gpu_uuids()))
 
 
 def free_memory(device: Device) -> int:
@@ -83,4 +83,4 @@ def is_local(device: Device) -> bool:
     each see all its GPUs), or a CPU slot of this host. One job's ranks all run on one machine."""
     if device.kind == "cuda":
         return device.id in gpu_uuids()
-    return device.host == socket.gethostname()
+    return device.host == get_settings().host_name

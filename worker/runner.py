@@ -29,7 +29,8 @@ from lanner.core.queue.order import job_summary, publish_queue_event
 from lanner.core.messages.device import Device, Placement, WorkerRecord, devices_of
 from lanner.core.messages.signals import cancel_requested, clear_cancel
 from lanner.core.queue.claim import (claim_next_job, has_runnable_job, multi_device_capacity,
-                                     note_waiting_jobs, sweep_orphaned_jobs, unclaim_job, wake_worker)
+                                     note_waiting_jobs, requeue_stopped_job, sweep_orphaned_jobs, unclaim_job,
+                                     wake_worker, wake_workers)
 from lanner.core.redis_client import get_redis
 from lanner.core.settings import Settings
 from lanner.core.storage import get_store
@@ -42,13 +43,21 @@ from lanner.worker.job_process import EXIT_CANCELLED, EXIT_PARTIAL
 from lanner.worker.telemetry import DeviceSampler
 
 POLL_SECONDS = 0.5
+OWNERSHIP_CHECK_SECONDS = 5.0  # how often a running job's worker checks that the job is still its own
 CANCEL_GRACE_SECONDS = 7.0  # SIGTERM lets the trainer save a checkpoint; SIGKILL after this, within 10 s
+# A drain lets the step end and its checkpoint be written, however long a step takes on a big model; SIGKILL
+# (the job requeued from its last checkpoint on record) after this, within docker-compose's stop_grace_period.
+DRAIN_GRACE_SECONDS = 540.0
 _PR_SET_PDEATHSIG = 1
 PROCESS_MODULES = {JobKind.train: "lanner.worker.train_process", JobKind.export: "lanner.worker.export_process",
                    JobKind.chat: "lanner.worker.chat_process"}
 PROCESS_LABELS = {JobKind.train: "Training", JobKind.export: "Export", JobKind.chat: "GPU chat"}
 
 log = logging.getLogger(__name__)
+
+# Set when this worker is stopping (SIGTERM: lanner.worker.celery_app): it claims no new job, and the
+# job it runs saves a checkpoint at the end of its step and goes back to the queue.
+draining = threading.Event()
 
 
 def _die_with_parent() -> None:
@@ -132,33 +141,35 @@ def could_run_a_job(settings: Settings, worker_name: str, device: Device) -> boo
         return has_runnable_job(session, own, others=others, machine=machine_memory(redis, device))
 
 
-def run_queue(settings: Settings, worker_name: str, device: Device) -> list[int]:
-    """Runs queued jobs that fit this device until none is left; returns the ids it ran."""
+def run_queue(settings: Settings, worker_name: str, device: Device, instance: str | None = None) -> list[int]:
+    """Runs queued jobs that fit this device until none is left (or the worker is draining); returns
+    the ids it ran. `instance` names this worker's process on the jobs it claims."""
     sessions = session_factory(settings.database_url)
     redis = get_redis(settings.redis_url)
     sweep_orphans(settings, worker_name)
     ran: list[int] = []
     passed_over: set[int] = set()  # jobs whose devices another worker took while this one claimed them
-    while True:
+    while not draining.is_set():
         with DeviceLease(redis, worker_name) as lease:
             if not lease.take([device.id]):
                 return ran  # the device is lent to another worker's multi-GPU job
-            placed = _claim(sessions, redis, worker_name, device, lease, passed_over)
+            placed = _claim(sessions, redis, worker_name, device, lease, passed_over, instance)
             if placed is None:
                 _note_waiting_jobs(sessions, redis)
                 return ran
             job, placement = placed
             if job is None:
                 continue
-            run_job(settings, sessions, redis, job, worker_name, placement)
+            run_job(settings, sessions, redis, job, worker_name, placement, instance)
             lent = [device_id for device_id in lease.device_ids if device_id != device.id]
         ran.append(job.id)
         if lent:  # wake the workers whose devices this job borrowed: jobs may wait for them
             _wake_owners(settings, redis, lent)
+    return ran
 
 
 def _claim(sessions: sessionmaker[Session], redis: Redis, worker_name: str, device: Device, lease: DeviceLease,
-           passed_over: set[int]) -> tuple[Job | None, Device | None] | None:
+           passed_over: set[int], instance: str | None = None) -> tuple[Job | None, Device | None] | None:
     """Claims the next job that fits and reserves the devices it needs; returns it with where it runs
     (this device, or a Placement on several). None: nothing fits (or what fits ranks behind a job on
     several devices that this machine is drained for, claim_next_job); (None, None): the job's devices
@@ -167,7 +178,7 @@ def _claim(sessions: sessionmaker[Session], redis: Redis, worker_name: str, devi
     others = sorted(idle_devices(redis, device), key=lambda other: other.capacity, reverse=True)
     with sessions() as session:
         job = claim_next_job(session, worker_name, own, others=[other.capacity for other in others],
-                             exclude=tuple(passed_over), machine=machine_memory(redis, device))
+                             exclude=tuple(passed_over), machine=machine_memory(redis, device), instance=instance)
         if job is None:
             return None
         count = max(job.gpus or 1, 1) if job.kind == JobKind.train else 1
@@ -211,10 +222,23 @@ def _launch_command(job: Job, placement: Device) -> tuple[list[str], dict]:
              str(len(placement.devices)), "--strategy", placement.strategy], {"CUDA_VISIBLE_DEVICES": visible})
 
 
+def placement_line(placement: Device) -> str:
+    """Where a job runs, in its log: the host, and the GPU(s) or the CPU."""
+    devices = devices_of(placement)
+    if placement.kind == "cuda":
+        where = (f"GPU {devices[0].index}" if len(devices) == 1 else
+                 f"GPUs {', '.join(str(device.index) for device in devices)} ({placement.strategy.upper()})")
+    else:
+        where = "the CPU" if len(devices) == 1 else f"{len(devices)} CPU slots ({placement.strategy.upper()})"
+    return f"Placed on host {placement.host}, {where}"
+
+
 def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, job: Job,
-            worker_name: str, placement: Device) -> JobStatus:
+            worker_name: str, placement: Device, instance: str | None = None) -> JobStatus | None:
     """Runs one claimed job on `placement` (one device, or a Placement on several) and writes its
-    final status."""
+    final status. Stops the job, and writes nothing, when the job is no longer this worker's (another
+    host's sweep took it, thinking this worker lost: docs/multi-host.md); returns None then. When
+    the worker drains, the job stops at a checkpoint and goes back to the queue (status queued)."""
     events = JobEvents(job.id, redis, sessions)
     devices = devices_of(placement)
     events.status(JobStatus.running, worker=worker_name, device=placement)
@@ -231,25 +255,50 @@ def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, j
                                    preexec_fn=_die_with_parent)
     where = (f"{len(devices)} devices ({placement.strategy.upper()})" if isinstance(placement, Placement)
              else placement.name)
+    events.log(placement_line(placement))
     events.log(f"{PROCESS_LABELS[job.kind]} process started (pid {process.pid}) on {where}")
     samplers = _samplers(devices, events, process.pid)
-    cancel_requested_at = None
+    stop_requested_at = None
+    cancelled = drained = taken = False
+    next_ownership_check = time.monotonic() + OWNERSHIP_CHECK_SECONDS
     try:
         while process.poll() is None:
             time.sleep(POLL_SECONDS)
-            if cancel_requested_at is None and _cancel_requested(redis, job.id):
-                cancel_requested_at = time.monotonic()
-                events.log("Cancel requested: stopping the training process"
-                           + (" on every rank" if len(devices) > 1 else ""))
-                process.send_signal(signal.SIGTERM)
-            elif cancel_requested_at is not None and time.monotonic() - cancel_requested_at > CANCEL_GRACE_SECONDS:
+            if stop_requested_at is None:
+                if _cancel_requested(redis, job.id):
+                    cancelled = True
+                    events.log("Cancel requested: stopping the training process"
+                               + (" on every rank" if len(devices) > 1 else ""))
+                elif draining.is_set():
+                    drained = True
+                    events.log(f"The worker {worker_name} is stopping: the job saves a checkpoint and goes back "
+                               "to the queue")
+                elif time.monotonic() >= next_ownership_check:
+                    next_ownership_check = time.monotonic() + OWNERSHIP_CHECK_SECONDS
+                    taken = not _still_ours(sessions, job.id, worker_name, instance)
+                    if taken:  # at once, without a checkpoint: the job's folder may be another worker's now
+                        log.warning("job %s was taken from %s (requeued by a sweep): stopping it", job.id, worker_name)
+                        process.kill()
+                        process.wait()
+                        break
+                if cancelled or drained:
+                    stop_requested_at = time.monotonic()
+                    process.send_signal(signal.SIGTERM)
+            elif time.monotonic() - stop_requested_at > (DRAIN_GRACE_SECONDS if drained else CANCEL_GRACE_SECONDS):
                 process.kill()  # ranks die with their launcher (PDEATHSIG)
                 process.wait()
     finally:
         for sampler in samplers:
             sampler.stop()
-    status, error = _outcome(sessions, job.id, process.returncode, cancel_requested_at is not None, log_path)
-    if finish_job(sessions, job.id, worker_name, status, error):
+    if taken:  # another worker may run it already: its status, stream and checkpoints are no longer ours
+        return None
+    stopped_by_drain = drained and process.returncode == -signal.SIGKILL  # past DRAIN_GRACE_SECONDS
+    status, error = (None, None) if stopped_by_drain else _outcome(sessions, job.id, process.returncode, cancelled,
+                                                                   log_path)
+    if status is None:
+        _requeue_stopped(settings, sessions, redis, events, job, worker_name)
+        status = JobStatus.queued
+    elif finish_job(sessions, job.id, worker_name, status, error):
         events.status(status, error=error)
         publish_queue_event(redis, "finished", {**job_summary(job), "status": status.value, "error": error})
     events.flush(FLUSH_SECONDS)
@@ -272,6 +321,34 @@ def _samplers(devices: list[Device], events: JobEvents, pid: int) -> list[Device
     return samplers
 
 
+def _still_ours(sessions: sessionmaker[Session], job_id: int, worker_name: str, instance: str | None) -> bool:
+    """Whether the job is still running on this worker (this process of it). The database away: yes,
+    keep training."""
+    try:
+        with sessions() as session:
+            row = session.execute(select(Job.status, Job.worker, Job.worker_instance).where(Job.id == job_id)).first()
+    except Exception:
+        return True
+    return (row is not None and row.status == JobStatus.running and row.worker == worker_name
+            and (instance is None or row.worker_instance == instance))
+
+
+def _requeue_stopped(settings: Settings, sessions: sessionmaker[Session], redis: Redis, events: JobEvents, job: Job,
+                     worker_name: str) -> None:
+    """A job its draining worker stopped at a checkpoint goes back to the queue, to resume from it."""
+    with sessions() as session:
+        resume_from = checkpoint_on_record(session, settings, job.id)
+        if not requeue_stopped_job(session, job.id, worker_name, resume_from):
+            return
+        requeued = session.get(Job, job.id, populate_existing=True)
+        resume_from, summary = requeued.resume_from, job_summary(requeued)
+    events.status(JobStatus.queued, error=None, resume_from=resume_from)
+    events.log(f"Queued again to {f'resume from {resume_from}' if resume_from else 'start over: no checkpoint yet'}"
+               " on the next free worker")
+    publish_queue_event(redis, "requeued", summary)
+    wake_workers(settings)  # another worker may take it at once
+
+
 def _cancel_requested(redis: Redis, job_id: int) -> bool:
     try:
         return cancel_requested(redis, job_id)
@@ -280,7 +357,8 @@ def _cancel_requested(redis: Redis, job_id: int) -> bool:
 
 
 def _outcome(sessions: sessionmaker[Session], job_id: int, returncode: int, cancelled: bool,
-             log_path: Path) -> tuple[JobStatus, str | None]:
+             log_path: Path) -> tuple[JobStatus | None, str | None]:
+    """The job's final status and error; (None, None): stopped by its worker's drain, to be queued again."""
     if returncode == 0:
         return JobStatus.succeeded, None
     if returncode == EXIT_PARTIAL:
@@ -289,8 +367,7 @@ def _outcome(sessions: sessionmaker[Session], job_id: int, returncode: int, canc
     if cancelled:
         return JobStatus.cancelled, None
     if returncode == EXIT_CANCELLED:  # a SIGTERM that was no cancel: the worker itself is stopping
-        return JobStatus.failed, ("The worker stopped while running this job; training stopped at a step "
-                                  "boundary and its last checkpoint is kept.")
+        return None, None
     with sessions() as session:
         reported = session.get(Job, job_id).error
     if reported:  # the training process explains its own failures

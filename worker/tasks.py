@@ -13,6 +13,7 @@ from lanner.worker.runner import run_queue
 def dispatch(self) -> list[int]:
     worker_state.busy.set()
     try:
-        return run_queue(get_settings(), self.request.hostname, current_device(self.request.hostname))
+        return run_queue(get_settings(), self.request.hostname, current_device(self.request.hostname),
+                         worker_state.instance)
     finally:
         worker_state.busy.clear()

@@ -1,8 +1,8 @@
 """GET /api/health: the state of the database, Redis and the workers, for people and monitors, and
 whether llama.cpp is ready (./lanner builds it in the background on the first `up`; its state does not
 make the studio degraded). Anyone may ask (monitors and `lanner up` are not signed in); only a signed-in
-user sees where the database and Redis are, why a part is down, the workers' host and device names and
-where llama.cpp's build log is."""
+user sees where the database and Redis are, why a part is down, the workers' hosts (the workers come
+grouped by host) and device names and where llama.cpp's build log is."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
@@ -37,15 +37,8 @@ class Health(BaseModel):
 
 
 def _database_health(url: str) -> PartHealth:
-    shown = make_url(url).render_as_string(hide_password=True)
-    try:
-        current = db.current_revision(url)
-    except Exception as exc:  # any driver error means "down", reported in words
-        return PartHealth(ok=False, url=shown, detail=f"cannot connect: {exc.__class__.__name__}: {exc}")
-    head = db.head_revision()
-    if current != head:
-        return PartHealth(ok=False, url=shown, detail=f"schema at {current}, expected {head}: run `lanner migrate`")
-    return PartHealth(ok=True, url=shown)
+    problem = db.schema_problem(url)
+    return PartHealth(ok=problem is None, url=make_url(url).render_as_string(hide_password=True), detail=problem)
 
 
 def _redis_health(url: str) -> tuple[PartHealth, list[WorkerRecord]]:
@@ -55,13 +48,13 @@ def _redis_health(url: str) -> tuple[PartHealth, list[WorkerRecord]]:
         redis.ping()
         return PartHealth(ok=True, url=shown), live_workers(redis)
     except Exception as exc:
-        return PartHealth(ok=False, url=shown, detail=f"cannot connect: {exc}"), []
+        return PartHealth(ok=False, url=shown, detail=f"{db.CANNOT_CONNECT}: {exc}"), []
 
 
 def _anonymous_part(part: PartHealth) -> PartHealth:
     """The part's URL without its host, port, path or database name; the reason without what follows
     `cannot connect` (a driver's message names files and hosts)."""
-    detail = "cannot connect" if part.detail and part.detail.startswith("cannot connect") else part.detail
+    detail = db.CANNOT_CONNECT if part.detail and part.detail.startswith(db.CANNOT_CONNECT) else part.detail
     return PartHealth(ok=part.ok, url=part.url.split("://", 1)[0] + ":///", detail=detail)
 
 

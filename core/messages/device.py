@@ -65,7 +65,9 @@ def devices_of(placement: Device) -> list[Device]:
 
 class WorkerRecord(BaseModel):
     """A live worker, as the registry holds it."""
-    name: str
+    name: str  # <name>@<host>
     device: Device
     last_seen: str
+    host: str | None = None  # the worker host (LANNER_HOST_NAME) it runs on
+    instance: str | None = None  # its process: a worker started again under the same name is another instance
     reserved_by: str | None = None  # the worker whose job holds this device (itself, or a multi-GPU job's)

@@ -149,9 +149,10 @@ def has_runnable_job(session: Session, device: Device, kinds: tuple[JobKind, ...
 
 def claim_next_job(session: Session, worker_name: str, device: Device,
                    kinds: tuple[JobKind, ...] = tuple(JobKind), others: list[int] = (),
-                   exclude: tuple[int, ...] = (), machine: list[int] = ()) -> Job | None:
+                   exclude: tuple[int, ...] = (), machine: list[int] = (), instance: str | None = None) -> Job | None:
     """Take the highest-priority queued job (priority desc, queue_order asc, id asc) that fits, mark
-    it running on this worker, commit, and return it.
+    it running on this worker (its host: the device's; `instance`: the worker's process), commit,
+    and return it.
 
     A job fits when its memory estimate fits the device's free memory (`memory_free_bytes`, else its
     total); a job asking for N >= 2 GPUs fits when this device and N - 1 of `others` (the free memory
@@ -180,8 +181,8 @@ def claim_next_job(session: Session, worker_name: str, device: Device,
         job_id = row.id
         taken = session.execute(
             update(Job).where(Job.id == job_id, Job.status == JobStatus.queued)
-            .values(status=JobStatus.running, worker=worker_name, device=device.record(), error=None,
-                    started_at=datetime.now(timezone.utc), finished_at=None)
+            .values(status=JobStatus.running, worker=worker_name, host=device.host, worker_instance=instance,
+                    device=device.record(), error=None, started_at=datetime.now(timezone.utc), finished_at=None)
             .execution_options(synchronize_session=False)
         ).rowcount
         session.commit()
@@ -196,8 +197,24 @@ def unclaim_job(session: Session, job_id: int, worker_name: str) -> bool:
     the queue, where it was. Returns whether it did (False: it is no longer this worker's)."""
     returned = session.execute(
         update(Job).where(Job.id == job_id, Job.status == JobStatus.running, Job.worker == worker_name)
-        .values(status=JobStatus.queued, worker=None, device=None, started_at=None)
+        .values(status=JobStatus.queued, worker=None, host=None, worker_instance=None, device=None, started_at=None)
         .execution_options(synchronize_session=False)
+    ).rowcount
+    session.commit()
+    return returned == 1
+
+
+def requeue_stopped_job(session: Session, job_id: int, worker_name: str, resume_from: str | None) -> bool:
+    """Put a job this worker stopped because the worker itself is stopping (a drain: SIGTERM) back in
+    the queue, to resume from `resume_from` (its newest checkpoint, if any) on whichever worker takes
+    it next. Not a lost worker: its requeue count stays. Returns whether it did (False: no longer
+    this worker's)."""
+    values = {"status": JobStatus.queued, "worker": None, "worker_instance": None, "error": None, "finished_at": None}
+    if resume_from:
+        values["resume_from"] = resume_from
+    returned = session.execute(
+        update(Job).where(Job.id == job_id, Job.status == JobStatus.running, Job.worker == worker_name)
+        .values(**values).execution_options(synchronize_session=False)
     ).rowcount
     session.commit()
     return returned == 1
@@ -232,13 +249,22 @@ def sweep_orphaned_jobs(session: Session, live_workers: set[str], reason: str | 
     for it (requeue_on_worker_loss, the default) goes back to the queue, at most MAX_REQUEUES times,
     to resume from the checkpoint resume_point names, or from where it started before it had one;
     any other is marked failed, `reason` (or a sentence naming its worker) saying why. One commit for
-    all, so that no reader sees a job that goes back to the queue failed on the way. Returns their ids."""
-    query = select(Job).where(Job.status == JobStatus.running)
+    all, so that no reader sees a job that goes back to the queue failed on the way. Returns their ids.
+
+    Every host's workers sweep, at the same time too: each job is swept once. On PostgreSQL the rows
+    are locked (FOR UPDATE SKIP LOCKED: a sweeper skips what another is sweeping); everywhere a job
+    is only taken while it is still running on the worker it was read with (a conditional UPDATE),
+    so a sweeper that read it before another's commit leaves it alone."""
+    query = select(Job).where(Job.status == JobStatus.running).order_by(Job.id)
     if only_worker is not None:
         query = query.where(Job.worker == only_worker)
+    else:  # the live workers' rows are neither read nor locked
+        query = query.where(or_(Job.worker.is_(None), Job.worker.not_in([name for name in live_workers if name])))
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
     swept = []
     for job in session.execute(query).scalars().all():  # all first: resume_point may query the session
-        if only_worker is None and job.worker in live_workers:
+        if not _take_running(session, job):
             continue
         lost = reason or (f"The worker {job.worker} stopped while running this job (killed or crashed); "
                           "the job did not finish.")
@@ -251,12 +277,22 @@ def sweep_orphaned_jobs(session: Session, live_workers: set[str], reason: str | 
                        + (f"Its newest checkpoint, {kept}, is kept: retry from it once the cause is found."
                           if kept else "It has no checkpoint yet."))
         else:
-            job.status, job.resume_from, job.worker, job.error, job.finished_at = (
-                JobStatus.queued, resume_point(job) or job.resume_from, None, None, None)
+            job.status, job.resume_from, job.worker, job.worker_instance, job.error, job.finished_at = (
+                JobStatus.queued, resume_point(job) or job.resume_from, None, None, None, None)
             job.requeues += 1
         swept.append(job.id)
     session.commit()
     return swept
+
+
+def _take_running(session: Session, job: Job) -> bool:
+    """Whether this sweeper has the job to itself: it is still running on the worker (and process) it
+    was read with. The UPDATE holds the row until the sweep commits; the sweep then writes its outcome."""
+    return session.execute(
+        update(Job).where(Job.id == job.id, Job.status == JobStatus.running,
+                          Job.worker.is_not_distinct_from(job.worker), Job.worker_instance.is_not_distinct_from(job.worker_instance))
+        .values(worker=job.worker).execution_options(synchronize_session=False)
+    ).rowcount == 1
 
 
 def _requeued_on_worker_loss(job: Job) -> bool:

@@ -63,3 +63,19 @@ def test_while_redis_is_away_a_cookie_request_is_a_503_in_words(team, monkeypatc
     response = browser.get("/api/me")
     assert response.status_code == 503 and response.json()["detail"] == REDIS_AWAY
     assert response.headers["retry-after"] == "5"
+
+
+def test_health_lists_the_workers_by_host_with_the_host_to_a_signed_in_user_only(team):
+    from lanner.core.messages.device import Device
+    from lanner.core.worker_registry import announce_worker
+
+    for name in ("gpu1@box-b", "gpu0@box-a", "gpu0@box-b", "gpu1@box-a"):
+        host = name.split("@")[1]
+        announce_worker(team.api.redis, name, Device(kind="cuda", name="H200", memory_total_bytes=2**37, host=host),
+                        instance=f"instance-of-{name}")
+    workers = team.alice.get("/api/health").json()["workers"]
+    assert [(worker["host"], worker["name"]) for worker in workers] == [
+        ("box-a", "gpu0@box-a"), ("box-a", "gpu1@box-a"), ("box-b", "gpu0@box-b"), ("box-b", "gpu1@box-b")]
+    assert workers[0]["instance"] == "instance-of-gpu0@box-a"
+    anonymous = team.anonymous.get("/api/health").json()["workers"]
+    assert {(worker["host"], worker["instance"]) for worker in anonymous} == {(None, None)}

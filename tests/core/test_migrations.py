@@ -114,3 +114,16 @@ def test_0003_and_0004_store_each_training_jobs_spec_under_its_version(database_
     assert (downgraded[2]["lora_r"], downgraded[2]["dtype"], downgraded[2]["requeue_on_worker_loss"]) == (
         4, "float32", True)
     engine.dispose()
+
+
+def test_0007_adds_the_host_and_worker_instance_of_a_job_and_takes_them_away_again(database_url):
+    from alembic import command
+
+    db.migrate(database_url, "0006")
+    engine = db.get_engine(database_url)
+    assert not {"host", "worker_instance"} & {column["name"] for column in inspect(engine).get_columns("jobs")}
+    db.migrate(database_url)
+    assert {"host", "worker_instance"} <= {column["name"] for column in inspect(engine).get_columns("jobs")}
+    command.downgrade(db.alembic_config(database_url), "0006")
+    assert not {"host", "worker_instance"} & {column["name"] for column in inspect(engine).get_columns("jobs")}
+    engine.dispose()

@@ -18,13 +18,21 @@ def _clean_redis() -> Redis:
 
 @pytest.fixture
 def studio(tmp_path, smollm2_dir) -> Studio:
+    yield from _studio(tmp_path / "data", smollm2_dir, f"sqlite:///{tmp_path / 'data' / 'lanner.db'}")
+
+
+@pytest.fixture
+def postgres_studio(tmp_path, smollm2_dir, postgres_url) -> Studio:
+    """A studio whose database is PostgreSQL, as several worker hosts share it."""
+    yield from _studio(tmp_path / "data", smollm2_dir, postgres_url)
+
+
+def _studio(data_dir, smollm2_dir, url: str):
     from lanner.core import db
     from lanner.core.models import User
 
-    data_dir = tmp_path / "data"
     (data_dir / "models").mkdir(parents=True)
     (data_dir / "models" / "SmolLM2-135M-Instruct").symlink_to(smollm2_dir)
-    url = f"sqlite:///{data_dir / 'lanner.db'}"
     db.migrate(url)
     with db.session_factory(url)() as session:
         user = User(email=f"{uuid.uuid4().hex}@example.com", display_name="T", role="member", password_hash="x")
@@ -37,11 +45,11 @@ def studio(tmp_path, smollm2_dir) -> Studio:
 
 
 @pytest.fixture
-def celery_worker(studio):
+def celery_worker(request):
     workers: list[CeleryWorker] = []
 
-    def start(name: str = "cpu0") -> CeleryWorker:
-        workers.append(CeleryWorker(studio, name))
+    def start(name: str = "cpu0", host: str | None = None, studio: Studio | None = None) -> CeleryWorker:
+        workers.append(CeleryWorker(studio or request.getfixturevalue("studio"), name, host))
         return workers[-1].wait_ready()
 
     yield start

@@ -115,22 +115,24 @@ class Studio:
 class CeleryWorker:
     """A real Celery worker process, started the way `lanner up` starts one."""
 
-    def __init__(self, studio: Studio, name: str = "cpu0"):
+    def __init__(self, studio: Studio, name: str = "cpu0", host: str | None = None):
+        import socket
+
         from lanner.cli.stack import worker_command
 
         self.studio = studio
         self.name = name
-        self.log = studio.data_dir / "logs" / f"worker-{name}.log"
+        self.host = host or socket.gethostname()  # LANNER_HOST_NAME: several "hosts" on this machine
+        self.log = studio.data_dir / "logs" / f"worker-{name}-{self.host}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
-            self.process = subprocess.Popen(worker_command(name), cwd=REPO, env=studio.env, stdin=subprocess.DEVNULL,
+            self.process = subprocess.Popen(worker_command(name, self.host), cwd=REPO,
+                                            env={**studio.env, "LANNER_HOST_NAME": self.host}, stdin=subprocess.DEVNULL,
                                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     @property
     def hostname(self) -> str:
-        import socket
-
-        return f"{self.name}@{socket.gethostname()}"
+        return f"{self.name}@{self.host}"
 
     def wait_ready(self, timeout: float = 60) -> "CeleryWorker":
         from lanner.core.worker_registry import live_workers

@@ -2200,6 +2200,10 @@ export interface components {
       device: components["schemas"]["Device"];
       /** Last Seen */
       last_seen: string;
+      /** Host */
+      host?: string | null;
+      /** Instance */
+      instance?: string | null;
       /** Reserved By */
       reserved_by?: string | null;
     };

@@ -2,6 +2,7 @@ import { act, render, screen, within } from '@testing-library/react'
 import { createMemoryRouter, RouterProvider } from 'react-router'
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
 import { routes } from '../routes'
+import { deviceLabel } from './QueuePage'
 import { apiFetchMock, FakeSocket, userFixture } from '../test/fixtures'
 import type { Job, Sweep } from '../types'
 
@@ -91,5 +92,14 @@ describe('QueuePage', () => {
     expect(within(running).getByText('3/10')).toBeInTheDocument()
     expect(within(running).getByText('14 s')).toBeInTheDocument() // 7 steps left at 2 s a step
     expect(userFixture.id).toBe(1)
+  })
+})
+
+describe('deviceLabel', () => {
+  it('names the device and the worker host a job runs on', () => {
+    const device = { kind: 'cuda', index: 1, name: 'NVIDIA H200', memory_total_bytes: 1, host: 'box2' }
+    expect(deviceLabel(job({ status: 'running', device }))).toBe('cuda:1 · NVIDIA H200 on box2')
+    expect(deviceLabel(job({ status: 'running', device: { kind: 'cpu', host: 'box3' } }))).toBe('cpu on box3')
+    expect(deviceLabel(job({ status: 'running', device: { kind: 'cpu' } }))).toBe('cpu')
   })
 })

@@ -27,10 +27,12 @@ export function jobDevice(job: Job): WorkerDevice | null {
   return job.device as WorkerDevice | null
 }
 
+/** Where the job runs: its device, and the worker host it is on (several hosts share one queue). */
 export function deviceLabel(job: Job): string {
   const device = jobDevice(job)
-  if (device?.kind === 'cuda') return `cuda:${device.index ?? '?'}${device.name ? ` · ${device.name}` : ''}`
-  if (device?.kind) return device.kind
+  const on = device?.host ? ` on ${device.host}` : ''
+  if (device?.kind === 'cuda') return `cuda:${device.index ?? '?'}${device.name ? ` · ${device.name}` : ''}${on}`
+  if (device?.kind) return `${device.kind}${on}`
   if (job.worker) return job.worker.split('@')[0] ?? job.worker
   return job.gpus === 0 ? 'CPU' : job.gpus === 1 ? '1 GPU' : `${job.gpus} GPUs`
 }
