@@ -20,8 +20,11 @@ zero ranks), which costs E * r * (in + out) elements.
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
+
+log = logging.getLogger("lanner.kernels")
 
 # None: torch._grouped_mm on CUDA devices where it reaches CUTLASS (compute capability 9.x or 10.x, bf16),
 # the Triton kernels elsewhere. True: wherever torch._grouped_mm and the operands allow, the CPU too (the
@@ -31,10 +34,32 @@ ENABLED: bool | None = None
 _ALIGN_BYTES = 16
 
 
-@functools.cache
-def _cutlass_device(index: int) -> bool:
+def _cutlass_device(device: torch.device) -> bool:
     # On other GPUs torch._grouped_mm loops over the groups with a device-to-host sync: Triton is faster.
-    return torch.cuda.get_device_capability(index)[0] in (9, 10)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_capability(index)[0] in (9, 10) and grouped_mm_works(f"cuda:{index}")
+
+
+@functools.cache
+def grouped_mm_works(device: str) -> bool:
+    """Once per device, torch._grouped_mm on both weight layouts used here, on a tiny bf16 case with an
+    empty group: a torch build whose grouped GEMM refuses or miscomputes them leaves the experts on
+    Triton, with a warning in words."""
+    generator = torch.Generator(device).manual_seed(0)  # the caller's random streams stay untouched
+    x = torch.randn(24, 16, device=device, generator=generator).bfloat16()
+    w = torch.randn(3, 16, 16, device=device, generator=generator).bfloat16()
+    offs = torch.tensor([8, 8, 24], device=device, dtype=torch.int32)
+    expected = torch.cat([x[:8] @ w[0].t(), x[8:] @ w[2].t()]).float()
+    try:
+        ok = all(torch.allclose(torch._grouped_mm(x, b, offs=offs).float(), expected, rtol=2e-2, atol=2e-1)
+                 for b in (w.transpose(1, 2), w.transpose(1, 2).contiguous()))
+        reason = "wrong results"
+    except RuntimeError as error:
+        ok, reason = False, str(error)
+    if not ok:
+        log.warning("lanner.kernels: MoE experts on the Triton kernels: torch._grouped_mm failed its check on %s (%s)",
+                    device, reason)
+    return ok
 
 
 def _dtype_ok(device: torch.device, dtype: torch.dtype) -> bool:
@@ -60,9 +85,9 @@ def use_grouped_mm(x: torch.Tensor, *weights: torch.Tensor) -> bool:
     if ENABLED is False or not hasattr(torch, "_grouped_mm") or x.shape[0] == 0:
         return False
     if x.device.type == "cuda":
-        if not _cutlass_device(x.device.index if x.device.index is not None else torch.cuda.current_device()):
+        if not _cutlass_device(x.device):
             return False
-    elif not (ENABLED and x.device.type == "cpu"):
+    elif not (ENABLED and x.device.type == "cpu" and grouped_mm_works("cpu")):
         return False
     if not _dtype_ok(x.device, x.dtype) or not _aligned(x):
         return False

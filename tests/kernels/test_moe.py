@@ -31,6 +31,7 @@ def grouped_mm_calls(monkeypatch):
     counts the real torch._grouped_mm's calls."""
     calls = []
     real = torch._grouped_mm
+    assert grouped_mm_lora.grouped_mm_works("cpu")  # the one-time check, before counting
 
     def counted(*args, **kwargs):
         calls.append(args[0].shape)
@@ -234,6 +235,22 @@ def test_unaligned_or_unsupported_operands_fall_back_to_triton(grouped_mm_calls,
     assert not grouped_mm_lora.use_grouped_mm(x.half(), W_gu.half(), W_down.half())
     assert not grouped_mm_lora.use_grouped_mm(x, W_gu.float(), W_down)
     assert not grouped_mm_lora.use_grouped_mm(x, W_gu[:, :, 1:33], W_down)  # an unaligned data pointer
+
+
+def test_a_grouped_mm_that_fails_its_check_leaves_the_experts_on_triton(monkeypatch, caplog):
+    """A torch build whose grouped GEMM raises or miscomputes: the one-time check says no, in words."""
+    check = grouped_mm_lora.grouped_mm_works.__wrapped__
+    assert check("cpu")
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("grouped gemm is not supported here")
+
+    with caplog.at_level(logging.WARNING, logger="lanner.kernels"):
+        monkeypatch.setattr(torch, "_grouped_mm", refuses)
+        assert not check("cpu")
+        monkeypatch.setattr(torch, "_grouped_mm", lambda a, b, offs: a @ b[0])  # ignores the groups
+        assert not check("cpu")
+    assert "grouped gemm is not supported here" in caplog.text and "wrong results" in caplog.text
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
