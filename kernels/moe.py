@@ -8,9 +8,11 @@ with gate and up one concatenated projection per expert (gate_up [E, 2I, d], gat
 
 1. the T * k (token, expert) assignments are sorted by expert (a stable sort; counts by scatter-add,
    so nothing waits on the device);
-2. gate_up: one grouped LoRA GEMM over the sorted rows (ops/grouped_lora.py);
+2. gate_up: one grouped LoRA GEMM over the sorted rows: torch._grouped_mm (CUTLASS) on Hopper and
+   Blackwell in bf16 (ops/grouped_mm_lora.py), else one Triton launch (ops/grouped_lora.py), chosen
+   once per call for forward and backward;
 3. the GLU kernel (ops/glu.py) on its two halves;
-4. down: one grouped LoRA GEMM;
+4. down: one grouped LoRA GEMM, likewise;
 5. each row weighted by its routing weight and summed back per token in float32.
 
 Saved for backward: the block input (T rows, gathered again by expert in backward), the sort order,
