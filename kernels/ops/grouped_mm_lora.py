@@ -8,8 +8,8 @@ as three grouped GEMMs each: the frozen weight's, then the two rank-r ones, the 
 into Y in place. On sm90/sm100 with bf16 operands torch._grouped_mm runs CUTLASS's grouped GEMM
 (TMA, wgmma, persistent tiles), where the one Triton kernel, fixed 64x64x64 tiles, measured 1.7x
 slower per Qwen3-30B-A3B layer on an H200. The LoRA factors' own gradients stay on the Triton
-reductions (grouped_lora_factor_grads): they are small (r x in per expert) and grouped_mm's ragged-K
-form would need transposed copies of the sorted activations.
+reductions (grouped_lora_factor_grads): they are small (r x in per expert), and grouped_mm's ragged-K
+form (2D x 2D) writes bf16 only on its fast path, which would round the float32 factors' gradients.
 
 torch._grouped_mm needs both operands in one dtype, a unit stride in each matrix's last two dims and
 every other stride (and the data pointer) a multiple of 16 bytes. The activations here are fresh
@@ -27,8 +27,8 @@ import torch
 log = logging.getLogger("lanner.kernels")
 
 # None: torch._grouped_mm on CUDA devices where it reaches CUTLASS (compute capability 9.x or 10.x, bf16),
-# the Triton kernels elsewhere. True: wherever torch._grouped_mm and the operands allow, the CPU too (the
-# tests compare both paths there). False: the Triton kernels always.
+# the Triton kernels elsewhere. True: on those devices and on the CPU (bf16 or float32; the tests compare
+# both paths there). False: the Triton kernels always.
 ENABLED: bool | None = None
 
 _ALIGN_BYTES = 16
