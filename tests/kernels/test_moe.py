@@ -42,6 +42,13 @@ def grouped_mm_calls(monkeypatch):
     return calls
 
 
+def _grouped_mm_expected(dtype, device):
+    """Where the forced path runs torch._grouped_mm: the CPU (bf16, float32); on CUDA only bf16 on sm90/sm100."""
+    if device == "cpu":
+        return True
+    return dtype == torch.bfloat16 and torch.cuda.get_device_capability()[0] in (9, 10)
+
+
 def _close(actual, expected, tol=TOL):
     atol = tol * expected.abs().max().item()
     torch.testing.assert_close(actual.double(), expected, rtol=tol, atol=atol)
@@ -98,7 +105,7 @@ def test_grouped_lora_matches_per_expert_reference(counts, adapted, path, device
         _close(A.grad, A64.grad)
         _close(B.grad, B64.grad)
     if path == "grouped_mm":  # forward and backward: W's GEMM, and both rank-r GEMMs when adapted
-        assert len(calls) == (6 if adapted else 2)
+        assert len(calls) == (6 if adapted else 2) * _grouped_mm_expected(x.dtype, device)
 
 
 def _routing(tokens, num_experts, k, skew, device):
@@ -199,7 +206,7 @@ def test_grouped_mm_path_matches_triton_path(num_experts, k, skew, dtype, rank, 
     assert not grouped_mm_calls
     grouped_mm_lora.ENABLED = True
     out, grads = _run_moe(case)
-    assert len(grouped_mm_calls) == 12  # 3 per projection, forward and backward
+    assert len(grouped_mm_calls) == 12 * _grouped_mm_expected(dtype, device)  # 3 per projection, fwd and bwd
     tol = TOL if dtype == torch.float32 else 3e-2
     _close(out, triton_out.double(), tol)
     for grad, triton_grad in zip(grads, triton_grads, strict=True):
@@ -213,7 +220,7 @@ def test_lora_moe_experts_grouped_mm_matches_eager_reference(path, grouped_mm_ca
     grouped_mm_lora.ENABLED = path == "grouped_mm"
     case = x, index, weights, W_gu, W_down, factors = _moe_case(8, 2, "all", torch.bfloat16, device)
     out, grads = _run_moe(case)
-    assert bool(grouped_mm_calls) == (path == "grouped_mm")
+    assert bool(grouped_mm_calls) == (path == "grouped_mm" and _grouped_mm_expected(torch.bfloat16, device))
     x64, w64, *f64 = _leaves64(x, weights, *factors)
     ref = _eager_experts(x64, index, w64, (W_gu.double(), *_expert_views(f64[0], f64[1], 8)),
                          (W_down.double(), *_expert_views(f64[2], f64[3], 8)), 2.0, "silu")
@@ -231,7 +238,7 @@ def test_unaligned_or_unsupported_operands_fall_back_to_triton(grouped_mm_calls,
     out, _ = _run_moe(unaligned)
     assert not grouped_mm_calls and torch.isfinite(out).all()
     x, _, _, W_gu, W_down, _ = _moe_case(4, 2, "empty", torch.bfloat16, device)
-    assert grouped_mm_lora.use_grouped_mm(x, W_gu, W_down)
+    assert grouped_mm_lora.use_grouped_mm(x, W_gu, W_down) == _grouped_mm_expected(torch.bfloat16, device)
     assert not grouped_mm_lora.use_grouped_mm(x.half(), W_gu.half(), W_down.half())
     assert not grouped_mm_lora.use_grouped_mm(x, W_gu.float(), W_down)
     assert not grouped_mm_lora.use_grouped_mm(x, W_gu[:, :, 1:33], W_down)  # an unaligned data pointer
