@@ -197,9 +197,9 @@ def _run_moe(case, s=2.0, activation="silu"):
     (8, 2, "empty", torch.bfloat16, 4), (16, 4, "all", torch.bfloat16, 16),
 ])
 def test_grouped_mm_path_matches_triton_path(num_experts, k, skew, dtype, rank, grouped_mm_calls, device):
-    """The torch._grouped_mm path against the Triton path on the same inputs (each is held to the eager
-    reference by the test above): outputs, dx, routing-weight and LoRA-factor gradients. bf16 with rank
-    4 pads the factors to 8 ranks (16 bytes)."""
+    """The torch._grouped_mm path against the Triton path on the same inputs (the Triton path is held to
+    the eager reference above, both paths below): outputs, dx, routing-weight and LoRA-factor gradients.
+    bf16 with rank 4 pads the factors to 8 ranks (16 bytes)."""
     case = _moe_case(num_experts, k, skew, dtype, device, r=rank)
     grouped_mm_lora.ENABLED = False
     triton_out, triton_grads = _run_moe(case)
