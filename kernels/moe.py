@@ -8,9 +8,11 @@ with gate and up one concatenated projection per expert (gate_up [E, 2I, d], gat
 
 1. the T * k (token, expert) assignments are sorted by expert (a stable sort; counts by scatter-add,
    so nothing waits on the device);
-2. gate_up: one grouped LoRA GEMM over the sorted rows (ops/grouped_lora.py);
+2. gate_up: one grouped LoRA GEMM over the sorted rows: torch._grouped_mm (CUTLASS) on Hopper and
+   Blackwell in bf16 (ops/grouped_mm_lora.py), else one Triton launch (ops/grouped_lora.py), chosen
+   once per call for forward and backward;
 3. the GLU kernel (ops/glu.py) on its two halves;
-4. down: one grouped LoRA GEMM;
+4. down: one grouped LoRA GEMM, likewise;
 5. each row weighted by its routing weight and summed back per token in float32.
 
 Saved for backward: the block input (T rows, gathered again by expert in backward), the sort order,
@@ -28,6 +30,7 @@ import torch
 
 from .lora import compute_dtype
 from .ops.glu import GLU_ACTIVATIONS, glu, glu_backward_in_place
+from .ops.grouped_mm_lora import use_grouped_mm
 from .ops.grouped_lora import (
     ExpertGroups,
     expert_groups,
@@ -73,12 +76,15 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         x2 = hidden.reshape(tokens, -1).to(dtype)
         order, groups = sort_by_expert(top_k_index, gate_up.weight.shape[0])
         x_sorted = x2[order // k]
+        # The GEMMs' path, for forward and backward alike: torch._grouped_mm where it reaches CUTLASS
+        # (Hopper/Blackwell, bf16, 16-byte-aligned dims), else the Triton kernels (ops/grouped_mm_lora.py).
+        ctx.grouped_mm = grouped_mm = use_grouped_mm(x_sorted, gate_up.weight, down.weight)
         gu, xa_gu = grouped_lora_forward(x_sorted, groups, gate_up.weight, gate_up.lora_A, gate_up.lora_B,
-                                         gate_up.scaling)
+                                         gate_up.scaling, grouped_mm)
         del x_sorted
         gate, up = gu.chunk(2, dim=-1)
         h = glu(gate, up, activation)
-        y, ha = grouped_lora_forward(h, groups, down.weight, down.lora_A, down.lora_B, down.scaling)
+        y, ha = grouped_lora_forward(h, groups, down.weight, down.lora_A, down.lora_B, down.scaling, grouped_mm)
         del h
         # Weighted in place (the product in float32, rounded once to the compute dtype, as transformers'
         # y * w): the down output is not needed again.
@@ -99,7 +105,8 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
 
         dout_sorted = dout.reshape(tokens, -1).to(x2.dtype)[token_of_row]
         # dh before the routing weight (linear in dout), whose dot with h is the weight's gradient.
-        dh, dyb = grouped_lora_input_grad(dout_sorted, groups, down.weight, down.lora_A, down.lora_B, down.scaling)
+        dh, dyb = grouped_lora_input_grad(dout_sorted, groups, down.weight, down.lora_A, down.lora_B, down.scaling,
+                                          ctx.grouped_mm)
         gate, up = gu.chunk(2, dim=-1)
         h = glu(gate, up, ctx.activation)
         d_weights_sorted = (dh.float() * h.float()).sum(-1)
@@ -114,7 +121,7 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         glu_backward_in_place(dh, gate, up, ctx.activation)  # gu now holds d_gate | d_up
         del dh
         dx_sorted, dgub = grouped_lora_input_grad(gu, groups, gate_up.weight, gate_up.lora_A, gate_up.lora_B,
-                                                  gate_up.scaling)
+                                                  gate_up.scaling, ctx.grouped_mm)
         grads_gate_up = (None, None)
         if gate_up.lora_A is not None:
             grads_gate_up = grouped_lora_factor_grads(x2[token_of_row], gu, xa_gu, dgub, groups, gate_up.lora_A,

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ._utils import new_output
+from .grouped_mm_lora import grouped_mm_lora_forward, grouped_mm_lora_input_grad, use_grouped_mm
 
 # Rows per tile; tiles never cross an expert boundary. Tests may shrink it.
 BLOCK_M = 64
@@ -215,9 +216,12 @@ def _grouped_matmul(x, groups, w, w_strides, n, a=None, a_strides=None, b=None, 
     return out, (xa if has_lora else None)
 
 
-def grouped_lora_forward(x, groups: ExpertGroups, weight, lora_A, lora_B, scaling):
+def grouped_lora_forward(x, groups: ExpertGroups, weight, lora_A, lora_B, scaling, grouped_mm: bool = False):
     """(Y, XA) for rows x sorted by expert: Y = x_e W_e^T + s (x_e A_e^T) B_e^T; XA = x_e A_e^T
-    (None without LoRA). weight [E, out, in]; lora_A [E, r, in]; lora_B [E, out, r]; any strides."""
+    (None without LoRA). weight [E, out, in]; lora_A [E, r, in]; lora_B [E, out, r]; any strides.
+    grouped_mm: on torch._grouped_mm (ops/grouped_mm_lora.py; only where use_grouped_mm said so)."""
+    if grouped_mm:
+        return grouped_mm_lora_forward(x, groups.ends, weight, lora_A, lora_B, scaling)
     w_strides = (weight.stride(0), weight.stride(1), weight.stride(2))
     if lora_A is None:
         return _grouped_matmul(x, groups, weight, w_strides, weight.shape[1])
@@ -226,9 +230,11 @@ def grouped_lora_forward(x, groups: ExpertGroups, weight, lora_A, lora_B, scalin
                            lora_B, (lora_B.stride(0), lora_B.stride(1), lora_B.stride(2)), lora_A.shape[1], scaling)
 
 
-def grouped_lora_input_grad(dy, groups: ExpertGroups, weight, lora_A, lora_B, scaling):
+def grouped_lora_input_grad(dy, groups: ExpertGroups, weight, lora_A, lora_B, scaling, grouped_mm: bool = False):
     """(dX, dY B) for rows dy sorted by expert: dX = dy_e W_e + s (dy_e B_e) A_e, one launch; the
-    rank-r side product dy_e B_e (None without LoRA) gives dA."""
+    rank-r side product dy_e B_e (None without LoRA) gives dA. grouped_mm: as grouped_lora_forward's."""
+    if grouped_mm:
+        return grouped_mm_lora_input_grad(dy, groups.ends, weight, lora_A, lora_B, scaling)
     # W'_e = W_e^T, A'_e = B_e^T, B'_e = A_e^T: the forward kernel on swapped strides.
     w_strides = (weight.stride(0), weight.stride(2), weight.stride(1))
     if lora_A is None:
@@ -270,11 +276,11 @@ class GroupedLoRAFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, groups, weight, lora_A, lora_B, scaling):
-        dtype = x.dtype
-        y, xa = grouped_lora_forward(x, groups, weight, lora_A, lora_B, scaling)
+        ctx.grouped_mm = use_grouped_mm(x, weight)
+        y, xa = grouped_lora_forward(x, groups, weight, lora_A, lora_B, scaling, ctx.grouped_mm)
         ctx.save_for_backward(x, xa)
         ctx.groups, ctx.weight, ctx.lora, ctx.scaling = groups, weight, (lora_A, lora_B), scaling
-        ctx.dtype = dtype
+        ctx.dtype = x.dtype
         return y
 
     @staticmethod
@@ -282,7 +288,7 @@ class GroupedLoRAFunction(torch.autograd.Function):
         x, xa = ctx.saved_tensors
         lora_A, lora_B = ctx.lora
         dy = dy.to(ctx.dtype).contiguous()
-        dx, dyb = grouped_lora_input_grad(dy, ctx.groups, ctx.weight, lora_A, lora_B, ctx.scaling)
+        dx, dyb = grouped_lora_input_grad(dy, ctx.groups, ctx.weight, lora_A, lora_B, ctx.scaling, ctx.grouped_mm)
         dA = dB = None
         if lora_A is not None:
             dA, dB = grouped_lora_factor_grads(x, dy, xa, dyb, ctx.groups, lora_A, lora_B, ctx.scaling)

@@ -10,7 +10,7 @@ import transformers as tf
 from peft import LoraConfig, get_peft_model
 
 from lanner.kernels.moe import ExpertProjection, lora_moe_experts
-from lanner.kernels.ops import grouped_lora
+from lanner.kernels.ops import grouped_lora, grouped_mm_lora
 from lanner.kernels.patching import patch_model
 from lanner.kernels.patching.moe import moe_experts_blocker
 from lora_twins import lora_grads, max_relative_error, token_batches, twins
@@ -23,6 +23,30 @@ TOL = 2e-5  # float32 kernels against float64 references, relative to the larges
 def _small_row_tiles(monkeypatch):
     # Rows per tile: small, so that experts span several tiles and tiles end mid-tile at tiny sizes.
     monkeypatch.setattr(grouped_lora, "BLOCK_M", 16)
+
+
+@pytest.fixture
+def grouped_mm_calls(monkeypatch):
+    """Forces the torch._grouped_mm path wherever torch and the operands allow (the CPU included) and
+    counts the real torch._grouped_mm's calls."""
+    calls = []
+    real = torch._grouped_mm
+    assert grouped_mm_lora.grouped_mm_works("cpu")  # the one-time check, before counting
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grouped_mm_lora, "ENABLED", True)
+    monkeypatch.setattr(torch, "_grouped_mm", counted)
+    return calls
+
+
+def _grouped_mm_expected(dtype, device):
+    """Where the forced path runs torch._grouped_mm: the CPU (bf16, float32); on CUDA only bf16 on sm90/sm100."""
+    if device == "cpu":
+        return True
+    return dtype == torch.bfloat16 and torch.cuda.get_device_capability()[0] in (9, 10)
 
 
 def _close(actual, expected, tol=TOL):
@@ -50,7 +74,10 @@ def _leaves64(*tensors):
 # counts per expert: an expert with no rows, one with all, tiles ending inside an expert.
 @pytest.mark.parametrize("counts", [[0, 30, 3, 7], [0, 0, 0, 0, 40, 0, 0, 0], [17, 1, 16, 6]])
 @pytest.mark.parametrize("adapted", [True, False])
-def test_grouped_lora_matches_per_expert_reference(counts, adapted, device):
+@pytest.mark.parametrize("path", ["triton", "grouped_mm"])
+def test_grouped_lora_matches_per_expert_reference(counts, adapted, path, device, request):
+    if path == "grouped_mm":
+        calls = request.getfixturevalue("grouped_mm_calls")
     E, r, d_in, d_out, s = len(counts), 4, 40, 48, 0.5
     rows = sum(counts)
     groups = grouped_lora.expert_groups(torch.tensor(counts, device=device), rows)
@@ -77,6 +104,8 @@ def test_grouped_lora_matches_per_expert_reference(counts, adapted, device):
     if adapted:
         _close(A.grad, A64.grad)
         _close(B.grad, B64.grad)
+    if path == "grouped_mm":  # forward and backward: W's GEMM, and both rank-r GEMMs when adapted
+        assert len(calls) == (6 if adapted else 2) * _grouped_mm_expected(x.dtype, device)
 
 
 def _routing(tokens, num_experts, k, skew, device):
@@ -138,6 +167,97 @@ def test_lora_moe_experts_matches_eager_reference(num_experts, k, skew, activati
     for leaf, ref_leaf in zip(leaves, refs, strict=True):
         assert leaf.grad.dtype == leaf.dtype
         _close(leaf.grad, ref_leaf.grad, tol)
+
+
+def _moe_case(num_experts, k, skew, dtype, device, d=32, inter=24, r=4, T=24):
+    """Inputs and LoRA leaves of lora_moe_experts for a bf16 or float32 model (LoRA factors float32)."""
+    x = torch.randn(T, d, device=device).to(dtype).requires_grad_()
+    index, weights = _routing(T, num_experts, k, skew, device)
+    weights = weights.detach().to(dtype).requires_grad_()
+    W_gu = (torch.randn(num_experts, 2 * inter, d, device=device) / d ** 0.5).to(dtype)
+    W_down = (torch.randn(num_experts, d, inter, device=device) / inter ** 0.5).to(dtype)
+    factors = (*_peft_factors(num_experts, r, 2 * inter, d, device), *_peft_factors(num_experts, r, d, inter, device))
+    return x, index, weights, W_gu, W_down, factors
+
+
+def _run_moe(case, s=2.0, activation="silu"):
+    """lora_moe_experts' output and the gradients of (x, routing weights, the four LoRA factors)."""
+    x, index, weights, W_gu, W_down, factors = case
+    leaves = [t.detach().clone().requires_grad_() for t in (x, weights, *factors)]
+    E = W_gu.shape[0]
+    gate_up = ExpertProjection(W_gu, *_expert_views(leaves[2], leaves[3], E), s)
+    down = ExpertProjection(W_down, *_expert_views(leaves[4], leaves[5], E), s)
+    out = lora_moe_experts(leaves[0], index, leaves[1], gate_up, down, activation)
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out))
+    return out.detach(), [leaf.grad for leaf in leaves]
+
+
+@pytest.mark.parametrize("num_experts, k, skew, dtype, rank", [
+    (4, 1, "empty", torch.float32, 4), (8, 2, "all", torch.float32, 4),
+    (8, 2, "empty", torch.bfloat16, 4), (16, 4, "all", torch.bfloat16, 16),
+])
+def test_grouped_mm_path_matches_triton_path(num_experts, k, skew, dtype, rank, grouped_mm_calls, device):
+    """The torch._grouped_mm path against the Triton path on the same inputs (the Triton path is held to
+    the eager reference above, both paths below): outputs, dx, routing-weight and LoRA-factor gradients.
+    bf16 with rank 4 pads the factors to 8 ranks (16 bytes)."""
+    case = _moe_case(num_experts, k, skew, dtype, device, r=rank)
+    grouped_mm_lora.ENABLED = False
+    triton_out, triton_grads = _run_moe(case)
+    assert not grouped_mm_calls
+    grouped_mm_lora.ENABLED = True
+    out, grads = _run_moe(case)
+    assert len(grouped_mm_calls) == 12 * _grouped_mm_expected(dtype, device)  # 3 per projection, fwd and bwd
+    tol = TOL if dtype == torch.float32 else 3e-2
+    _close(out, triton_out.double(), tol)
+    for grad, triton_grad in zip(grads, triton_grads, strict=True):
+        assert grad.dtype == triton_grad.dtype
+        _close(grad, triton_grad.double(), tol)
+
+
+@pytest.mark.parametrize("path", ["triton", "grouped_mm"])
+def test_lora_moe_experts_grouped_mm_matches_eager_reference(path, grouped_mm_calls, device):
+    """The eager float64 reference on both paths, bf16, skewed to one expert taking every token."""
+    grouped_mm_lora.ENABLED = path == "grouped_mm"
+    case = x, index, weights, W_gu, W_down, factors = _moe_case(8, 2, "all", torch.bfloat16, device)
+    out, grads = _run_moe(case)
+    assert bool(grouped_mm_calls) == (path == "grouped_mm" and _grouped_mm_expected(torch.bfloat16, device))
+    x64, w64, *f64 = _leaves64(x, weights, *factors)
+    ref = _eager_experts(x64, index, w64, (W_gu.double(), *_expert_views(f64[0], f64[1], 8)),
+                         (W_down.double(), *_expert_views(f64[2], f64[3], 8)), 2.0, "silu")
+    ref.backward(torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)).to(out).double())
+    _close(out, ref.detach(), 3e-2)
+    for grad, ref_leaf in zip(grads, (x64, w64, *f64), strict=True):
+        _close(grad, ref_leaf.grad, 3e-2)
+
+
+def test_unaligned_or_unsupported_operands_fall_back_to_triton(grouped_mm_calls, device):
+    """Feature dims that break torch._grouped_mm's 16-byte stride rule (36 bf16 = 72 bytes), float16 and
+    float32 weights under a bf16 input run on the Triton kernels, with the eager reference's results."""
+    unaligned = _moe_case(4, 2, "empty", torch.bfloat16, device, d=36)
+    assert not grouped_mm_lora.use_grouped_mm(unaligned[0], unaligned[3], unaligned[4])
+    out, _ = _run_moe(unaligned)
+    assert not grouped_mm_calls and torch.isfinite(out).all()
+    x, _, _, W_gu, W_down, _ = _moe_case(4, 2, "empty", torch.bfloat16, device)
+    assert grouped_mm_lora.use_grouped_mm(x, W_gu, W_down) == _grouped_mm_expected(torch.bfloat16, device)
+    assert not grouped_mm_lora.use_grouped_mm(x.half(), W_gu.half(), W_down.half())
+    assert not grouped_mm_lora.use_grouped_mm(x, W_gu.float(), W_down)
+    assert not grouped_mm_lora.use_grouped_mm(x, W_gu[:, :, 1:33], W_down)  # an unaligned data pointer
+
+
+def test_a_grouped_mm_that_fails_its_check_leaves_the_experts_on_triton(monkeypatch, caplog):
+    """A torch build whose grouped GEMM raises or miscomputes: the one-time check says no, in words."""
+    check = grouped_mm_lora.grouped_mm_works.__wrapped__
+    assert check("cpu")
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("grouped gemm is not supported here")
+
+    with caplog.at_level(logging.WARNING, logger="lanner.kernels"):
+        monkeypatch.setattr(torch, "_grouped_mm", refuses)
+        assert not check("cpu")
+        monkeypatch.setattr(torch, "_grouped_mm", lambda a, b, offs: a @ b[0])  # ignores the groups
+        assert not check("cpu")
+    assert "grouped gemm is not supported here" in caplog.text and "wrong results" in caplog.text
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
