@@ -75,7 +75,9 @@ def quantize_rows_torch(x: torch.Tensor, column_scale: torch.Tensor | None = Non
         rows = slice(start, start + step)
         x32 = x[rows].to(torch.float32, copy=True) if column_scale is None else x[rows] * column_scale.float()
         amax = x32.abs().amax(dim=-1, keepdim=True)
-        chunk_scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+        # a tensor divisor: CUDA divides by a Python scalar as a product with its reciprocal (not correctly
+        # rounded), which differs from the Triton kernel's div_rn in the last bit
+        chunk_scale = torch.where(amax > 0, amax / torch.full_like(amax, E4M3_MAX), torch.ones_like(amax))
         codes[rows] = x32.div_(chunk_scale).clamp_(-E4M3_MAX, E4M3_MAX)
         scale[rows] = chunk_scale
     return codes, scale
