@@ -49,6 +49,13 @@ SHAPES = {
 STEP_MODES = ("hf", "hf_eager", "lanner", "unsloth")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 EXPERT_PARAMETERS = ["experts.gate_up_proj", "experts.down_proj"]
+
+
+def peft_targets(args) -> list[str]:
+    """target_modules for PEFT (hf, lanner). With gate_proj and up_proj both targeted, PEFT adapts transformers 5's
+    fused experts.gate_up_proj at rank 2r (rank r for each projection it replaces) where Unsloth adapts it at rank r:
+    --gate-up fused (the default) leaves them out, so every system trains the same rank-r gate_up adapter."""
+    return TARGETS if args.gate_up == "split" else [t for t in TARGETS if t not in ("gate_proj", "up_proj")]
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -207,11 +214,12 @@ def build(args):
     if args.mode == "lanner":
         import_lanner()
         from lanner.kernels import get_lora_model
-        return get_lora_model(model, r=args.rank, lora_alpha=args.rank, target_modules=TARGETS)
+        return get_lora_model(model, r=args.rank, lora_alpha=args.rank, target_modules=peft_targets(args),
+                              target_parameters=EXPERT_PARAMETERS)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.enable_input_require_grads()
     return get_peft_model(model, LoraConfig(r=args.rank, lora_alpha=args.rank, lora_dropout=0.0, bias="none",
-                                            target_modules=TARGETS, target_parameters=EXPERT_PARAMETERS,
+                                            target_modules=peft_targets(args), target_parameters=EXPERT_PARAMETERS,
                                             task_type="CAUSAL_LM"))
 
 
@@ -255,7 +263,7 @@ def run_all(args) -> None:
             continue
         command = [sys.executable, __file__, "step", mode, "--shape", args.shape, "--seq", str(args.seq),
                    "--bs", str(args.bs), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                   "--rank", str(args.rank)] + (["--layers", str(args.layers)] if args.layers else [])
+                   "--rank", str(args.rank), "--gate-up", args.gate_up] + (["--layers", str(args.layers)] if args.layers else [])
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
         json_lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         lines.append(json.loads(json_lines[-1]) if json_lines else
@@ -282,6 +290,8 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--gate-up", choices=("fused", "split"), default="fused",
+                        help="step: gate_up adapted at rank r (fused, as Unsloth) or 2r (split: PEFT's rank r per projection)")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--out", default=None)
     parser.add_argument("--device", default="cuda", help="layer: cpu checks the errors only (TRITON_INTERPRET=1)")
