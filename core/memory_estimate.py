@@ -63,6 +63,9 @@ CPU_LOGITS_BYTES = 40
 # (its lease gives it the device alone; the rest is the allocator's and CUDA's headroom), so layers
 # are kept rather than recomputed wherever the memory allows (docs/memory-engine.md).
 DEFAULT_BUDGET_SHARE_OF_FREE = 0.9
+# MoE model types whose checkpoints name the experts' gate and up gate_proj and up_proj: PEFT gives their fused
+# gate_up adapter rank r for each of the two a job targets.
+SPLIT_GATE_UP_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
 # Completions a GRPO job's reward model scores in one forward (worker/training/reward_scoring.py).
 REWARD_SCORING_BATCH = 8
 
@@ -81,23 +84,46 @@ def _shape(model: dict[str, Any]) -> dict[str, int]:
     heads = int(model.get("num_attention_heads") or 1)
     head_dim = int(model.get("head_dim") or hidden // heads)
     kv = int(model.get("num_key_value_heads") or heads) * head_dim
+    layers = int(model["num_hidden_layers"])
+    # A mixture of experts (Qwen3-MoE: num_experts, moe_intermediate_size; Mixtral and gpt-oss: num_local_experts,
+    # intermediate_size): its sparse layers route each token to top_k of `experts` MLPs; Qwen3-MoE's
+    # mlp_only_layers and decoder_sparse_step keep some layers dense.
+    experts = int(model.get("num_experts") or model.get("num_local_experts") or 0)
+    dense_only = set(model.get("mlp_only_layers") or ())
+    sparse_step = int(model.get("decoder_sparse_step") or 1)
+    sparse_layers = 0 if not experts else sum(
+        1 for layer in range(layers) if layer not in dense_only and (layer + 1) % sparse_step == 0)
     return {"hidden": hidden, "q": heads * head_dim, "kv": kv, "intermediate": int(model["intermediate_size"]),
-            "layers": int(model["num_hidden_layers"]), "vocab": int(model["vocab_size"]),
-            "tied": bool(model.get("tie_word_embeddings", False))}
+            "layers": layers, "vocab": int(model["vocab_size"]), "tied": bool(model.get("tie_word_embeddings", False)),
+            "experts": experts, "sparse_layers": sparse_layers,
+            "expert_intermediate": int(model.get("moe_intermediate_size") or model["intermediate_size"]),
+            "top_k": int(model.get("num_experts_per_tok") or model.get("experts_per_token") or 1) if experts else 0}
+
+
+def _attention_projections(s: dict[str, int]) -> dict[str, tuple[int, int]]:
+    h = s["hidden"]
+    return {"q_proj": (h, s["q"]), "k_proj": (h, s["kv"]), "v_proj": (h, s["kv"]), "o_proj": (s["q"], h)}
+
+
+def _mlp_projections(s: dict[str, int], intermediate: int) -> dict[str, tuple[int, int]]:
+    h = s["hidden"]
+    return {"gate_proj": (h, intermediate), "up_proj": (h, intermediate), "down_proj": (intermediate, h)}
 
 
 def _projections(s: dict[str, int]) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each decoder-layer projection, under Llama's names."""
-    h, i = s["hidden"], s["intermediate"]
-    return {"q_proj": (h, s["q"]), "k_proj": (h, s["kv"]), "v_proj": (h, s["kv"]), "o_proj": (s["q"], h),
-            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+    """(in, out) features of each projection of a dense decoder layer, under Llama's names."""
+    return {**_attention_projections(s), **_mlp_projections(s, s["intermediate"])}
 
 
 def count_parameters(model: dict[str, Any]) -> dict[str, int]:
-    """Parameters of a Llama-style causal LM from its config: in the decoder's linear layers, and
-    elsewhere (embeddings, lm_head, norms)."""
+    """Parameters of a Llama-style causal LM from its config: in the decoder's linear layers (a sparse
+    layer's experts and router included), and elsewhere (embeddings, lm_head, norms)."""
     s = _shape(model)
-    linear = s["layers"] * sum(i * o for i, o in _projections(s).values())
+    dense = s["layers"] - s["sparse_layers"]
+    expert = sum(i * o for i, o in _mlp_projections(s, s["expert_intermediate"]).values())
+    linear = (s["layers"] * sum(i * o for i, o in _attention_projections(s).values())
+              + dense * sum(i * o for i, o in _mlp_projections(s, s["intermediate"]).values())
+              + s["sparse_layers"] * s["experts"] * (expert + s["hidden"]))  # the router: hidden -> experts
     embeddings = s["vocab"] * s["hidden"] * (1 if s["tied"] else 2)
     norms = (2 * s["layers"] + 1) * s["hidden"]
     return {"total": linear + embeddings + norms, "linear": linear, "other": embeddings + norms}
@@ -114,9 +140,27 @@ def fp8_linear_bytes(model: dict[str, Any]) -> int:
 
 def lora_parameters(model: dict[str, Any], r: int, target_modules: list[str] | str = "all-linear") -> int:
     s = _shape(model)
-    projections = _projections(s)
-    return s["layers"] * sum(r * (i + o) for name, (i, o) in projections.items()
-                             if target_modules == "all-linear" or name in target_modules)
+
+    def wanted(name: str) -> bool:
+        return target_modules == "all-linear" or name in target_modules
+
+    def adapters(projections: dict[str, tuple[int, int]]) -> int:
+        return sum(r * (i + o) for name, (i, o) in projections.items() if wanted(name))
+
+    # PEFT moves gate_proj/up_proj/down_proj of the SPLIT_GATE_UP_MODEL_TYPES onto the experts' weights: the
+    # dense layers such a model has (mlp_only_layers) get no MLP adapter.
+    split_names = bool(s["sparse_layers"]) and model.get("model_type") in SPLIT_GATE_UP_MODEL_TYPES
+    total = (s["layers"] * adapters(_attention_projections(s))
+             + (0 if split_names else s["layers"] - s["sparse_layers"]) * adapters(_mlp_projections(s, s["intermediate"])))
+    if s["sparse_layers"]:
+        # PEFT adapts the experts' stacked weights (target_parameters, one factor pair per expert). Gate and up
+        # are one fused weight: where the checkpoint names them gate_proj and up_proj (PEFT's
+        # transformers_weight_conversion), its adapter has rank r for each of the two targeted, else rank r.
+        h, i, e = s["hidden"], s["expert_intermediate"], s["experts"]
+        targeted = sum(wanted(name) for name in ("gate_proj", "up_proj"))
+        gate_up_rank = r * (targeted if split_names else min(targeted, 1))
+        total += s["sparse_layers"] * e * (gate_up_rank * (h + 2 * i) + (r * (i + h) if wanted("down_proj") else 0))
+    return total
 
 
 def reward_model_bytes(model: dict[str, Any], weight_bytes: int, max_seq_len: int) -> int:
@@ -188,12 +232,18 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
         # the attention output, the post-attention input and norm, gate and up; plain PyTorch also keeps
         # the GLU's product for the down projection, which lanner.kernels' fused GLU recomputes.
         kernels = hp.use_kernels and device_kind == "cuda" and not scorer  # they patch causal LMs only
-        per_layer = (6 * s["hidden"] + 2 * s["kv"] + (2 if kernels else 3) * s["intermediate"]) * act_bytes * tokens
+        # A sparse layer keeps its top_k experts' gate and up for each token, and the router's logits.
+        attention = 6 * s["hidden"] + 2 * s["kv"]
+        glu = 2 if kernels else 3
+        dense_layer = (attention + glu * s["intermediate"]) * act_bytes * tokens
+        sparse_layer = (attention + glu * s["top_k"] * s["expert_intermediate"] + s["experts"]) * act_bytes * tokens
+        per_layer = max(dense_layer if s["layers"] > s["sparse_layers"] else 0, sparse_layer if s["sparse_layers"] else 0)
+        every_layer = (s["layers"] - s["sparse_layers"]) * dense_layer + s["sparse_layers"] * sparse_layer
         layer_input = s["hidden"] * act_bytes * tokens
         if hp.gradient_checkpointing:
             activations = s["layers"] * layer_input + per_layer
         else:
-            activations = s["layers"] * per_layer
+            activations = every_layer
         if not kernels and not scorer:
             logits = tokens * s["vocab"] * (CPU_LOGITS_BYTES if device_kind == "cpu" else 2 + 4 + 4 + 2)
         budget = None if hp.memory_budget_gib is None else int(float(hp.memory_budget_gib) * 2**30)
@@ -209,7 +259,7 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
                 # The budget counts everything allocated: the engine keeps activations in the room the rest
                 # leaves, at most every layer's, never less than its smallest plan (then over budget).
                 room = budget - (weights + adapter + gradients + optimizer + logits)
-                activations = max(activations, min(room, s["layers"] * per_layer))
+                activations = max(activations, min(room, every_layer))
 
         if spec.method == "grpo":
             sequences = hp.batch_size * hp.gradient_accumulation

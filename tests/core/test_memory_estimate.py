@@ -161,3 +161,43 @@ def count_parameters_of(shape) -> int:
     from lanner.core.memory_estimate import count_parameters
 
     return count_parameters(shape)["total"]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_a_mixture_of_experts_is_counted_with_its_experts_and_their_adapters(family):
+    """Parameters and LoRA parameters of MoE configs as transformers builds them and PEFT adapts them
+    (the experts' stacked weights; the fused gate_up at rank r for each of gate and up)."""
+    import torch
+    import transformers
+
+    from lanner.kernels import get_lora_model
+
+    common = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, vocab_size=96,
+                  num_experts_per_tok=2, tie_word_embeddings=False)
+    if family == "mixtral":
+        config = transformers.MixtralConfig(**common, intermediate_size=48, num_local_experts=4)
+    else:  # the middle layer dense, with its own (wider) MLP
+        config = transformers.Qwen3MoeConfig(**common, head_dim=16, intermediate_size=80, moe_intermediate_size=24,
+                                             num_experts=4, mlp_only_layers=[1])
+    model = getattr(transformers, {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[family])(config)
+    qk_norms = sum(p.numel() for name, p in model.named_parameters() if name.endswith(("q_norm.weight", "k_norm.weight")))
+    shape = config.to_dict()
+    estimate = estimate_memory(unchecked_spec(lora={"rank": 4, "target_modules": "all-linear"}), shape, "cpu")
+    assert estimate["parameters"] == sum(p.numel() for p in model.parameters()) - qk_norms
+
+    torch.manual_seed(0)
+    adapted = get_lora_model(model, r=4, lora_alpha=4)
+    assert estimate["lora_parameters"] == sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    attention_only = estimate_memory(unchecked_spec(lora={"rank": 4, "target_modules": ["q_proj", "v_proj"]}), shape, "cpu")
+    assert attention_only["lora_parameters"] == 3 * 4 * ((64 + config.num_attention_heads * (64 // 4 if family == "mixtral" else 16))
+                                                         + (64 + 2 * (64 // 4 if family == "mixtral" else 16)))
+
+
+def test_the_qwen3_30b_a3b_shape_has_the_lora_parameters_peft_made_on_the_gpu():
+    import transformers
+
+    shape = transformers.Qwen3MoeConfig(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                        num_hidden_layers=6, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                                        num_experts=128, num_experts_per_tok=8, vocab_size=151936).to_dict()
+    estimate = estimate_memory(unchecked_spec(lora={"rank": 16, "target_modules": "all-linear"}), shape, "cuda")
+    assert estimate["lora_parameters"] == 124_354_560  # moe_bench.py on the H200, docs/benchmarks.md twelfth round
