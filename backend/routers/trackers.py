@@ -14,7 +14,7 @@ from lanner.backend.schemas.trackers import TrackerOption
 from lanner.core.models import Job, User
 from lanner.core.settings import Settings, get_settings
 from lanner.core.spec import MLFLOW_NOT_SET_UP
-from lanner.core.storage import get_store, local_copy
+from lanner.core.storage import local_copy
 from lanner.core.trackers import TRACKERS_FOLDER, TrackerRun, read_runs
 
 router = APIRouter(tags=["trackers"], responses=SIGNED_IN_ERRORS)
@@ -40,8 +40,6 @@ def _job_folder(session: Session, settings: Settings, job_id: int) -> Path:
     data dir, or the cache entry of its stored trackers folder (pushed when training ends)."""
     if session.get(Job, job_id) is None:
         raise HTTPException(404, f"No job {job_id}")
-    if get_store(settings).is_local:
-        return settings.artifacts_dir / str(job_id)
     try:
         return local_copy(settings, f"artifacts/{job_id}/{TRACKERS_FOLDER}").parent
     except FileNotFoundError:

@@ -42,9 +42,6 @@ def check_key(key: str) -> str:
 class Store(ABC):
     """put/get a file or a folder, read a file (a byte range of it), list, size, etag, exists, delete."""
 
-    #: whether keys are files of this machine's data directory (no copy is ever needed)
-    is_local = False
-
     @abstractmethod
     def put(self, key: str, source: Path, move: bool = False) -> None:
         """Stores the file or folder `source` under `key`, replacing what was there. With `move`, `source`

@@ -11,8 +11,6 @@ from lanner.core.storage.base import CHUNK, BadKey, Store, check_key
 
 
 class LocalStore(Store):
-    is_local = True
-
     def __init__(self, root: Path):
         self.root = Path(root).resolve()
 
