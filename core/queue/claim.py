@@ -195,13 +195,7 @@ def claim_next_job(session: Session, worker_name: str, device: Device,
 def unclaim_job(session: Session, job_id: int, worker_name: str) -> bool:
     """Put a job this worker claimed but could not start (its devices were taken meanwhile) back in
     the queue, where it was. Returns whether it did (False: it is no longer this worker's)."""
-    returned = session.execute(
-        update(Job).where(Job.id == job_id, Job.status == JobStatus.running, Job.worker == worker_name)
-        .values(status=JobStatus.queued, worker=None, host=None, worker_instance=None, device=None, started_at=None)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    session.commit()
-    return returned == 1
+    return _back_to_queue(session, job_id, worker_name, host=None, device=None, started_at=None)
 
 
 def requeue_stopped_job(session: Session, job_id: int, worker_name: str, resume_from: str | None) -> bool:
@@ -209,12 +203,16 @@ def requeue_stopped_job(session: Session, job_id: int, worker_name: str, resume_
     the queue, to resume from `resume_from` (its newest checkpoint, if any) on whichever worker takes
     it next. Not a lost worker: its requeue count stays. Returns whether it did (False: no longer
     this worker's)."""
-    values = {"status": JobStatus.queued, "worker": None, "worker_instance": None, "error": None, "finished_at": None}
-    if resume_from:
-        values["resume_from"] = resume_from
+    return _back_to_queue(session, job_id, worker_name, error=None, finished_at=None,
+                          **({"resume_from": resume_from} if resume_from else {}))
+
+
+def _back_to_queue(session: Session, job_id: int, worker_name: str, **values) -> bool:
+    """Queues again, with `values` set too, a job still running on this worker; commits. Whether it did."""
     returned = session.execute(
         update(Job).where(Job.id == job_id, Job.status == JobStatus.running, Job.worker == worker_name)
-        .values(**values).execution_options(synchronize_session=False)
+        .values(status=JobStatus.queued, worker=None, worker_instance=None, **values)
+        .execution_options(synchronize_session=False)
     ).rowcount
     session.commit()
     return returned == 1
