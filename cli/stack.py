@@ -65,6 +65,13 @@ def _port_taken(host: str, port: int) -> bool:
         return probe.connect_ex((host, port)) == 0
 
 
+def child_env(settings: Settings, extra_env: dict) -> dict:
+    """The environment of a process this host starts: its settings, whatever they were read from."""
+    return {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1", "LANNER_DATA_DIR": str(settings.data_dir),
+            "LANNER_DATABASE_URL": settings.database_url, "LANNER_REDIS_URL": settings.redis_url,
+            "LANNER_HOST_NAME": settings.host_name}
+
+
 def worker_command(name: str, host_name: str) -> list[str]:
     """A Celery worker named name@host_name (LANNER_HOST_NAME: the host in placement and the hardware page)."""
     return [sys.executable, "-m", "celery", "-A", "lanner.worker.celery_app", "worker",
@@ -100,9 +107,7 @@ class Stack:
 
     def _spawn(self, name: str, command: list[str], extra_env: dict | None = None) -> None:
         log = self.settings.logs_dir / f"{name}.log"
-        env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1",
-               "LANNER_DATA_DIR": str(self.settings.data_dir), "LANNER_DATABASE_URL": self.settings.database_url,
-               "LANNER_REDIS_URL": self.settings.redis_url, "LANNER_HOST_NAME": self.settings.host_name}
+        env = child_env(self.settings, extra_env or {})
         with open(log, "ab") as out:
             # cwd is the data dir, not the checkout: from the checkout's root, `python -m` would make
             # backend/, worker/ and kernels/ importable as top-level names that shadow other packages.

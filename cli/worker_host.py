@@ -15,7 +15,7 @@ import time
 from sqlalchemy.engine import make_url
 
 from lanner.cli.redis_server import answers
-from lanner.cli.stack import worker_command, worker_envs
+from lanner.cli.stack import child_env, worker_command, worker_envs
 from lanner.core import db
 from lanner.core.settings import Settings
 from lanner.core.worker_registry import EXIT_NAME_TAKEN
@@ -49,9 +49,7 @@ class WorkerHost:
 
     def _spawn(self, name: str, extra_env: dict) -> None:
         settings = self.settings
-        env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1", "LANNER_DATA_DIR": str(settings.data_dir),
-               "LANNER_DATABASE_URL": settings.database_url, "LANNER_REDIS_URL": settings.redis_url,
-               "LANNER_HOST_NAME": settings.host_name}
+        env = child_env(settings, extra_env)
         # Its own process group (the training process joins it): a drain signals the worker and its job.
         # cwd: the data dir, so that `python -m` does not make the checkout's folders importable.
         process = subprocess.Popen(worker_command(name, settings.host_name), stdin=subprocess.DEVNULL, env=env,
