@@ -11,22 +11,12 @@
 # Usage, from the repository root, with .peers carried (and the .device bundle for fidelity):
 #     OUT=dir bash benchmarks/fp8_round.sh PART [SECONDS]
 set -o pipefail
-part=${1:-all}; budget=${2:-570}; out=${OUT:?}; start=$SECONDS
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.peers/site:${PYTHONPATH:-}
-left() { echo $(( budget - (SECONDS - start) )); }
+part=${1:-all}; budget=${2:-570}; out=${OUT:?}
+source benchmarks/round_common.sh
 # lanner.kernels importable from this checkout for the peer_bench processes started here (run.py makes its own)
 kernels_root=$(mktemp -d); mkdir "$kernels_root/lanner"; ln -s "$PWD/kernels" "$kernels_root/lanner/kernels"
 cd benchmarks
-python3 - <<'PY' | tee -a "$out/results.jsonl"
-import json, importlib.metadata as m, torch
-def version(p):
-    try:
-        return m.version(p)
-    except Exception as e:
-        return repr(e)
-print(json.dumps({"versions": {p: version(p) for p in ("torch", "triton", "transformers", "peft", "unsloth")},
-                  "gpu": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability()}))
-PY
+versions torch triton transformers peft unsloth
 skip() { echo "skipped (only $(left) s left): $*"; echo "{\"skipped\": \"$*\"}" >> "$out/results.jsonl"; }
 bench() {  # bench TIMEOUT MODE MODEL [peer_bench options]: one peer_bench process, capped by the time left
   local t=$1; shift; local l; l=$(( $(left) - 5 )); (( l < t )) && t=$l

@@ -6,20 +6,10 @@
 # Every process starts from the same weights (--same-weights) and data, so the per-step losses compare.
 # Usage, from the repository root, with .peers carried:  OUT=dir bash benchmarks/mistral7b_round.sh [SECONDS]
 set -o pipefail
-budget=${1:-540}; out=${OUT:?}; start=$SECONDS
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.peers/site:${PYTHONPATH:-}
-left() { echo $(( budget - (SECONDS - start) )); }
+budget=${1:-540}; out=${OUT:?}
+source benchmarks/round_common.sh
 cd benchmarks
-python3 - <<'PY' | tee -a "$out/results.jsonl"
-import json, importlib.metadata as m, torch
-def version(p):
-    try:
-        return m.version(p)
-    except Exception as e:
-        return repr(e)
-print(json.dumps({"versions": {p: version(p) for p in ("torch", "triton", "transformers", "peft", "unsloth", "unsloth_zoo")},
-                  "gpu": torch.cuda.get_device_name()}))
-PY
+versions torch triton transformers peft unsloth unsloth_zoo
 one() {  # one() TIMEOUT ARGS...: one run.py process, capped by the time left
   local t=$1; shift; local l; l=$(( $(left) - 5 )); (( l < t )) && t=$l
   if (( t < 40 )); then echo "skipped (only $l s left): $*"; echo "{\"skipped\": \"$*\"}" >> "$out/results.jsonl"; return; fi
