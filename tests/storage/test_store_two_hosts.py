@@ -28,6 +28,11 @@ def _store_env(endpoint: str, bucket: str, cache_dir) -> dict:
             "LANNER_S3_PREFIX": "team", "LANNER_CACHE_DIR": str(cache_dir), "LANNER_STORE_RETRY_S": "120", **ACCESS}
 
 
+def _waited_for_store(log: list[str], job_id: int) -> bool:
+    return any(line.startswith(f"The store is unreachable while uploading artifacts/{job_id}/checkpoints/checkpoint-")
+               and "trying again in" in line for line in log)
+
+
 def _host(tmp_path, name: str, database_url: str, owner: int, endpoint: str, bucket: str, smollm2_dir) -> Host:
     data_dir = tmp_path / name / "data"
     (data_dir / "models").mkdir(parents=True)
@@ -101,7 +106,9 @@ def test_a_job_moves_between_hosts_through_the_store(tmp_path, monkeypatch, post
         assert archive.content.startswith(f"job-{quick}-tensorboard/".encode())  # the files A stored
         host_a.wait_for(moved, lambda j: j.step >= 1, 120, "its first step")
         link.cut()  # host A's store is unreachable: its next checkpoint waits
-        time.sleep(6)
+        deadline = time.monotonic() + 60  # cut until A says it waits (however long a step takes on a busy machine)
+        while not _waited_for_store(_log(host_a, moved), moved) and time.monotonic() < deadline:
+            time.sleep(0.5)
         stalled_at = host_a.get_job(moved).step
         link.restore()
         host_a.wait_for(moved, lambda j: j.step >= 4 and len(_checkpoints(host_a, moved)) >= 3, 120,
@@ -116,8 +123,7 @@ def test_a_job_moves_between_hosts_through_the_store(tmp_path, monkeypatch, post
         assert job.status == JobStatus.succeeded, job.error
         assert job.requeues == 1 and job.worker.startswith("hostB@")
         log = _log(host_a, moved)
-        assert any(line.startswith(f"The store is unreachable while uploading artifacts/{moved}/checkpoints/checkpoint-")
-                   and "trying again in" in line for line in log), log
+        assert _waited_for_store(log, moved), log
         assert f"Resuming from {job.resume_from}" in log
         assert stalled_at <= 3  # training waited at the checkpoint while the store was away
         # Nothing lost: every checkpoint on record, the adapter and the dataset are in the store.
