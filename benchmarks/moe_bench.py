@@ -233,9 +233,13 @@ def step_bench(args) -> dict:
     generator = torch.Generator(device="cuda").manual_seed(1)
     batches = [torch.randint(0, vocab, (args.bs, args.seq), device="cuda", generator=generator) for _ in range(4)]
     torch.cuda.reset_peak_memory_stats()
-    times, loss = [], None
-    for i in range(args.warmup + args.steps):
+    times, loss, profiler = [], None, None
+    timed = args.warmup + args.steps
+    for i in range(timed + (2 if args.kernel_profile_dir else 0)):
         ids = batches[i % len(batches)]
+        if i == timed:  # two more steps, untimed, by kernel
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            profiler.__enter__()
         torch.cuda.synchronize()
         start = time.perf_counter()
         out = model(input_ids=ids, labels=ids)
@@ -243,9 +247,13 @@ def step_bench(args) -> dict:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-        if i >= args.warmup:
+        if args.warmup <= i < timed:
             times.append(time.perf_counter() - start)
         loss = out.loss.item()
+    if profiler is not None:
+        from peer_bench import write_kernel_profile
+        profiler.__exit__(None, None, None)
+        write_kernel_profile(profiler, Path(args.kernel_profile_dir) / f"kernels-moe-{args.mode}-{args.shape}.txt", steps=2)
     ms = statistics.median(times) * 1000
     return dict(mode=args.mode, shape=args.shape, layers=args.layers or model.config.num_hidden_layers,
                 seq=args.seq, bs=args.bs, rank=args.rank, step_ms=round(ms, 1),
@@ -263,7 +271,8 @@ def run_all(args) -> None:
             continue
         command = [sys.executable, __file__, "step", mode, "--shape", args.shape, "--seq", str(args.seq),
                    "--bs", str(args.bs), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                   "--rank", str(args.rank), "--gate-up", args.gate_up] + (["--layers", str(args.layers)] if args.layers else [])
+                   "--rank", str(args.rank), "--gate-up", args.gate_up] + (["--layers", str(args.layers)] if args.layers else []) \
+            + (["--kernel-profile-dir", args.kernel_profile_dir] if args.kernel_profile_dir else [])
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
         json_lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         lines.append(json.loads(json_lines[-1]) if json_lines else
@@ -294,6 +303,8 @@ def main():
                         help="step: gate_up adapted at rank r (fused, as Unsloth) or 2r (split: PEFT's rank r per projection)")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--kernel-profile-dir", default=None,
+                        help="step, all: GPU time by kernel over the last two steps, a file per mode in this folder")
     parser.add_argument("--device", default="cuda", help="layer: cpu checks the errors only (TRITON_INTERPRET=1)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
