@@ -130,8 +130,15 @@ def test_scaled_mm_matches_the_emulation():
     wq, ws = quantize_rows(w)
     gpu = fp8_matmul(xq, xs, wq, ws.view(-1), torch.bfloat16, "scaled_mm")
     emulated = fp8_matmul(xq, xs, wq, ws.view(-1), torch.float32, "emulated")
-    # the tensor cores' float32 sums in another order, then one bf16 rounding (2^-8 of each element)
-    torch.testing.assert_close(gpu.float(), emulated, rtol=2**-8, atol=1e-5 * emulated.abs().max().item())
+    # One bf16 rounding of the output (2^-8 of each element), and the tensor cores' accumulator: Hopper's
+    # FP8 MMA keeps about 14 mantissa bits between promotions to float32 (DeepSeek-V3 report, 3.3.2), so
+    # a sum errs by a small fraction of the |products| it adds, which exceeds the output where they cancel.
+    # 2^-10 of that sum still catches a wrong scale or layout (an error of the output's own size).
+    magnitudes = fp8_matmul(xq.float().abs().to(xq.dtype), xs, wq.float().abs().to(wq.dtype), ws.view(-1),
+                            torch.float32, "emulated")
+    excess = (gpu.float() - emulated).abs() - 2**-8 * emulated.abs()
+    print(f"worst accumulation error / sum of |products|: {(excess / magnitudes).max().item():.3e}")
+    assert (excess <= 2**-10 * magnitudes + 1e-30).all()
 
 
 def test_fp8_linear_forward_and_input_gradient_match_the_dequantised_weight():
@@ -194,8 +201,11 @@ def test_lora_on_the_kernels_over_fp8_equals_peft_plain_path_over_fp8(device):
     randomise_lora(plain), randomise_lora(fast)
     ids = token_batches(1, 2, 6, fast.config.vocab_size, device=device)[0]
     (loss_plain, grads_plain), (loss_fast, grads_fast) = step_grads(plain, ids), step_grads(fast, ids)
-    assert abs(loss_fast - loss_plain) <= 1e-5 * loss_plain
-    assert max_relative_error(grads_fast, grads_plain) < 1e-4
+    # On the tensor cores each FP8 product is rounded to bf16, where the kernels add the LoRA term in the
+    # GEMM's epilogue and PEFT after it: an element may round the other way (as in the engine test below).
+    loss_rtol, grad_rtol = (1e-5, 1e-4) if device == "cpu" else (1e-4, 1e-2)
+    assert abs(loss_fast - loss_plain) <= loss_rtol * loss_plain
+    assert max_relative_error(grads_fast, grads_plain) < grad_rtol
 
 
 def test_the_memory_engine_over_fp8_gives_the_gradients_of_no_checkpointing(device):
