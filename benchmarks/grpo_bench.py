@@ -7,7 +7,7 @@ Both systems run TRL's GRPOTrainer with the studio's GRPOConfig (worker/training
 one grpo job spec: LoRA r16 alpha 32 on the 7 projections, bf16 on a GPU, seed 42, KL beta 0.04) on the same
 random weights of a peer_bench CONFIGS shape, prompts of --prompt-len tokens, --group completions of exactly
 --completion-len tokens each (min_new_tokens: random weights would otherwise stop at different lengths),
-and an in-process length-penalty reward (the studio's built-in, without its sandbox).
+and a length reward (a python reward function of the job spec, run in-process: no sandbox).
 - kernels: the model as a grpo job builds it (worker/training/model.py's load_model: get_lora_model with
   non-reentrant checkpointing, then patch_model), trained by the studio's LannerGRPOTrainer.
 - plain: transformers (sdpa attention) + PEFT LoRA through GRPOTrainer's peft_config, checkpointing as TRL
@@ -38,6 +38,12 @@ from peer_bench import CONFIGS, STARTED, TARGETS, fresh_model, progress
 
 SYSTEMS = {"kernels": "Lanner kernels (studio GRPO job)", "plain": "TRL + PEFT"}
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
+# The reward: the completion's length in characters, which differs within a group whatever the tokenizer
+# (every advantage nonzero), though each completion has the same number of tokens.
+LENGTH_REWARD = """
+def reward(prompts, completions, **columns):
+    return [len(completion) / 1000 for completion in completions]
+"""
 
 
 def word_tokenizer(vocab_size: int):
@@ -54,13 +60,26 @@ def word_tokenizer(vocab_size: int):
                                    unk_token="<unk>")
 
 
-def prompt_rows(count: int, length: int, vocab_size: int) -> list[dict]:
-    """Text prompts of `length` random words (seeded), one token each with word_tokenizer."""
+def prompt_rows(tokenizer, count: int, length: int, vocab_size: int) -> list[dict]:
+    """Text prompts of exactly `length` tokens, all ids in the model's vocabulary: random ids decoded, cut to
+    `length` tokens and decoded again; a draw whose text does not encode back to that is drawn again (seeded)."""
     import random
 
-    rng = random.Random(0)
-    return [{"prompt": " ".join(f"w{rng.randrange(len(SPECIALS), vocab_size)}" for _ in range(length))}
-            for _ in range(count)]
+    rng, special, rows = random.Random(0), set(tokenizer.all_special_ids), []
+
+    def encode(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    for _ in range(100 * count):
+        ids = [i for i in (rng.randrange(min(len(tokenizer), vocab_size)) for _ in range(2 * length))
+               if i not in special]
+        text = tokenizer.decode(encode(tokenizer.decode(ids))[:length])
+        ids = encode(text)
+        if len(ids) == length and max(ids) < vocab_size:
+            rows.append({"prompt": text})
+            if len(rows) == count:
+                return rows
+    raise SystemExit(f"could not draw prompts of exactly {length} tokens with this tokenizer")
 
 
 def job_options(a):
@@ -77,19 +96,23 @@ def job_options(a):
                                         max_seq_len=a.prompt_len + a.completion_len, save_steps=10_000_000),
                    lora=dict(rank=a.rank),
                    grpo=dict(num_generations=a.group, max_completion_len=a.completion_len, beta=a.beta,
-                             samples_logged=0, reward_functions=[dict(kind="length_penalty",
-                                                                      max_chars=4 * a.completion_len)]))
+                             samples_logged=0, reward_functions=[dict(kind="python", name="length",
+                                                                      source=LENGTH_REWARD)]))
     return training_options(spec)
 
 
-def length_penalty_reward(max_chars: int):
-    from lanner.core.rewards.builtin import length_penalty
+def in_process(source: str):
+    """A python reward function's source run in this process (it is ours: no sandbox), given texts as the
+    studio's functions are."""
     from lanner.worker.training.grpo import text_of
 
-    def length_penalty_in_process(prompts, completions, **columns):
-        return [length_penalty(text_of(completion), max_chars) for completion in completions]
+    namespace = {}
+    exec(source, namespace)
 
-    return length_penalty_in_process
+    def length(prompts, completions, **columns):
+        return namespace["reward"](prompts, [text_of(completion) for completion in completions], **columns)
+
+    return length
 
 
 def synchronize():
@@ -189,7 +212,7 @@ def run_system(a) -> dict:
     options = job_options(a)
     vocab_size = CONFIGS[a.model]["vocab_size"]
     tokenizer = load_tokenizer(a.tokenizer, options) if a.tokenizer else word_tokenizer(vocab_size)
-    rows = prompt_rows(a.prompts * (a.warmup + a.steps), a.prompt_len, vocab_size)
+    rows = prompt_rows(tokenizer, a.prompts * (a.warmup + a.steps), a.prompt_len, vocab_size)
     progress(f"{a.system} {a.model}: imports done")
     torch.manual_seed(0)
     base = fresh_model(a.model, device(), training_dtype(options))
@@ -197,14 +220,14 @@ def run_system(a) -> dict:
     recorder = recorder_class()()
     output_dir = f"/tmp/grpo-bench-{a.system}-{os.getpid()}"
     generation = {"min_new_tokens": a.completion_len}  # random weights would sample the end of text anywhere
-    common = dict(reward_funcs=[length_penalty_reward(4 * a.completion_len)], train_dataset=Dataset.from_list(rows),
+    common = dict(reward_funcs=[in_process(LENGTH_REWARD)], train_dataset=Dataset.from_list(rows),
                   processing_class=tokenizer, recorder=recorder)
     events = StderrEvents()
     if a.system == "kernels":
         model = load_model(f"random/{a.model}", options, events, base=base)
-        trainer = timed_trainer(LannerGRPOTrainer)(model=model, args=grpo_config(options, output_dir, False,
-                                                                         generation_kwargs=generation),
-                                           on_samples=None, samples_logged=0, **common)
+        args = grpo_config(options, output_dir, False, generation_kwargs=generation)
+        trainer = timed_trainer(LannerGRPOTrainer)(model=model, args=args, on_samples=None, samples_logged=0,
+                                                   **common)
         checkpointing = "get_lora_model: non-reentrant, every decoder layer (the studio's)"
     else:
         lora = LoraConfig(r=options.lora_r, lora_alpha=options.lora_alpha, lora_dropout=options.lora_dropout,
@@ -236,8 +259,8 @@ def run_system(a) -> dict:
                 rewards=[round(log["reward"], 4) for log in recorder.logs if "reward" in log],
                 held_gib=round(held / 2**30, 2),
                 peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
-                checkpointing=checkpointing, checkpointing_on=recorder.checkpointing, kernels=next((line for line in events.lines
-                                                           if line.startswith("lanner.kernels")), None),
+                checkpointing=checkpointing, checkpointing_on=recorder.checkpointing,
+                kernels=next((line for line in events.lines if line.startswith("lanner.kernels")), None),
                 dtype=str(training_dtype(options)).removeprefix("torch."),
                 tokenizer=a.tokenizer or "word-level (peer_bench)",
                 gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
