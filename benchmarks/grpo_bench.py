@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -241,6 +242,7 @@ def run_system(a) -> dict:
         torch.cuda.reset_peak_memory_stats()
     held = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
     trainer.train()
+    shutil.rmtree(output_dir, ignore_errors=True)  # nothing saved there (save_steps is beyond the run)
     timed_steps = recorder.steps[a.warmup:]
     if not timed_steps:
         raise SystemExit("no steps after the warm-up: raise --steps")
