@@ -23,6 +23,10 @@ def progress(message):
     print(f"[{time.perf_counter() - STARTED:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 CONFIGS = {
+    # A few seconds on the CPU (the kernels under TRITON_INTERPRET=1): checks a harness end to end.
+    "llama-tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True, rope_theta=10000.0,
+                       max_position_embeddings=1024),
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                      tie_word_embeddings=True, rope_theta=500000.0, max_position_embeddings=8192),
@@ -80,6 +84,15 @@ def llama_config(name):
 def model_class(name):
     import transformers
     return getattr(transformers, ARCHES[CONFIGS[name].get("arch", "llama")][1])
+
+
+def fresh_model(name, device="cuda", dtype=None):
+    """Random-init weights of a CONFIGS shape made in dtype (bf16) on the device, sdpa attention (quicker than
+    random_model; the same weights for the same torch seed)."""
+    import torch
+    with torch.device(device):
+        return model_class(name)._from_config(llama_config(name), dtype=dtype or torch.bfloat16,
+                                              attn_implementation="sdpa")
 
 
 def random_model(name):
@@ -172,9 +185,7 @@ def main():
         if a.same_weights:
             model = random_model(a.model)  # patch_model switches its attention to "lanner" whatever it was
         else:
-            with torch.device("cuda"):
-                model = LlamaForCausalLM._from_config(llama_config(a.model), dtype=torch.bfloat16,
-                                                      attn_implementation="sdpa")
+            model = fresh_model(a.model)
         offload = {"on": True, "off": False, "auto": None}[a.offload]
         model = get_lora_model(model, r=a.rank, lora_alpha=a.rank, target_modules=TARGETS,
                                lora_dropout=0.0, gradient_checkpointing=gc, bias="none",
@@ -199,9 +210,7 @@ def main():
             except (AttributeError, ValueError):
                 pass
         else:
-            with torch.device("cuda"):
-                model = LlamaForCausalLM._from_config(llama_config(a.model), dtype=torch.bfloat16,
-                                                      attn_implementation="sdpa")
+            model = fresh_model(a.model)
         if gc:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.enable_input_require_grads()

@@ -121,21 +121,28 @@ def reward_model_scorers(grpo, options: TrainingOptions) -> dict:
             for function in grpo.reward_functions if function.kind == "reward_model"}
 
 
+def grpo_config(options: TrainingOptions, output_dir: str, has_eval: bool, **overrides) -> GRPOConfig:
+    """The job's GRPOConfig (benchmarks/grpo_bench.py passes overrides, e.g. generation_kwargs)."""
+    grpo = options.grpo
+    args = common_args(options, output_dir, has_eval)
+    del args["max_length"]  # GRPO bounds the completion (max_completion_length), not the row
+    # An evaluation batch holds whole groups too, whatever the training micro-batch is.
+    args["per_device_eval_batch_size"] = grpo.num_generations
+    args.update(num_generations=grpo.num_generations, max_completion_length=grpo.max_completion_len,
+                temperature=grpo.temperature, beta=grpo.beta,
+                reward_weights=[function.weight for function in grpo.reward_functions],
+                log_completions=False, use_vllm=False)
+    return GRPOConfig(**{**args, **overrides})
+
+
 def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, output_dir: str,
                   callbacks: list) -> GRPOTrainer:
     grpo = options.grpo
     # The prompt and its completion share max_seq_length: longer prompts keep their end.
     rows = truncate_prompts(rows, tokenizer, max(8, options.max_seq_length - grpo.max_completion_len))
     train, evaluation = split(rows, options)
-    args = common_args(options, output_dir, evaluation is not None)
-    del args["max_length"]  # GRPO bounds the completion (max_completion_length), not the row
-    # An evaluation batch holds whole groups too, whatever the training micro-batch is.
-    args["per_device_eval_batch_size"] = grpo.num_generations
+    args = grpo_config(options, output_dir, evaluation is not None)
     functions = [function.model_dump(mode="json", exclude_none=True) for function in grpo.reward_functions]
-    args = GRPOConfig(**args, num_generations=grpo.num_generations, max_completion_length=grpo.max_completion_len,
-                      temperature=grpo.temperature, beta=grpo.beta,
-                      reward_weights=[function.weight for function in grpo.reward_functions],
-                      log_completions=False, use_vllm=False)
     columns = sorted({key for row in rows for key in row} - {"prompt"})
     rewards = JobRewards(functions, columns, SandboxLimits(timeout_s=grpo.reward_timeout_s),
                          reward_model_scorers(grpo, options))

@@ -48,8 +48,11 @@ def load_tokenizer(path: str, options: TrainingOptions):
     return tokenizer
 
 
-def load_model(path: str, options: TrainingOptions, events: JobEvents):
-    """The model the job's method trains, on the kernels unless the job switched them off."""
+def load_model(path: str, options: TrainingOptions, events: JobEvents, base=None):
+    """The model the job's method trains, on the kernels unless the job switched them off. base: a causal
+    LM already on this process's device (benchmarks/grpo_bench.py's random weights) instead of loading
+    path; for LoRA and every-weight training only."""
+    assert base is None or not (options.method in REWARD_MODEL_METHODS or options.load_in_4bit or options.load_in_fp8)
     if options.method in REWARD_MODEL_METHODS:
         model = _load_scorer(path, options)
         if options.lora:
@@ -61,9 +64,9 @@ def load_model(path: str, options: TrainingOptions, events: JobEvents):
     elif options.load_in_fp8:
         model, how = _fp8_lora_model(path, options), "LoRA over an FP8 base"
     elif options.lora:
-        model, how = _lora_model(_load(path, options), options), "LoRA"
+        model, how = _lora_model(_load(path, options) if base is None else base, options), "LoRA"
     else:
-        model, how = _whole_model(_load(path, options), options), "every weight"
+        model, how = _whole_model(_load(path, options) if base is None else base, options), "every weight"
     report = _put_on_kernels(model, options, events)
     if options.method in ADAPTER_METHODS:
         _start_memory_engine(model, options, events, report)
