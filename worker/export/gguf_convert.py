@@ -2,7 +2,8 @@
 
 It streams: tensor infos are planned from the safetensors headers, then each tensor is read,
 transformed (q/k permutation for llama.cpp's LLAMA rope), converted to the output type and written,
-one at a time, so memory stays at about one tensor. Output types: f16, bf16, q8_0 (numpy, from the
+one at a time, so memory stays at about one tensor (a mixture of experts: one layer's experts of one
+projection, stacked into the single 3D tensor llama.cpp reads). Output types: f16, bf16, q8_0 (numpy, from the
 gguf package's quants module). Norms and biases stay f32, as llama.cpp's converter keeps them.
 """
 from __future__ import annotations
