@@ -10,10 +10,13 @@ BASE_MODEL_NAME = "builtin/SmolLM2-135M-Instruct"
 BASE_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what an exported adapter names as its base
 
 
-def make_adapter(base_dir: Path, out_dir: Path, *, lora_b_std: float = 0.03, seed: int = 0) -> Path:
-    """Plain PEFT LoRA (r=8) on q/k/v/o and the MLP, its B matrices set to small random values so it
-    is not a no-op (a fresh LoRA has B = 0). Training steps would do the same, but cost minutes on
-    this shared 2-core box. Saved the way the trainer saves an adapter (with the tokenizer)."""
+def make_adapter(base_dir: Path, out_dir: Path, *, lora_b_std: float = 0.03, seed: int = 0,
+                 target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+                 target_parameters=()) -> Path:
+    """Plain PEFT LoRA (r=8) on q/k/v/o and the MLP (a mixture of experts: target_parameters, its experts'
+    stacked weights), its B matrices set to small random values so it is not a no-op (a fresh LoRA has
+    B = 0). Training steps would do the same, but cost minutes on this shared 2-core box. Saved the way
+    the trainer saves an adapter (with the tokenizer)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -22,8 +25,8 @@ def make_adapter(base_dir: Path, out_dir: Path, *, lora_b_std: float = 0.03, see
     generator = torch.Generator().manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
-                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM", target_modules=list(target_modules),
+                        target_parameters=list(target_parameters) or None)
     model = get_peft_model(model, config)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -34,7 +37,8 @@ def make_adapter(base_dir: Path, out_dir: Path, *, lora_b_std: float = 0.03, see
     return out_dir
 
 
-def tiny_model(kind: str, smollm2_dir, out_dir, *, tokenizer_dir=None, vocab_size: int = 49152):
+def tiny_model(kind: str, smollm2_dir, out_dir, *, tokenizer_dir=None, vocab_size: int = 49152,
+               initializer_range: float = 0.3):
     """A random-init model of `kind` with 2 small layers, saved in f16 with SmolLM2's tokenizer (or the
     one in tokenizer_dir). Large weights and non-trivial norms/biases, so a wrong mapping shows."""
     import torch
@@ -42,7 +46,7 @@ def tiny_model(kind: str, smollm2_dir, out_dir, *, tokenizer_dir=None, vocab_siz
 
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                  tie_word_embeddings=False, initializer_range=0.3, bos_token_id=1, eos_token_id=2)
+                  tie_word_embeddings=False, initializer_range=initializer_range, bos_token_id=1, eos_token_id=2)
     tied = {**common, "tie_word_embeddings": True}
     configs = {
         "llama": lambda: transformers.LlamaConfig(**common),
@@ -64,6 +68,11 @@ def tiny_model(kind: str, smollm2_dir, out_dir, *, tokenizer_dir=None, vocab_siz
             layer_types=["sliding_attention", "full_attention"],
             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+        # 4 experts, top-2; the experts' width is not half the hidden size, so a gate/up split on the wrong
+        # axis cannot fit, and Qwen's differs from its (unused) dense intermediate_size.
+        "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**common, head_dim=32, moe_intermediate_size=96, num_experts=4,
+                                                         num_experts_per_tok=2, norm_topk_prob=True),
+        "mixtral": lambda: transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2),
     }
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(configs[kind]())

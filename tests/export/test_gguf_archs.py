@@ -31,7 +31,8 @@ def compare(model_dir, gguf_path):
     return compare_logits([reference], [got])
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3"])
+@pytest.mark.parametrize("kind", ["llama", "llama3-rope", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3",
+                                  "qwen3_moe", "mixtral"])
 def test_tiny_model_converts_and_matches_in_llama_cpp(kind, smollm2_dir, tmp_path):
     from lanner.worker.export import convert_to_gguf
     from lanner.worker.export.verify import F16_KL_BOUND

