@@ -1,10 +1,6 @@
 """Mixture-of-experts jobs on a tiny random Qwen3-MoE (SmolLM2's tokenizer), on the CPU: the form's LoRA
-targets choice adapts what it names, and every logged step carries the routers' load balance, on plain
-PEFT and on lanner.kernels (TRITON_INTERPRET=1)."""
+targets choice adapts what it names, and every logged step carries the routers' load balance."""
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,8 +11,8 @@ from lanner.core.spec import LORA_TARGET_CHOICES
 from lanner.worker.events import JobEvents
 from lanner.worker.training.model import load_model
 
-from training_run import step_metrics
-from worker_helpers import REPO, qa_rows, training_options_of
+from training_run import step_metrics, trained
+from worker_helpers import qa_rows, training_options_of
 
 EXPERTS, TOP_K = 4, 2
 
@@ -61,23 +57,20 @@ def test_the_lora_targets_choice_adapts_attention_experts_or_both(studio, smollm
     assert adapted == {"attention": attention, "experts": experts, "all": attention | experts}
 
 
-def run_job(studio, model: str, kernels: bool) -> list[dict]:
-    dataset = studio.dataset(f"qa-{model.replace('/', '-')}-{kernels}.jsonl", qa_rows(16))
+def run_job(studio, model: str) -> list[dict]:
+    dataset = studio.dataset(f"qa-{model.replace('/', '-')}.jsonl", qa_rows(16))
     job = studio.job(dataset, {"hyperparameters": {"max_steps": 3, "eval_fraction": 0}}, model=model)
-    env = {**studio.env, **({"TRITON_INTERPRET": "1"} if kernels else {})}
-    done = subprocess.run([sys.executable, "-m", "lanner.worker.train_process", str(job)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    trained(studio, job)
     return step_metrics(studio, job)
 
 
-@pytest.mark.parametrize("kernels", [False, True], ids=["plain-peft", "kernels"])
-def test_each_step_of_an_moe_job_carries_its_routers_load_balance(studio, smollm2_dir, kernels):
+def test_each_step_of_an_moe_job_carries_its_routers_load_balance(studio, smollm2_dir):
     """Balanced routers (random ones, near-uniform probabilities) give an aux loss near 1 and a busiest
     expert under E / top_k times the mean; routers that send every token to experts 0 and 1 give 2 and 2
-    (E / top_k, the most top-2 of 4 experts can give), on both paths."""
-    balanced = run_job(studio, save_tiny_moe(studio, smollm2_dir, "balanced"), kernels)
-    skewed = run_job(studio, save_tiny_moe(studio, smollm2_dir, "skewed", skewed=True), kernels)
+    (E / top_k, the most top-2 of 4 experts can give). Plain PEFT here (the CPU without the interpreter);
+    tests/kernels/test_moe_router_balance.py has the kernels' path count the same."""
+    balanced = run_job(studio, save_tiny_moe(studio, smollm2_dir, "balanced"))
+    skewed = run_job(studio, save_tiny_moe(studio, smollm2_dir, "skewed", skewed=True))
     assert [m["step"] for m in balanced] == [m["step"] for m in skewed] == [1, 2, 3]
     for metric in balanced:
         assert 1 <= metric["router_aux_loss"] < 1.1
