@@ -9,6 +9,9 @@ from lanner.worker.training.router_balance import RouterBalance
 
 from lora_twins import token_batches, twins
 
+# On a GPU the sums stay there and each step's figures come back behind the step (a CUDA event).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def one_step(model, balance: RouterBalance, step: int, input_ids, attention_mask) -> dict[str, float]:
     model.train()
@@ -18,11 +21,11 @@ def one_step(model, balance: RouterBalance, step: int, input_ids, attention_mask
 
 
 def test_the_kernels_path_counts_the_balance_plain_peft_counts():
-    plain, fast = twins("qwen3_moe", gradient_checkpointing=True)
+    plain, fast = twins("qwen3_moe", device=DEVICE, gradient_checkpointing=True)
     assert any(is_patched(module) for module in fast.modules())
     balances = RouterBalance.of(plain), RouterBalance.of(fast)
     assert balances[0].layers == balances[1].layers == 2
-    for step, ids in enumerate(token_batches(2, 3, 16, 96), start=1):
+    for step, ids in enumerate(token_batches(2, 3, 16, 96, device=DEVICE), start=1):
         mask = torch.ones_like(ids)
         plain_values, fast_values = (one_step(model, balance, step, ids, mask)
                                      for model, balance in zip((plain, fast), balances))

@@ -3,7 +3,8 @@
 A forward hook on each MoE block's router (Qwen3-MoE, Mixtral, gpt-oss: `mlp.gate` or `mlp.router`,
 returning logits, routing weights and the chosen experts) adds, on the device, what the router did in
 training mode: the (token, expert) assignments each expert got and the sum of the router's softmax
-probabilities. It runs the same on lanner.kernels (which replace the experts, not the router) and on
+probabilities (forwards with gradients only: a no-grad pass such as GRPO's generation is not training).
+It runs the same on lanner.kernels (which replace the experts, not the router) and on
 plain PEFT. At each optimizer step's end the step's two figures are computed from the sums, still on
 the device, and copied to host memory behind the step's work; they are read when the step is logged
 (one step late on the kernels, lanner.worker.training.late_logging), so nothing waits for the GPU
@@ -62,7 +63,8 @@ class RouterBalance:
 
     def _counter(self, layer: int):
         def count(router: nn.Module, args, output):
-            if not router.training or not isinstance(output, tuple) or len(output) != 3:
+            # Training forwards only: not evaluation, generation (GRPO) or a reference model's pass (DPO)
+            if not (router.training and torch.is_grad_enabled()) or not isinstance(output, tuple) or len(output) != 3:
                 return
             logits, _, chosen = output
             with torch.no_grad():
