@@ -194,7 +194,7 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
     method without LoRA settings) is estimated as a full fine-tune. longest_row: the dataset's longest row in
     tokens, when measured: a batch is padded to its longest row, so without packing a step holds
     batch_size × min(longest_row, max_seq_len) tokens (max_seq_len when unknown). reward_models: the shapes (as `model`) of the reward models a GRPO job
-    scores with. Returns the parts and "total_bytes"."""
+    scores with. Returns the parts and "total_bytes", and "experts" when the shape is known."""
     hp = spec.hyperparameters
     weight_bytes = PRECISION_BYTES.get(hp.precision, 2 if device_kind == "cuda" else 4)
     act_bytes = weight_bytes
@@ -222,8 +222,10 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
     optimizer = trainable * ADAM_BYTES
 
     activations = logits = generation = 0
+    experts = {}  # a known shape's routed experts per MoE layer (0: dense), which the form's LoRA targets choice reads
     if "hidden_size" in model:
         s = _shape(model)
+        experts["experts"] = s["experts"]
         row = hp.max_seq_len if hp.packing or not longest_row else min(longest_row, hp.max_seq_len)
         # A reward model's step scores both answers of each pair, and has a one-number head, no logits.
         scorer = spec.method in REWARD_MODEL_METHODS
@@ -274,4 +276,4 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
             "weights_bytes": weights + adapter, "gradients_bytes": gradients, "optimizer_bytes": optimizer,
             "activations_bytes": activations, "logits_bytes": logits, "generation_bytes": generation,
             "reward_models_bytes": rewards, "overhead_bytes": overhead,
-            "total_bytes": subtotal + overhead}
+            "total_bytes": subtotal + overhead, **experts}

@@ -101,13 +101,26 @@ class Hyperparameters(BaseModel):
                     "an allocation over it fails as a full device does (out-of-memory retry included)")
 
 
+# The form's LoRA targets choice for a mixture of experts, as target_modules. "all-linear" is the
+# attention and MLP projections (lanner.kernels' DEFAULT_TARGET_MODULES); on an MoE model the MLP names
+# adapt the experts' stacked weights (PEFT target_parameters), docs/job-spec.md.
+LORA_TARGET_CHOICES: dict[str, list[str] | str] = {
+    "attention": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "experts": ["gate_proj", "up_proj", "down_proj"],
+    "all": "all-linear",
+}
+
+
 class LoraSettings(BaseModel):
     model_config = SPEC_MODEL_CONFIG
 
     rank: int = Field(default=16, ge=1, le=1024)
     alpha: float = Field(default=32, gt=0, le=4096)
     dropout: float = Field(default=0.0, ge=0, lt=1)
-    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default="all-linear", description="The projections LoRA adapts, by name; all-linear: attention and MLP "
+                                          "(on a mixture of experts, the experts)",
+        json_schema_extra={"x-target-choices": LORA_TARGET_CHOICES})
 
 
 class PreferenceSettings(BaseModel):

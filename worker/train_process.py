@@ -220,6 +220,7 @@ class TrainProcess(JobProcess):
         from lanner.worker.training.callbacks import MetricsCallback
         from lanner.worker.training.memory import OutOfMemory, is_out_of_memory, memory_limit
         from lanner.worker.training.model import load_model
+        from lanner.worker.training.router_balance import RouterBalance
         build_trainer = importlib.import_module(trainer_module).build_trainer
 
         torch.manual_seed(options.seed)
@@ -228,7 +229,7 @@ class TrainProcess(JobProcess):
             model = load_model(model_path, options, self.events)
             samples_per_step = options.per_device_train_batch_size * options.gradient_accumulation_steps * world_size()
             metrics = MetricsCallback(self.events, samples_per_step, on_checkpoint=self.on_checkpoint,
-                                      trackers=self.trackers)
+                                      trackers=self.trackers, router_balance=RouterBalance.of(model))
             trainer = build_trainer(model, tokenizer, rows, options, str(checkpoints), [metrics, cancel])
             if resume:
                 self.events.log(f"Resuming from {resume.name}")

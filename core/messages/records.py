@@ -51,6 +51,10 @@ class StepValues(BaseModel):
     tokens_per_second: float | None = None
     total_steps: int | None = None
     eval_loss: float | None = None
+    # A mixture of experts' routers (lanner.worker.training.router_balance): the Switch load-balancing
+    # loss (1 when balanced) and the busiest expert's share of the routed tokens over the mean share.
+    router_aux_loss: float | None = None
+    router_max_load: float | None = None
 
 
 class StepMetrics(StepValues, RecordEvent):

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest'
 import { components } from '../openapi.json'
 import {
   applyPreset, buildJobSpec, DEFAULT_LEARNING_RATE, DEFAULT_VALUES, estimatedSteps, FIELDS, formFromConfig, METHODS,
-  newJobForm, PRESETS, validateJobForm, type JobForm,
+  newJobForm, PRESETS, showsTargetChoice, TARGET_CHOICES, targetChoice, validateJobForm, type JobForm,
 } from './jobForm'
 
 function form(values: Record<string, string> = {}, change: Partial<JobForm> = {}): JobForm {
@@ -213,5 +213,35 @@ describe('GRPO in the form', () => {
   it('a clone keeps the reward functions', () => {
     const functions = [{ kind: 'python' as const, source: 'def reward(p, c):\n    return [0.0] * len(c)\n' }]
     expect(formFromConfig({ method: 'grpo', grpo: { reward_functions: functions } }, 'm').rewardFunctions).toEqual(functions)
+  })
+})
+
+describe('LoRA targets choice', () => {
+  it('comes from the API as target_modules: attention, experts, all', () => {
+    expect(TARGET_CHOICES).toEqual({ attention: ['q_proj', 'k_proj', 'v_proj', 'o_proj'], experts: ['gate_proj', 'up_proj', 'down_proj'], all: 'all-linear' })
+  })
+
+  it('goes into the spec’s lora.target_modules, and all (the default) leaves it to the server', () => {
+    expect(buildJobSpec(form({}, { targetModules: TARGET_CHOICES.experts })).lora).toMatchObject({ target_modules: ['gate_proj', 'up_proj', 'down_proj'] })
+    expect(buildJobSpec(form({}, { targetModules: TARGET_CHOICES.attention })).lora).toMatchObject({ target_modules: ['q_proj', 'k_proj', 'v_proj', 'o_proj'] })
+    expect(buildJobSpec(form()).lora).not.toHaveProperty('target_modules')
+    expect(buildJobSpec(form({}, { method: 'full', targetModules: TARGET_CHOICES.experts }))).not.toHaveProperty('lora')
+  })
+
+  it('is shown for an adapter of a mixture of experts, or when the targets are not the default', () => {
+    expect(showsTargetChoice(form(), 8)).toBe(true)
+    expect(showsTargetChoice(form(), 0)).toBe(false)
+    expect(showsTargetChoice(form(), null)).toBe(false)
+    expect(showsTargetChoice(form({}, { method: 'full' }), 8)).toBe(false)
+    expect(showsTargetChoice(form({}, { targetModules: ['q_proj', 'v_proj'] }), 0)).toBe(true)
+  })
+
+  it('a clone keeps the job’s targets, a choice or a list of its own', () => {
+    const experts = formFromConfig({ method: 'lora', lora: { target_modules: ['down_proj', 'gate_proj', 'up_proj'] } }, 'm')
+    expect(targetChoice(experts.targetModules)).toBe('experts')
+    const own = formFromConfig({ method: 'lora', lora: { target_modules: ['q_proj', 'v_proj'] } }, 'm')
+    expect(targetChoice(own.targetModules)).toBeNull()
+    expect(buildJobSpec({ ...own, datasetId: '1' }).lora).toMatchObject({ target_modules: ['q_proj', 'v_proj'] })
+    expect(targetChoice(formFromConfig({ method: 'lora' }, 'm').targetModules)).toBe('all')
   })
 })

@@ -169,6 +169,31 @@ function withSchema(text: FieldText): FieldDef {
 
 export const FIELDS: FieldDef[] = FIELD_TEXTS.map(withSchema)
 
+/** The projections LoRA adapts: names, or every linear projection of the decoder layers. */
+export type TargetModules = string[] | 'all-linear'
+export type TargetChoice = 'attention' | 'experts' | 'all'
+
+/** The LoRA targets choice a mixture of experts' form offers, as the spec's target_modules (lanner.core.spec). */
+export const TARGET_CHOICES = specExtension('lora.target_modules', 'x-target-choices') as Record<TargetChoice, TargetModules>
+
+export const TARGET_CHOICE_TEXTS: { value: TargetChoice; label: string }[] = [
+  { value: 'attention', label: 'Attention only (q, k, v, o)' },
+  { value: 'experts', label: 'Experts (gate, up, down)' },
+  { value: 'all', label: 'All: attention and experts' },
+]
+
+/** The choice whose target_modules these are (in any order); null for another list (e.g. from a YAML file). */
+export function targetChoice(targets: TargetModules): TargetChoice | null {
+  const key = (t: TargetModules) => (typeof t === 'string' ? t : [...t].sort().join(','))
+  return (Object.keys(TARGET_CHOICES) as TargetChoice[]).find((c) => key(TARGET_CHOICES[c]) === key(targets)) ?? null
+}
+
+/** Whether the form shows the LoRA targets choice: for an adapter of a mixture of experts (experts: from the
+ * memory estimate, null while unknown), or whenever the targets are not the default, so none stay hidden. */
+export function showsTargetChoice(form: JobForm, experts: number | null): boolean {
+  return LORA_METHODS.includes(form.method) && (!!experts || targetChoice(form.targetModules) !== 'all')
+}
+
 export type PresetName = 'quick' | 'balanced' | 'thorough' | 'custom'
 
 const PRESET_TEXTS: Record<Exclude<PresetName, 'custom'>, { label: string; help: string }> = {
@@ -196,6 +221,8 @@ export interface JobForm {
   values: Record<string, string>
   /** The experiment trackers the run logs to. */
   trackers: Tracker[]
+  /** The LoRA targets (lora.target_modules). */
+  targetModules: TargetModules
 }
 
 export const DEFAULT_VALUES: Record<string, string> = Object.fromEntries(FIELDS.map((f) => [f.path, f.initial]))
@@ -210,6 +237,7 @@ export function newJobForm(model: string, gpus = 1): JobForm {
     preset: 'balanced',
     values: { ...DEFAULT_VALUES, ...PRESETS.balanced.values, gpus: String(gpus) },
     trackers: [],
+    targetModules: TARGET_CHOICES.all,
   }
 }
 
@@ -319,6 +347,7 @@ export function buildJobSpec(form: JobForm): Record<string, unknown> {
     else spec[key!] = value
   }
   spec.hyperparameters = hyperparameters
+  if (targetChoice(form.targetModules) !== 'all') lora.target_modules = form.targetModules
   if (LORA_METHODS.includes(form.method)) spec.lora = lora
   if (PREFERENCE_METHODS.includes(form.method)) spec.preference = preference
   if (RL_METHODS.includes(form.method)) spec.grpo = { ...grpo, reward_functions: form.rewardFunctions }
@@ -337,6 +366,7 @@ export function formFromConfig(config: Record<string, unknown>, fallbackModel: s
     values[field.path] = String(value)
   }
   const grpo = config.grpo as { reward_functions?: RewardFunction[] } | null | undefined
+  const lora = config.lora as { target_modules?: TargetModules } | null | undefined
   return {
     method,
     rewardFunctions: grpo?.reward_functions ?? [{ kind: 'exact_match' }],
@@ -346,6 +376,7 @@ export function formFromConfig(config: Record<string, unknown>, fallbackModel: s
     preset: 'custom',
     values,
     trackers: Array.isArray(config.trackers) ? (config.trackers as Tracker[]) : [],
+    targetModules: lora?.target_modules ?? TARGET_CHOICES.all,
   }
 }
 

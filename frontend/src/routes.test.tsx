@@ -102,4 +102,15 @@ describe('routes', () => {
     expect(await screen.findByTestId('requeues')).toHaveTextContent(
       'Its worker was lost: queued again 2 times, to resume from checkpoint-4.')
   })
+
+  it.each([[8, true], [0, false]])('the new-job form offers the LoRA targets choice when the model has experts (%s experts)', async (experts, shown) => {
+    const estimate = { model: 'builtin/SmolLM2-135M-Instruct', device: 'cpu', estimate: { total_bytes: 2 ** 30, parameters: 1000, experts } }
+    vi.stubGlobal('fetch', vi.fn<typeof fetch>().mockImplementation(apiFetchMock({ '/api/jobs/estimate': estimate })))
+    renderAt('/jobs/new')
+    expect(await screen.findByTestId('estimate-total')).toBeInTheDocument()
+    const choice = screen.queryByRole('combobox', { name: /LoRA targets/ })
+    if (!shown) return expect(choice).toBeNull()
+    expect(choice).toHaveValue('all')
+    expect([...(choice as HTMLSelectElement).options].map((o) => o.value)).toEqual(['attention', 'experts', 'all'])
+  })
 })

@@ -22,6 +22,8 @@ export interface JsonSchema {
   /** Each preset's hyperparameters. */
   'x-presets'?: Record<string, Record<string, string | number | boolean>>
   'x-method-groups'?: Record<'adapter' | 'preference' | 'whole_model' | 'rl', string[]>
+  /** The LoRA targets choices, as target_modules. */
+  'x-target-choices'?: Record<string, string[] | 'all-linear'>
 }
 
 const SCHEMAS = components.schemas as unknown as Record<string, JsonSchema>
@@ -57,8 +59,8 @@ export function specField(path: string, body: 'JobCreate' | 'ExportCreate' = 'Jo
 }
 
 /** What lanner.core.spec adds to a field's schema (json_schema_extra): each method's learning rate, the presets,
- * the methods that train an adapter, learn from preferences or train every weight. */
-export function specExtension<K extends 'x-default-by-method' | 'x-presets' | 'x-method-groups'>(path: string, key: K): NonNullable<JsonSchema[K]> {
+ * the methods that train an adapter, learn from preferences or train every weight, the LoRA targets choices. */
+export function specExtension<K extends 'x-default-by-method' | 'x-presets' | 'x-method-groups' | 'x-target-choices'>(path: string, key: K): NonNullable<JsonSchema[K]> {
   const value = specField(path).schema[key]
   if (value == null) throw new Error(`the API's job spec field ${path} has no ${key}`)
   return value

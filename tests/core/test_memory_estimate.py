@@ -201,3 +201,22 @@ def test_the_qwen3_30b_a3b_shape_has_the_lora_parameters_peft_made_on_the_gpu():
                                         num_experts=128, num_experts_per_tok=8, vocab_size=151936).to_dict()
     estimate = estimate_memory(unchecked_spec(lora={"rank": 16, "target_modules": "all-linear"}), shape, "cuda")
     assert estimate["lora_parameters"] == 124_354_560  # moe_bench.py on the H200, docs/benchmarks.md twelfth round
+
+
+def test_the_form_s_lora_targets_choice_changes_an_moe_estimate(smollm2_dir):
+    """The choice (attention only, experts, all) is the spec's target_modules, which the estimate follows:
+    attention and experts add up to all; a dense model's estimate says it has no experts."""
+    import transformers
+
+    from lanner.core.spec import LORA_TARGET_CHOICES
+
+    shape = transformers.Qwen3MoeConfig(hidden_size=64, intermediate_size=80, moe_intermediate_size=24, num_hidden_layers=3,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=96,
+                                        num_experts=4, num_experts_per_tok=2).to_dict()
+    by_choice = {choice: estimate_memory(unchecked_spec(lora={"rank": 4, "target_modules": targets}), shape, "cpu")
+                 for choice, targets in LORA_TARGET_CHOICES.items()}
+    lora = {choice: estimate["lora_parameters"] for choice, estimate in by_choice.items()}
+    assert 0 < lora["attention"] < lora["experts"] < lora["all"] == lora["attention"] + lora["experts"]
+    assert by_choice["attention"]["total_bytes"] < by_choice["experts"]["total_bytes"] < by_choice["all"]["total_bytes"]
+    assert {estimate["experts"] for estimate in by_choice.values()} == {4}
+    assert estimate_memory(unchecked_spec(), json.loads((smollm2_dir / "config.json").read_text()), "cpu")["experts"] == 0

@@ -77,14 +77,15 @@ class Studio:
             return dataset.id
 
     def job(self, dataset_id: int, spec: dict | None = None, **fields) -> int:
-        """A queued training job of TINY with `spec`'s nested fields merged in."""
+        """A queued training job of TINY with `spec`'s nested fields merged in (of the built-in model unless
+        `model` says)."""
         from lanner.core.models import Job
 
-        method, gpus = fields.pop("method", "lora"), fields.pop("gpus", 0)
+        method, gpus, model = fields.pop("method", "lora"), fields.pop("gpus", 0), fields.pop("model", BUILTIN)
         with self.sessions() as session:
             job = Job(owner_id=self.owner_id, name=fields.pop("name", "test job"), method=method,
-                      model=BUILTIN, dataset_id=dataset_id, gpus=gpus,
-                      config=stored_spec(method, TINY, spec, dataset_id=dataset_id, gpus=gpus), **fields)
+                      model=model, dataset_id=dataset_id, gpus=gpus,
+                      config=stored_spec(method, TINY, spec, model=model, dataset_id=dataset_id, gpus=gpus), **fields)
             session.add(job)
             session.commit()
             return job.id

@@ -11,6 +11,7 @@ from lanner.core.messages.records import CompletionSample, CompletionSamples
 from lanner.worker.distributed.ranks import any_rank
 from lanner.worker.events import JobEvents
 from lanner.worker.training.late_logging import NONFINITE_KEY
+from lanner.worker.training.router_balance import RouterBalance
 
 # Per-step values from TRL/transformers' logs passed on as they are (besides the ones computed here).
 PASSED_ON = ("loss", "learning_rate", "grad_norm", "epoch", "mean_token_accuracy", "entropy", "num_tokens",
@@ -22,9 +23,11 @@ PASSED_ON_PREFIXES = ("rewards/",)  # DPO/ORPO/KTO's rewards/chosen, ...; GRPO's
 
 
 class MetricsCallback(TrainerCallback):
-    def __init__(self, events: JobEvents, samples_per_step: int, on_checkpoint=None, trackers=None):
+    def __init__(self, events: JobEvents, samples_per_step: int, on_checkpoint=None, trackers=None,
+                 router_balance: RouterBalance | None = None):
         self.events = events
         self.trackers = trackers  # the job's experiment trackers (JobTrackers), when it chose any
+        self.router_balance = router_balance  # an MoE model's: each step's router load balance
         self.samples_per_step = samples_per_step
         self.on_checkpoint = on_checkpoint
         self.last_step_logged_at = None  # when the previous step's line came, or training (re)started
@@ -48,6 +51,10 @@ class MetricsCallback(TrainerCallback):
             self.on_checkpoint(Path(args.output_dir) / name, state.global_step)
         self.last_step_logged_at = time.perf_counter()
 
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.router_balance is not None:
+            self.router_balance.end_step(state.global_step)
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
         step = state.global_step
@@ -66,6 +73,8 @@ class MetricsCallback(TrainerCallback):
                             "max_grad_norm usually helps", level="warning")
         values = {key: value for key, value in logs.items()
                   if (key in PASSED_ON or key.startswith(PASSED_ON_PREFIXES)) and value is not None}
+        if self.router_balance is not None:
+            values.update(self.router_balance.step_values(step))
         if step_time:
             values["step_time"] = step_time
             if "generation_time" in values:  # GRPO: the step's time split

@@ -1340,6 +1340,7 @@ export interface components {
       dropout: number;
       /**
        * Target Modules
+       * @description The projections LoRA adapts, by name; all-linear: attention and MLP (on a mixture of experts, the experts)
        * @default all-linear
        */
       target_modules: string[] | "all-linear";
@@ -1846,6 +1847,10 @@ export interface components {
       total_steps?: number | null;
       /** Eval Loss */
       eval_loss?: number | null;
+      /** Router Aux Loss */
+      router_aux_loss?: number | null;
+      /** Router Max Load */
+      router_max_load?: number | null;
       [key: string]: unknown;
     };
     /** SweepCreate */
@@ -2606,6 +2611,10 @@ export interface components {
       total_steps?: number | null;
       /** Eval Loss */
       eval_loss?: number | null;
+      /** Router Aux Loss */
+      router_aux_loss?: number | null;
+      /** Router Max Load */
+      router_max_load?: number | null;
       /** Step */
       step: number;
       [key: string]: unknown;

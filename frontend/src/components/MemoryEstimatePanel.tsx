@@ -23,9 +23,10 @@ const GRPO_PARTS = new Set(['generation_bytes', 'reward_models_bytes'])
 
 /**
  * The device memory the chosen settings need (POST /api/jobs/estimate), and whether that fits each
- * worker's device (from /api/health). Asked again, debounced, whenever the settings change.
+ * worker's device (from /api/health). Asked again, debounced, whenever the settings change. onExperts
+ * hears the model's routed experts per MoE layer from each answer (0: dense; null: its shape is unknown).
  */
-export function MemoryEstimatePanel({ form }: { form: JobForm }) {
+export function MemoryEstimatePanel({ form, onExperts }: { form: JobForm; onExperts?: (experts: number | null) => void }) {
   const health = useHealth()
   const [answer, setAnswer] = useState<MemoryEstimate | null>(null)
   const [error, setError] = useState<string | null>(null)
@@ -43,6 +44,7 @@ export function MemoryEstimatePanel({ form }: { form: JobForm }) {
         .then((a) => {
           setAnswer(a)
           setError(null)
+          onExperts?.(a.estimate?.experts ?? null)
         })
         .catch((err) => {
           if (!abort.signal.aborted) setError(errorText(err))

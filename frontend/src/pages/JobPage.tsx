@@ -10,6 +10,7 @@ import { ExportOutcomeTable } from '../components/ExportOutcomeTable'
 import { ExportPanel, fetchExports, savedWeights } from '../components/ExportPanel'
 import { GrpoPanel } from '../components/GrpoPanel'
 import { RewardModelPanel } from '../components/RewardModelPanel'
+import { RouterBalancePanel } from '../components/RouterBalancePanel'
 import { ErrorNotice, errorText } from '../components/Field'
 import { JobStatusBadge, ProgressBar } from '../components/JobStatusBadge'
 import { LiveChart } from '../components/LiveChart'
@@ -217,6 +218,7 @@ export function JobPage() {
       </div>
       {job?.method === 'grpo' && <GrpoPanel metrics={m} completions={live.completions} jobId={id} xDomain={xDomain} />}
       {job?.method === 'reward' && <RewardModelPanel metrics={m} jobId={id} xDomain={xDomain} />}
+      <RouterBalancePanel metrics={m} jobId={id} xDomain={xDomain} />
       <div className="grid grid--two">
         <section className="panel" aria-labelledby="log-heading">
           <header className="panel__header">

@@ -16,7 +16,8 @@ import { formatParameters } from '../format'
 import { useHealth } from '../health'
 import {
   applyPreset, buildJobSpec, DEFAULT_LEARNING_RATE, estimatedSteps, fieldApplies, FIELDS, formFromConfig,
-  METHODS, newJobForm, PRESETS, RL_METHODS, validateJobForm, type FieldDef, type JobForm, type PresetName,
+  METHODS, newJobForm, PRESETS, RL_METHODS, showsTargetChoice, TARGET_CHOICE_TEXTS, TARGET_CHOICES, targetChoice,
+  validateJobForm, type FieldDef, type JobForm, type PresetName, type TargetChoice,
 } from '../jobForm'
 import { buildSweep, newSweepForm, plannedRuns, splitSweepErrors, validateSweepForm, type SweepForm } from '../sweepForm'
 import type { Catalog, CatalogModel, Dataset, Job, DatasetPage, Method, ParsedConfig, Sweep } from '../types'
@@ -60,6 +61,8 @@ export function NewJobPage() {
   const [advancedOpen, setAdvancedOpen] = useState(false)
   const [sweep, setSweep] = useState<SweepForm>(newSweepForm)
   const [sweepServerErrors, setSweepServerErrors] = useState<Record<string, string>>({})
+  // The chosen model's routed experts per MoE layer, as the memory estimate read them from its config.
+  const [experts, setExperts] = useState<number | null>(null)
 
   // eslint-disable-next-line react-hooks/exhaustive-deps
   useEffect(() => {
@@ -213,7 +216,23 @@ export function NewJobPage() {
     )
   }
 
+  function renderTargetChoice() {
+    const chosen = targetChoice(form.targetModules)
+    const error = errors['lora.target_modules']
+    return (
+      <Field key="lora.target_modules" label="LoRA targets" error={error}
+        help={`Which projections the adapter trains.${experts ? ` This model routes each token to a few of its ${experts} experts: “Experts” adapts every expert’s gate, up and down projections.` : ''}`}>
+        <select name="lora.target_modules" value={chosen ?? 'custom'}
+          onChange={(e) => update({ targetModules: TARGET_CHOICES[e.target.value as TargetChoice] }, ['lora.target_modules'])}>
+          {TARGET_CHOICE_TEXTS.map((c) => <option key={c.value} value={c.value}>{c.label}</option>)}
+          {chosen === null && <option value="custom">As loaded: {(form.targetModules as string[]).join(', ')}</option>}
+        </select>
+      </Field>
+    )
+  }
+
   const visible = FIELDS.filter((f) => fieldApplies(f, form.method))
+  const targetsShown = showsTargetChoice(form, experts)
   const basic = visible.filter((f) => !f.advanced)
   const advanced = visible.filter((f) => f.advanced)
   const wholeSpecError = serverErrors.hyperparameters ?? serverErrors.lora ?? serverErrors.preference ?? serverErrors.grpo ?? serverErrors['']
@@ -275,7 +294,7 @@ export function NewJobPage() {
             <p id="model-help" className="muted small">
               Chosen: <code data-testid="chosen-model">{form.model || '—'}</code>.
             </p>
-            <MemoryEstimatePanel form={form} />
+            <MemoryEstimatePanel form={form} onExperts={setExperts} />
           </div>
         </section>
 
@@ -341,7 +360,7 @@ export function NewJobPage() {
               </label>
             </fieldset>
             {wholeSpecError && <p className="error-text" role="alert">{wholeSpecError}</p>}
-            <div className="field-grid">{basic.map(renderField)}</div>
+            <div className="field-grid">{basic.map(renderField)}{targetsShown && renderTargetChoice()}</div>
             <details className="details" open={advancedOpen} onToggle={(e) => setAdvancedOpen((e.target as HTMLDetailsElement).open)}>
               <summary>Advanced</summary>
               <div className="field-grid">{advanced.map(renderField)}</div>
@@ -384,6 +403,7 @@ export function NewJobPage() {
                 <div><dt>Device</dt><dd>{form.values.gpus === '0' ? 'a CPU worker' : `${form.values.gpus} GPU`}</dd></div>
                 {sweep.enabled && <div><dt>Sweep</dt><dd>{plannedRuns(sweep)} runs ({sweep.strategy}), ranked by {sweep.metric}</dd></div>}
                 <div><dt>Trackers</dt><dd>{form.trackers.join(', ') || 'none'}</dd></div>
+                {targetsShown && <div><dt>LoRA targets</dt><dd className="mono">{TARGET_CHOICE_TEXTS.find((c) => c.value === targetChoice(form.targetModules))?.label ?? (form.targetModules as string[]).join(', ')}</dd></div>}
                 {visible.filter((f) => !['hyperparameters.learning_rate', 'gpus'].includes(f.path)).map((f) => (
                   <div key={f.path}><dt>{f.label}</dt><dd className="mono">{form.values[f.path] || '—'}</dd></div>
                 ))}
