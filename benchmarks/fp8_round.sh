@@ -17,7 +17,6 @@ source benchmarks/round_common.sh
 kernels_root=$(mktemp -d); mkdir "$kernels_root/lanner"; ln -s "$PWD/kernels" "$kernels_root/lanner/kernels"
 cd benchmarks
 versions torch triton transformers peft unsloth
-skip() { echo "skipped (only $(left) s left): $*"; echo "{\"skipped\": \"$*\"}" >> "$out/results.jsonl"; }
 bench() {  # bench TIMEOUT MODE MODEL [peer_bench options]: one peer_bench process, capped by the time left
   local t=$1; shift; local l; l=$(( $(left) - 5 )); (( l < t )) && t=$l
   (( t < 40 )) && { skip "$*"; return; }
@@ -31,12 +30,6 @@ variant() {  # variant TIMEOUT MODE MODEL OPTIONS...: peer_bench directly (run.p
   echo "=== $(date -u +%T) peer_bench $* ($(left) s left)"
   PYTHONPATH=$kernels_root:$PYTHONPATH timeout "$t" python3 peer_bench.py "$@" --steps 4 --warmup 2 --same-weights \
     | tail -1 | tee -a "$out/results.jsonl"
-}
-save() {  # the random weights the Unsloth loaders read
-  (( $(left) < 150 )) && { skip "save $1"; return; }
-  echo "=== $(date -u +%T) saving the random weights of $1 ($(left) s left)"; local t0=$SECONDS
-  timeout 240 python3 -c "import peer_bench, json; print(json.dumps(dict(saved=peer_bench.saved_dir('$1'))))" \
-    && echo "{\"saved_weights_s\": $(( SECONDS - t0 )), \"model\": \"$1\"}" | tee -a "$out/results.jsonl"
 }
 summary() {
   python3 - "$out/results.jsonl" <<'PY' | tee -a "$out/results.jsonl"
@@ -64,7 +57,7 @@ if [[ $part == 8b || $part == all ]]; then
   bench 150 lanner8 llama-8b
   variant 150 lanner8 llama-8b --budget 60
   bench 150 lanner llama-8b
-  save llama-8b
+  save_weights llama-8b 150
   bench 200 unsloth llama-8b
   bench 200 unsloth4 llama-8b
   summary
@@ -72,7 +65,7 @@ fi
 if [[ $part == 13b || $part == all ]]; then
   bench 180 lanner8 llama2-13b
   bench 180 lanner llama2-13b
-  save llama2-13b
+  save_weights llama2-13b 150
   bench 240 unsloth llama2-13b
   summary
 fi

@@ -10,18 +10,8 @@ budget=${1:-540}; out=${OUT:?}
 source benchmarks/round_common.sh
 cd benchmarks
 versions torch triton transformers peft unsloth unsloth_zoo
-one() {  # one() TIMEOUT ARGS...: one run.py process, capped by the time left
-  local t=$1; shift; local l; l=$(( $(left) - 5 )); (( l < t )) && t=$l
-  if (( t < 40 )); then echo "skipped (only $l s left): $*"; echo "{\"skipped\": \"$*\"}" >> "$out/results.jsonl"; return; fi
-  echo "=== $(date -u +%T) run.py $* --timeout $t ($(left) s left)"
-  BENCH_STACKS_AFTER=$(( t - 8 )) python3 run.py "$@" --steps 4 --warmup 2 --same-weights --stream --timeout "$t" --out "$out/results.jsonl"
-}
 one 150 --models mistral-7b --systems lanner --seq 8192 --bs 1
-echo "=== $(date -u +%T) saving the random weights ($(left) s left)"
-t0=$SECONDS
-timeout 200 python3 -c "import peer_bench, json; print(json.dumps(dict(saved=peer_bench.saved_dir('mistral-7b'))))" \
-  && echo "{\"saved_weights_s\": $(( SECONDS - t0 ))}" | tee -a "$out/results.jsonl"
-du -sh /tmp/rand-mistral-7b
+save_weights mistral-7b
 one 240 --models mistral-7b --systems unsloth --seq 8192 --bs 1
 one 110 --models mistral-7b --systems lanner --seq 4096 --bs 2
 one 200 --models mistral-7b --systems unsloth --seq 4096 --bs 2

@@ -9,6 +9,8 @@ MODE: hf | liger | unsloth | hf4 | unsloth4 | hfnogc | lanner | lanner4 (built i
 lanner, lanner4 and lanner8 take --budget GIB (the memory engine's budget) and --offload on|off|auto.
 MODEL: a name in CONFIGS (random-init weights of that architecture); add shapes freely.
 Prints one JSON line: mode, model, tokens/s, step ms (median), peak GiB, loss.
+BENCH_TINY=1 shrinks MODEL to a tiny twin (tiny_config) that also runs on the CPU (lanner with
+TRITON_INTERPRET=1): a check that a mode builds and steps an architecture, not a measurement.
 """
 import argparse, json, os, statistics, sys, time
 
@@ -66,6 +68,48 @@ CONFIGS = {
     "qwen3-8b": dict(arch="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
                      tie_word_embeddings=False, rope_theta=1000000.0, max_position_embeddings=40960),
+    # The shapes below are the published config.json values of the named checkpoints (Hugging Face hub).
+    # Qwen/Qwen2.5-1.5B-Instruct: q/k/v biases, tied embeddings, no window (use_sliding_window false).
+    "qwen2.5-1.5b": dict(arch="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                         tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=32768),
+    # Qwen/Qwen3-1.7B: q_norm/k_norm, head_dim 128 (hidden / heads), tied embeddings.
+    "qwen3-1.7b": dict(arch="qwen3", hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                       tie_word_embeddings=True, rope_theta=1000000.0, max_position_embeddings=40960),
+    # microsoft/Phi-4-mini-instruct (3.8B, Phi's representative): fused qkv_proj and gate_up_proj, head_dim
+    # 128 of which 96 rotate (partial_rotary_factor 0.75), LongRoPE (the long factors apply past 4,096
+    # tokens), a 262,144 "window" that never masks anything, tied 200k vocabulary.
+    "phi-4-mini": dict(arch="phi3", hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                       num_attention_heads=24, num_key_value_heads=8, vocab_size=200064, partial_rotary_factor=0.75,
+                       rope_theta=10000.0, rope_scaling=dict(type="longrope", short_factor=[1.0] * 48, long_factor=[
+                           1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817,
+                           2.187582649, 2.446418898, 2.735880826, 3.059592084, 3.421605075, 3.826451687,
+                           4.279200023, 4.785517845, 5.351743533, 5.984965424, 6.693110555, 7.485043894,
+                           8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
+                           16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03,
+                           32.1, 32.13, 32.23, 32.6, 32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28,
+                           33.49, 33.5, 44.16, 47.77]),
+                       max_position_embeddings=131072, original_max_position_embeddings=4096,
+                       sliding_window=262144, rms_norm_eps=1e-5, tie_word_embeddings=True, pad_token_id=199999,
+                       bos_token_id=199999, eos_token_id=199999),
+    # google/gemma-3-1b-pt (gemma3_text): head_dim 256, one key/value head, five sliding layers (window 512,
+    # RoPE base 10k) to one global (base 1M), q_norm/k_norm, query_pre_attn_scalar 256, no soft-caps.
+    "gemma3-1b": dict(arch="gemma3_text", hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                      num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                      sliding_window=512, sliding_window_pattern=6, query_pre_attn_scalar=256,
+                      attn_logit_softcapping=None, final_logit_softcapping=None,
+                      hidden_activation="gelu_pytorch_tanh", rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                      tie_word_embeddings=True, max_position_embeddings=32768),
+    # google/gemma-3-12b-pt's text_config: as the 1B, with a 1,024 window and linear RoPE scaling (factor 8)
+    # on the global layers.
+    "gemma3-12b": dict(arch="gemma3_text", hidden_size=3840, intermediate_size=15360, num_hidden_layers=48,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=256, vocab_size=262208,
+                       sliding_window=1024, sliding_window_pattern=6, query_pre_attn_scalar=256,
+                       attn_logit_softcapping=None, final_logit_softcapping=None,
+                       hidden_activation="gelu_pytorch_tanh", rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                       rope_scaling=dict(rope_type="linear", factor=8.0),
+                       tie_word_embeddings=True, max_position_embeddings=131072),
 }
 ARCHES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
           "mistral": ("MistralConfig", "MistralForCausalLM"), "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
@@ -75,10 +119,35 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def llama_config(name):
+    import copy
     import transformers
-    c = dict(CONFIGS[name]); arch = c.pop("arch", "llama")
-    cls = getattr(transformers, ARCHES[arch][0])
-    return cls(**c, rms_norm_eps=1e-5 if arch in ("llama", "mistral") else 1e-6, torch_dtype="bfloat16")
+    c = copy.deepcopy(CONFIGS[name]); arch = c.pop("arch", "llama")
+    c.setdefault("rms_norm_eps", 1e-5 if arch in ("llama", "mistral") else 1e-6)
+    if os.environ.get("BENCH_TINY") == "1":
+        c = tiny_config(c)
+    return getattr(transformers, ARCHES[arch][0])(**c, torch_dtype="bfloat16")
+
+
+def tiny_config(c):
+    """The same architecture at a size the CPU steps in seconds: 2 layers, one key/value head with the shape's
+    query heads per key/value head, the real head_dim (so partial rotary rotates the same dims), a 512
+    vocabulary, and every length (windows, RoPE ranges) / 64, so that 128 tokens stand for 8,192."""
+    per_kv = c["num_attention_heads"] // c["num_key_value_heads"]
+    head_dim = c.get("head_dim", c["hidden_size"] // c["num_attention_heads"])
+    c.update(num_hidden_layers=2, num_attention_heads=per_kv, num_key_value_heads=1, hidden_size=per_kv * head_dim,
+             intermediate_size=2 * per_kv * head_dim, vocab_size=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    for key in ("sliding_window", "max_position_embeddings", "original_max_position_embeddings"):
+        if c.get(key):
+            c[key] //= 64
+    if "sliding_window_pattern" in c:
+        c["sliding_window_pattern"] = 2  # a sliding layer, then a global one
+    return c
+
+
+def device():
+    """The GPU; the CPU only for BENCH_TINY checks."""
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def model_class(name):
@@ -99,7 +168,7 @@ def random_model(name):
     """The random weights that saved_dir writes (float32 init under seed 0, then bf16), on the GPU."""
     import torch
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device()):
         return model_class(name)(llama_config(name)).to(torch.bfloat16)
 
 
@@ -170,7 +239,7 @@ def main():
             options["geglu"] = True
         else:
             options["swiglu"] = True
-        getattr(liger, f"apply_liger_kernel_to_{arch.replace('_text', '')}")(**options)
+        getattr(liger, f"apply_liger_kernel_to_{arch}")(**options)  # gemma3_text: the text-only patch
     torch.manual_seed(0)
     gc = a.mode != "hfnogc"
     if a.mode.startswith("unsloth"):
@@ -185,7 +254,7 @@ def main():
         if a.same_weights:
             model = random_model(a.model)  # patch_model switches its attention to "lanner" whatever it was
         else:
-            model = fresh_model(a.model)
+            model = fresh_model(a.model, device())
         offload = {"on": True, "off": False, "auto": None}[a.offload]
         model = get_lora_model(model, r=a.rank, lora_alpha=a.rank, target_modules=TARGETS,
                                lora_dropout=0.0, gradient_checkpointing=gc, bias="none",
@@ -210,7 +279,7 @@ def main():
             except (AttributeError, ValueError):
                 pass
         else:
-            model = fresh_model(a.model)
+            model = fresh_model(a.model, device())
         if gc:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.enable_input_require_grads()
@@ -221,15 +290,18 @@ def main():
     progress("model ready (created or loaded, LoRA attached)")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
-    vocab = CONFIGS[a.model]["vocab_size"]
-    g = torch.Generator(device="cuda").manual_seed(1)
+    vocab = model.config.vocab_size
+    g = torch.Generator(device=device()).manual_seed(1)
     if a.long_context or a.fits:
         return long_context(model, opt, [int(s) for s in (a.long_context or "").split(",") if s], vocab, g, a)
-    batches = [torch.randint(0, vocab, (a.bs, a.seq), device="cuda", generator=g) for _ in range(4)]
+    batches = [torch.randint(0, vocab, (a.bs, a.seq), device=device(), generator=g) for _ in range(4)]
     if a.memory_profile:
         from memory_profile import MARKER_BYTES, PhasePeaks, analyse
         phases = PhasePeaks(model)
-    torch.cuda.reset_peak_memory_stats()
+    gpu = torch.cuda.is_available()
+    synchronize = torch.cuda.synchronize if gpu else (lambda: None)
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
     times, loss, losses = [], None, []
     held_by_step, peak_by_step = [], []  # GiB allocated as each step starts; the peak so far after it
     for i in range(a.warmup + a.steps):
@@ -248,7 +320,7 @@ def main():
             torch.empty(MARKER_BYTES, dtype=torch.uint8, device="cuda")
             phases.active = True
             phases.mark("step starts")
-        torch.cuda.synchronize(); t = time.perf_counter()
+        synchronize(); t = time.perf_counter()
         out = model(input_ids=ids, labels=ids)
         if profiled:
             snapshot = torch.cuda.memory._snapshot()
@@ -261,7 +333,7 @@ def main():
         if profiled:
             phases.mark("optimizer step done")
             phases.active = False
-        torch.cuda.synchronize()
+        synchronize()
         peak_by_step.append(round(torch.cuda.max_memory_allocated() / 2**30, 3))
         if i >= a.warmup:
             times.append(time.perf_counter() - t)
@@ -291,7 +363,7 @@ def main():
                           step_ms=round(ms, 1), tok_s=round(a.bs * a.seq / ms * 1000),
                           peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2),
                           loss=round(loss, 4), losses=losses, same_weights=a.same_weights,
-                          process_s=round(time.perf_counter() - STARTED, 1), gpu=torch.cuda.get_device_name(),
+                          process_s=round(time.perf_counter() - STARTED, 1), gpu=torch.cuda.get_device_name() if gpu else "cpu",
                           held_by_step=held_by_step, peak_by_step=peak_by_step)), flush=True)
 
 

@@ -1,5 +1,6 @@
 # Sourced by the *_round.sh device scripts once they have set `budget` (seconds) and `out` (a folder):
-# the peers importable, the time left of the call's budget, and a JSON line of the versions and the GPU.
+# the peers importable, the time left of the call's budget, a JSON line of the versions and the GPU, and
+# the steps they share (run from benchmarks/): one run.py process, the random weights saved, a skip.
 start=$SECONDS
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.peers/site:${PYTHONPATH:-}
 left() { echo $(( budget - (SECONDS - start) )); }
@@ -14,4 +15,18 @@ def version(p):
 print(json.dumps({"versions": {p: version(p) for p in sys.argv[1:]},
                   "gpu": torch.cuda.get_device_name(), "capability": torch.cuda.get_device_capability()}))
 PY
+}
+skip() { echo "skipped (only $(left) s left): $*"; echo "{\"skipped\": \"$*\"}" >> "$out/results.jsonl"; }
+one() {  # one TIMEOUT RUN.PY-ARGS...: one run.py process (4 timed steps after 2, same weights), capped by the time left
+  local t=$1; shift; local l; l=$(( $(left) - 5 )); (( l < t )) && t=$l
+  (( t < 40 )) && { skip "$*"; return; }
+  echo "=== $(date -u +%T) run.py $* --timeout $t ($(left) s left)"
+  BENCH_STACKS_AFTER=$(( t - 8 )) python3 run.py "$@" --steps 4 --warmup 2 --same-weights --stream --timeout "$t" --out "$out/results.jsonl"
+}
+save_weights() {  # save_weights MODEL [MIN_LEFT]: the random weights the Unsloth and 4-bit loaders read, once, timed
+  (( $(left) < ${2:-60} )) && { skip "save $1"; return; }
+  echo "=== $(date -u +%T) saving the random weights of $1 ($(left) s left)"; local t0=$SECONDS
+  timeout 240 python3 -c "import peer_bench, json; print(json.dumps(dict(saved=peer_bench.saved_dir('$1'))))" \
+    && echo "{\"saved_weights_s\": $(( SECONDS - t0 )), \"model\": \"$1\"}" | tee -a "$out/results.jsonl" \
+    && du -sh "/tmp/rand-$1"
 }

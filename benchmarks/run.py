@@ -70,25 +70,32 @@ def run_one(system: str, model: str, args, env: dict, extra: list[str] = ()) -> 
         if line.startswith("{"):
             return json.loads(line)
     tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-    return dict(mode=system, model=model, error=f"exit {done.returncode}: {' | '.join(tail)}")
+    return dict(mode=system, model=model, seq=args.seq, bs=args.bs, error=f"exit {done.returncode}: {' | '.join(tail)}")
 
 
 def table(results: list[dict]) -> str:
-    rows = ["| shape | system | tokens/s | step ms | peak GiB | final loss | Lanner tok/s ratio | Lanner memory ratio |",
-            "|---|---|---|---|---|---|---|---|"]
-    for model in dict.fromkeys(r["model"] for r in results):
-        shape = [r for r in results if r["model"] == model]
+    """One row per result, Lanner's ratios against the others of the same model, sequence and batch."""
+    rows = ["| shape | system | tokens/s | step ms | peak GiB | first-step loss | final loss | Lanner tok/s ratio "
+            "| Lanner memory ratio |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def shape_of(r):
+        return r["model"], r.get("seq"), r.get("bs")
+
+    for model, seq, bs in dict.fromkeys(map(shape_of, results)):
+        shape = [r for r in results if shape_of(r) == (model, seq, bs)]
+        label = model if seq is None else f"{model} {seq}x{bs}"
         lanner = {mode: next((r for r in shape if r["mode"] == mode and "error" not in r), None)
                   for mode in ("lanner", "lanner4")}
         for r in shape:
             ours = lanner["lanner4" if r["mode"] in QLORA_SYSTEMS else "lanner"]
             name = SYSTEMS.get(r["mode"], r["mode"])
             if "error" in r:
-                rows.append(f"| {model} | {name} | failed: {r['error']} | | | | | |")
+                rows.append(f"| {label} | {name} | failed: {r['error']} | | | | | | |")
                 continue
             speed = f"{ours['tok_s'] / r['tok_s']:.2f}x" if ours else "-"
             memory = f"{ours['peak_gib'] / r['peak_gib']:.2f}x" if ours else "-"
-            rows.append(f"| {model} | {name} | {r['tok_s']:,} | {r['step_ms']} | {r['peak_gib']} | {r['loss']} "
+            first = r.get("losses", ["-"])[0]
+            rows.append(f"| {label} | {name} | {r['tok_s']:,} | {r['step_ms']} | {r['peak_gib']} | {first} | {r['loss']} "
                         f"| {speed} | {memory} |")
     return "\n".join(rows)
 

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 21's benchmark grid in one device call (docs/benchmarks.md, "Next: the families grid"). For each shape,
+# in the order given: Lanner at 2048 x 4, the random weights saved once for Unsloth's loader, Unsloth at 2048 x 4,
+# then both at 8192 x 1 (Lanner first: its row needs no saved weights); where Unsloth fails on a shape, HF + PEFT
+# + Liger instead, at that length and the next. Every process starts from the same weights and batches
+# (--same-weights), so first-step losses compare. Per-process timeouts from the ninth round (7B: Lanner 28-76 s,
+# of it ~50 s FlexAttention's first compile on windowed or soft-capped shapes; Unsloth 60-77 s), each capped
+# by what is left of BUDGET; what does not fit is written as skipped. A shape's saved weights (15-24 GB) are
+# deleted when it is done (/tmp holds 64 GiB). Ends with run.py's table of everything in results.jsonl.
+# Usage, from the repository root, with .peers carried:
+#     OUT=dir bash benchmarks/families_round.sh [BUDGET] [SHAPE...]
+# Default shapes, most decisive first: qwen2.5-7b qwen3-8b (plain causal attention: no compile, Unsloth's
+# own fast paths), gemma2-9b (soft-caps, windows), phi-4-mini, gemma3-12b (Unsloth's generic FastModel path).
+set -o pipefail
+budget=${1:-560}; out=${OUT:?}
+shapes=("${@:2}"); (( ${#shapes[@]} )) || shapes=(qwen2.5-7b qwen3-8b gemma2-9b phi-4-mini gemma3-12b)
+source benchmarks/round_common.sh
+cd benchmarks
+versions torch triton transformers peft unsloth unsloth_zoo liger-kernel
+for shape in "${shapes[@]}"; do
+  unsloth_runs=1
+  for length in "2048 4" "8192 1"; do
+    read -r seq bs <<< "$length"
+    one 150 --models "$shape" --systems lanner --seq "$seq" --bs "$bs"
+    if (( unsloth_runs )); then
+      [[ -e /tmp/rand-$shape/tokenizer.json ]] || save_weights "$shape"
+      one 240 --models "$shape" --systems unsloth --seq "$seq" --bs "$bs" && continue
+      unsloth_runs=0  # failed on this shape: Liger instead, here and at the other length
+    fi
+    one 150 --models "$shape" --systems liger --seq "$seq" --bs "$bs"
+  done
+  rm -rf "/tmp/rand-$shape"
+done
+python3 - "$out/results.jsonl" <<'PY'
+import json, sys
+from run import table
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
+print(table([r for r in rows if "mode" in r and "variant" not in r]))
+PY
+echo "=== done, $(( SECONDS - start )) s"
