@@ -1,8 +1,9 @@
-"""Two worker "hosts" (Celery worker processes with their own data and cache directories) and the API
-on one PostgreSQL database, one Redis and one S3 store (moto): a dataset uploaded through the API is
-trained on by both; host A's store is cut for a while mid-job (the job waits, says so, and goes on);
-A is SIGKILLed mid-job and the job resumes on B from the store's last checkpoint and succeeds; an
-export on B of a job trained on A is downloaded through the API with a byte range."""
+"""Two worker "hosts" (Celery worker processes with their own LANNER_HOST_NAME, data and cache
+directories) and the API on one PostgreSQL database, one Redis and one S3 store (moto): a dataset
+uploaded through the API is trained on by both; host A's store is cut for a while mid-job (the job waits,
+says so, and goes on); A is SIGKILLed mid-job, B's sweep requeues the job and B finishes it from the
+store's last checkpoint, with both placement lines in its log; an export on B of a job trained on A is
+downloaded through the API with a byte range."""
 from __future__ import annotations
 
 import os
@@ -16,6 +17,7 @@ from redis import Redis
 from lanner.core.models import Artifact, ArtifactKind, Job, JobKind, JobStatus
 from lanner.core.settings import Settings, get_settings
 from lanner.core.storage import Cache
+from lanner.core.worker_registry import live_workers
 
 from storage_helpers import ACCESS, Host, s3_settings, worker_helpers
 from support import WORKER_REDIS_URL
@@ -95,7 +97,7 @@ def test_a_job_moves_between_hosts_through_the_store(tmp_path, monkeypatch, post
                                        "trackers": ["tensorboard"]}, name="trained on A")
     moved = host_a.job(dataset["id"], {"hyperparameters": {"max_steps": 10, "save_steps": 1, "before_after_eval": False}},
                        name="moves to B")
-    worker_a = worker_helpers.CeleryWorker(host_a, "hostA").wait_ready()
+    worker_a = worker_helpers.CeleryWorker(host_a, "cpu0", "host-a").wait_ready()
     worker_b = None
     try:
         assert host_a.wait_for(quick, lambda j: j.status in FINAL, 240, "a final status").status == JobStatus.succeeded
@@ -110,20 +112,29 @@ def test_a_job_moves_between_hosts_through_the_store(tmp_path, monkeypatch, post
         while not _waited_for_store(_log(host_a, moved), moved) and time.monotonic() < deadline:
             time.sleep(0.5)
         stalled_at = host_a.get_job(moved).step
+        # Host B comes up while A waits (A trains no step meanwhile); nothing is queued for it.
+        worker_b = worker_helpers.CeleryWorker(host_b, "cpu0", "host-b").wait_ready()
+        assert {(record.name, record.host) for record in live_workers(host_a.redis)} == {
+            ("cpu0@host-a", "host-a"), ("cpu0@host-b", "host-b")}
+        job = host_a.get_job(moved)
+        assert (job.worker, job.host, job.device["host"]) == ("cpu0@host-a", "host-a", "host-a")
         link.restore()
         host_a.wait_for(moved, lambda j: j.step >= 4 and len(_checkpoints(host_a, moved)) >= 3, 120,
                         "step 4 with checkpoints on record")
-        os.kill(worker_a.process.pid, signal.SIGKILL)
+        pid = worker_helpers.training_pid(host_a, moved)
+        os.kill(worker_a.process.pid, signal.SIGKILL)  # host A vanishes: its heartbeat goes stale, B's janitor sweeps
         worker_a.process.wait()
+        assert worker_helpers.pid_gone(pid, 5), "the training process outlived its worker"
         killed_at = host_a.get_job(moved).step
         assert host_a.get_job(moved).status == JobStatus.running and killed_at < 10
 
-        worker_b = worker_helpers.CeleryWorker(host_b, "hostB").wait_ready()
         job = host_b.wait_for(moved, lambda j: j.status in FINAL, 240, "a final status on host B")
         assert job.status == JobStatus.succeeded, job.error
-        assert job.requeues == 1 and job.worker.startswith("hostB@")
+        assert (job.worker, job.host, job.requeues) == ("cpu0@host-b", "host-b", 1)
         log = _log(host_a, moved)
         assert _waited_for_store(log, moved), log
+        assert "Placed on host host-a, the CPU" in log and "Placed on host host-b, the CPU" in log
+        assert any(line.endswith(f"to resume from {job.resume_from}") for line in log)
         assert f"Resuming from {job.resume_from}" in log
         assert stalled_at <= 3  # training waited at the checkpoint while the store was away
         # Nothing lost: every checkpoint on record, the adapter and the dataset are in the store.
@@ -146,7 +157,7 @@ def test_a_job_moves_between_hosts_through_the_store(tmp_path, monkeypatch, post
         from lanner.core.queue.claim import wake_workers
         wake_workers(Settings(data_dir=tmp_path / "probe", redis_url=WORKER_REDIS_URL))
         done = host_b.wait_for(export_id, lambda j: j.status in FINAL, 180, "the export's final status")
-        assert done.status == JobStatus.succeeded and done.worker.startswith("hostB@"), done.error
+        assert done.status == JobStatus.succeeded and done.worker == "cpu0@host-b", done.error
         artifacts = client.get(f"/api/jobs/{export_id}/artifacts").json()
         adapter = next(item for item in artifacts if item["kind"] == "adapter")
         name = "adapter_model.safetensors"

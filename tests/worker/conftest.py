@@ -21,12 +21,6 @@ def studio(tmp_path, smollm2_dir) -> Studio:
     yield from _studio(tmp_path / "data", smollm2_dir, f"sqlite:///{tmp_path / 'data' / 'lanner.db'}")
 
 
-@pytest.fixture
-def postgres_studio(tmp_path, smollm2_dir, postgres_url) -> Studio:
-    """A studio whose database is PostgreSQL, as several worker hosts share it."""
-    yield from _studio(tmp_path / "data", smollm2_dir, postgres_url)
-
-
 def _studio(data_dir, smollm2_dir, url: str):
     from lanner.core import db
     from lanner.core.models import User
@@ -48,8 +42,8 @@ def _studio(data_dir, smollm2_dir, url: str):
 def celery_worker(request):
     workers: list[CeleryWorker] = []
 
-    def start(name: str = "cpu0", host: str | None = None, studio: Studio | None = None) -> CeleryWorker:
-        workers.append(CeleryWorker(studio or request.getfixturevalue("studio"), name, host))
+    def start(name: str = "cpu0", host: str | None = None) -> CeleryWorker:
+        workers.append(CeleryWorker(request.getfixturevalue("studio"), name, host))
         return workers[-1].wait_ready()
 
     yield start
