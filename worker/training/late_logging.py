@@ -20,6 +20,17 @@ from transformers.trainer_pt_utils import nested_gather
 NONFINITE_KEY = "nonfinite_losses"
 
 
+def to_host_behind(values: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
+    """values copied to host memory behind the GPU's queued work, and the event that says the copy is
+    done (None for values already on the CPU): the host reads them later without waiting now."""
+    if not values.is_cuda:
+        return values, None
+    values = values.to("cpu", non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return values, ready
+
+
 @dataclass
 class PendingLog:
     step: int
@@ -99,11 +110,7 @@ class LateLogging:
         nonfinite = zero if self._nonfinite is None else self._nonfinite.float()
         self._nonfinite = None
         values = torch.stack([loss.double(), norm.to(device).double(), tokens.double(), nonfinite.double()])
-        ready = None
-        if values.is_cuda:
-            values = values.to("cpu", non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
+        values, ready = to_host_behind(values)
         pending = PendingLog(step=self.state.global_step, epoch=self.state.epoch,
                              steps_logged=self.state.global_step - self._globalstep_last_logged,
                              learning_rate=learning_rate if learning_rate is not None else self._get_learning_rate(),

@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lanner.worker.training.late_logging import to_host_behind
+
 # The step values this module adds to a logged step.
 ROUTER_KEYS = ("router_aux_loss", "router_max_load")
 
@@ -96,12 +98,7 @@ class RouterBalance:
         values = (per_layer * ran).sum(dim=1) / ran.sum()  # nan when no layer ran
         self.counts.zero_()
         self.probabilities.zero_()
-        ready = None
-        if values.is_cuda:
-            values = values.to("cpu", non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record()
-        self.pending[step] = (values, ready)
+        self.pending[step] = to_host_behind(values)
 
     def step_values(self, step: int) -> dict[str, float]:
         """The figures of a step that `end_step` saw (and forgets it and any earlier one); {} when none."""
