@@ -368,7 +368,16 @@ def main():
 
 
 def write_kernel_profile(profiler, path, steps):
-    """GPU time by kernel name, per step, largest first, and the sum (what the GPU was busy with)."""
+    """GPU time by kernel name, per step, largest first, and the sum (what the GPU was busy with); the whole
+    timeline beside it as PATH.trace.json.gz (Chrome/Perfetto format: where the GPU waited on the host)."""
+    import gzip
+    import shutil
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        profiler.export_chrome_trace(trace.name)
+        with open(trace.name, "rb") as plain, gzip.open(f"{path}.trace.json.gz", "wb") as packed:
+            shutil.copyfileobj(plain, packed)
     totals = {}
     for event in profiler.events():
         if event.device_type.name == "CUDA":

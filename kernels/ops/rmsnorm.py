@@ -1,4 +1,4 @@
-"""RMSNorm: y = x * rsqrt(mean(x^2) + eps) * (offset + weight), one program per row.
+"""RMSNorm: y = x * rsqrt(mean(x^2) + eps) * (offset + weight), a row (or several short rows) per program.
 
 Two numerics, both those of Hugging Face:
 - cast_before_weight=True (Llama, Mistral, Qwen): normalise in float32, round the normalised value
@@ -18,23 +18,25 @@ from ._utils import MAX_FUSED_SIZE, new_output, num_warps_for, program_count
 def _rms_norm_fwd_kernel(
     X, Y, W, RSTD,
     stride_x, stride_y,
-    n_cols, eps, offset,
+    n_rows, n_cols, eps, offset,
     CAST_BEFORE_WEIGHT: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_SIZE)
-    mask = cols < n_cols
+    row_mask = rows < n_rows
+    mask = row_mask[:, None] & (cols < n_cols)[None, :]
 
-    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.math.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    tl.store(RSTD + row, rstd)
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
+    tl.store(RSTD + rows, rstd, mask=row_mask)
 
-    normed = x * rstd
+    normed = x * rstd[:, None]
     if CAST_BEFORE_WEIGHT:
         normed = normed.to(X.dtype.element_ty).to(tl.float32)
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
-    tl.store(Y + row * stride_y + cols, (normed * w).to(Y.dtype.element_ty), mask=mask)
+    w = tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32) + offset
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], (normed * w[None, :]).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -44,42 +46,53 @@ def _rms_norm_bwd_kernel(
     n_rows, n_cols, offset, rows_per_program,
     CAST_BEFORE_WEIGHT: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
     # dx = rstd * (dn - n * mean(dn * n)) with n = x * rstd and dn = dy * (offset + w).
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_SIZE)
-    mask = cols < n_cols
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) + offset
-    dw_acc = tl.zeros((BLOCK_SIZE,), dtype=tl.float32)
+    col_mask = cols < n_cols
+    w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
+    dw_acc = tl.zeros((BLOCK_ROWS, BLOCK_SIZE), dtype=tl.float32)
 
     row_start = pid * rows_per_program
     row_end = tl.minimum(row_start + rows_per_program, n_rows)
-    for row in range(row_start, row_end):
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + row)
+    for first in range(row_start, row_end, BLOCK_ROWS):
+        rows = first + tl.arange(0, BLOCK_ROWS)
+        row_mask = rows < row_end
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)[:, None]
         normed = x * rstd
-        dnormed = dy * w
+        dnormed = dy * w[None, :]
         if CAST_BEFORE_WEIGHT:
             # Hugging Face's autograd rounds the gradient of the rounded normalised value to x's dtype.
             dnormed = dnormed.to(X.dtype.element_ty).to(tl.float32)
-        dx = rstd * (dnormed - normed * (tl.sum(dnormed * normed, axis=0) / n_cols))
-        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        dx = rstd * (dnormed - normed * (tl.sum(dnormed * normed, axis=1) / n_cols)[:, None])
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
             if CAST_BEFORE_WEIGHT:
                 normed = normed.to(X.dtype.element_ty).to(tl.float32)
             dw_acc += dy * normed
 
     if COMPUTE_DW:
-        tl.store(DW_PARTIAL + pid * n_cols + cols, dw_acc, mask=mask)
+        tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_mask)
 
 
-def _block_size(n_cols, element_size):
+# Elements a program holds when rows are short: per-head norms (Qwen3's and Gemma 3's q/k norms, 128 wide)
+# one row per program would launch hundreds of thousands of programs that each move 256 bytes.
+_ROWS_BLOCK_ELEMENTS = 4096
+
+
+def _blocks(n_cols, element_size):
+    """(BLOCK_ROWS, BLOCK_SIZE, num_warps): a row per BLOCK_SIZE, several rows per program when rows are short."""
     block = triton.next_power_of_2(n_cols)
     if block * element_size > MAX_FUSED_SIZE:
         raise ValueError(f"rms_norm: hidden size {n_cols} is too large for one program per row")
-    return block
+    rows = max(1, _ROWS_BLOCK_ELEMENTS // block)
+    return rows, block, num_warps_for(rows * block)
 
 
 def _as_rows(t, n_cols):
@@ -95,14 +108,15 @@ def _rms_norm_forward(x, weight, eps, offset, cast_before_weight):
     y = new_output((n_rows, n_cols), out_dtype, x.device)
     rstd = new_output((n_rows,), torch.float32, x.device)
     if n_rows > 0:
-        block = _block_size(n_cols, x.element_size())
-        _rms_norm_fwd_kernel[(n_rows,)](
+        block_rows, block, num_warps = _blocks(n_cols, x.element_size())
+        _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_rows),)](
             x2d, y, weight, rstd,
             x2d.stride(0), y.stride(0),
-            n_cols, eps, offset,
+            n_rows, n_cols, eps, offset,
             CAST_BEFORE_WEIGHT=cast_before_weight,
+            BLOCK_ROWS=block_rows,
             BLOCK_SIZE=block,
-            num_warps=num_warps_for(block),
+            num_warps=num_warps,
         )
     return y.view(x.shape), x2d, rstd
 
@@ -111,22 +125,23 @@ def _rms_norm_backward(dy, x2d, weight, rstd, offset, cast_before_weight, comput
     n_rows, n_cols = x2d.shape
     dy2d = _as_rows(dy, n_cols)
     dx = new_output((n_rows, n_cols), x2d.dtype, x2d.device)
+    block_rows, block, num_warps = _blocks(n_cols, x2d.element_size())
     if compute_dw:
         n_programs = max(1, min(n_rows, program_count(x2d.device)))
         rows_per_program = triton.cdiv(n_rows, n_programs)
         dw_partial = new_output((n_programs, n_cols), torch.float32, x2d.device)
-    else:
-        n_programs, rows_per_program, dw_partial = n_rows, 1, dx  # dx stands in for an unused pointer
+    else:  # dx stands in for the unused partials' pointer
+        n_programs, rows_per_program, dw_partial = triton.cdiv(n_rows, block_rows), block_rows, dx
     if n_rows > 0:
-        block = _block_size(n_cols, x2d.element_size())
         _rms_norm_bwd_kernel[(n_programs,)](
             dy2d, x2d, weight, rstd, dx, dw_partial,
             dy2d.stride(0), x2d.stride(0), dx.stride(0),
             n_rows, n_cols, offset, rows_per_program,
             CAST_BEFORE_WEIGHT=cast_before_weight,
             COMPUTE_DW=compute_dw,
+            BLOCK_ROWS=block_rows,
             BLOCK_SIZE=block,
-            num_warps=num_warps_for(block),
+            num_warps=num_warps,
         )
     dw = None
     if compute_dw:

@@ -11,7 +11,8 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 # (name, offset, cast_before_weight, HF module class)
 FORMS = [("llama", 0.0, True, LlamaRMSNorm), ("gemma", 1.0, False, GemmaRMSNorm)]
-SHAPES = [(4, 576), (2, 3, 96), (1, 2304), (96,), (5, 1, 100)]
+# (3, 37, 64): per-head norms, many short rows in a program and over several programs, the last one partial
+SHAPES = [(4, 576), (2, 3, 96), (1, 2304), (96,), (5, 1, 100), (3, 37, 64)]
 
 
 def _reference_fp64(x, weight, eps, offset):
