@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 
 from lanner.kernels.ops import fused_linear_cross_entropy
 from lanner.kernels.ops import fused_linear_ce as ce_module
@@ -182,3 +183,13 @@ def test_second_backward_is_refused(device):
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="twice"):
         loss.backward()
+
+
+@pytest.mark.parametrize("rows, vocab, hidden", [(8192, 151936, 2048), (8192, 256000, 3584), (8192, 128256, 4096),
+                                                 (65536, 32000, 8192)])
+def test_default_chunks_are_tall_enough_for_the_tensor_cores_within_their_memory(rows, vocab, hidden):
+    chunk = ce_module._default_chunk_size(rows, vocab, hidden)
+    liger = triton.next_power_of_2(triton.cdiv(rows, triton.cdiv(vocab, hidden)))
+    assert chunk >= liger
+    assert chunk >= 512 or chunk == liger  # not a ~128-row GEMM against the whole vocabulary
+    assert chunk == liger or chunk * vocab * 2 <= 256 * 2**20
