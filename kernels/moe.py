@@ -13,14 +13,16 @@ with gate and up one concatenated projection per expert (gate_up [E, 2I, d], gat
    once per call for forward and backward;
 3. the GLU kernel (ops/glu.py) on its two halves;
 4. down: one grouped LoRA GEMM, likewise;
-5. each row weighted by its routing weight and summed back per token in float32.
+5. each token's k rows weighted by their routing weights and summed, in one kernel (ops/moe_combine.py:
+   float32 products and sum, rounded once to the output dtype; no weighted copy of the rows).
 
-Saved for backward: the block input (T rows, gathered again by expert in backward), the sort order,
-and the sorted rows' gate_up output and the two (rows x r) rank-r products. The activation and the
-down projection's output are not kept: backward recomputes the activation from gate_up (and writes
-it over the down gradient, as the dense MLP does). The routing weights get their gradient as
-<dout[t], down_e(h)> = <dh_e, h>, from the activation gradient before it is weighted, so the down
-output never has to exist in backward.
+Saved for backward: the block input (T rows, gathered again by expert in backward), the sort order
+and its inverse (int32, computed once), and the sorted rows' gate_up output and the two (rows x r)
+rank-r products. The activation and the down projection's output are not kept: backward recomputes
+the activation from gate_up (and writes it over the down gradient, as the dense MLP does). The
+routing weights get their gradient as <dout[t], down_e(h)> = <dh_e, h>, from the activation gradient
+before it is weighted (one kernel takes the dot and weights dh in place), so the down output never
+has to exist in backward; the input gradient is the combine kernel's unweighted per-token sum.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from .ops.grouped_lora import (
     grouped_lora_forward,
     grouped_lora_input_grad,
 )
+from .ops.moe_combine import moe_combine, moe_weight_grad_
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,22 +54,17 @@ class ExpertProjection:
     scaling: float = 1.0
 
 
-def sort_by_expert(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, ExpertGroups]:
-    """(order, groups): sorted row i is the flattened (token, slot) assignment order[i], so its token is
-    order[i] // k; groups says which rows belong to which expert."""
+def sort_by_expert(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, ExpertGroups]:
+    """(order, inverse, groups): sorted row i is the flattened (token, slot) assignment order[i], so its
+    token is order[i] // k; inverse (int32) is order's inverse, the sorted row of each assignment;
+    groups says which rows belong to which expert."""
     flat = top_k_index.reshape(-1)
     order = torch.sort(flat, stable=True).indices
+    inverse = torch.empty(flat.shape, dtype=torch.int32, device=flat.device)
+    inverse.scatter_(0, order, torch.arange(flat.numel(), dtype=torch.int32, device=flat.device))
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
-    return order, expert_groups(counts, flat.numel())
-
-
-def _unsort_sum(rows: torch.Tensor, order: torch.Tensor, tokens: int) -> torch.Tensor:
-    """Per-token sums of sorted rows [S, n], accumulated in float32: a gather by the inverse order and a
-    sum over the k slots, deterministic (no atomics), as transformers' grouped_mm path does."""
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
-    return rows[inverse].view(tokens, -1, rows.shape[-1]).sum(1, dtype=torch.float32)
+    return order, inverse, expert_groups(counts, flat.numel())
 
 
 class LoRAMoEExpertsFunction(torch.autograd.Function):
@@ -74,7 +72,7 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
     def forward(ctx, hidden, top_k_weights, top_k_index, dtype, activation, gate_up, down, *lora_weights):
         tokens, k = top_k_index.shape
         x2 = hidden.reshape(tokens, -1).to(dtype)
-        order, groups = sort_by_expert(top_k_index, gate_up.weight.shape[0])
+        order, inverse, groups = sort_by_expert(top_k_index, gate_up.weight.shape[0])
         x_sorted = x2[order // k]
         # The GEMMs' path, for forward and backward alike: torch._grouped_mm where it reaches CUTLASS
         # (Hopper/Blackwell, bf16, 16-byte-aligned dims), else the Triton kernels (ops/grouped_mm_lora.py).
@@ -86,37 +84,33 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         h = glu(gate, up, activation)
         y, ha = grouped_lora_forward(h, groups, down.weight, down.lora_A, down.lora_B, down.scaling, grouped_mm)
         del h
-        # Weighted in place (the product in float32, rounded once to the compute dtype, as transformers'
-        # y * w): the down output is not needed again.
-        out = _unsort_sum(y.mul_(top_k_weights.reshape(-1)[order].float()[:, None]), order, tokens)
-        ctx.save_for_backward(x2, top_k_weights, order, gu, xa_gu, ha, *groups.tensors())
+        out = moe_combine(y, inverse, k, top_k_weights, hidden.dtype)
+        ctx.save_for_backward(x2, top_k_weights, order, inverse, gu, xa_gu, ha, *groups.tensors())
         ctx.block_m, ctx.activation, ctx.projections = groups.block_m, activation, (gate_up, down)
         ctx.hidden_shape, ctx.hidden_dtype = hidden.shape, hidden.dtype
-        return out.to(hidden.dtype).view(hidden.shape)
+        return out.view(hidden.shape)
 
     @staticmethod
     def backward(ctx, dout):
-        x2, top_k_weights, order, gu, xa_gu, ha, *group_tensors = ctx.saved_tensors
+        x2, top_k_weights, order, inverse, gu, xa_gu, ha, *group_tensors = ctx.saved_tensors
         groups = ExpertGroups(*group_tensors, ctx.block_m)
         gate_up, down = ctx.projections
         tokens, k = top_k_weights.shape
         token_of_row = order // k
-        weights = top_k_weights.reshape(-1)[order].float()[:, None]
-
         dout_sorted = dout.reshape(tokens, -1).to(x2.dtype)[token_of_row]
         # dh before the routing weight (linear in dout), whose dot with h is the weight's gradient.
         dh, dyb = grouped_lora_input_grad(dout_sorted, groups, down.weight, down.lora_A, down.lora_B, down.scaling,
                                           ctx.grouped_mm)
         gate, up = gu.chunk(2, dim=-1)
         h = glu(gate, up, ctx.activation)
-        d_weights_sorted = (dh.float() * h.float()).sum(-1)
-        dh.mul_(weights)
+        d_top_k_weights = moe_weight_grad_(dh, h, order, top_k_weights)  # and dh now weighted
         grads_down = (None, None)
         if down.lora_A is not None:
-            dy = dout_sorted.float().mul_(weights).to(x2.dtype)
-            dyb.mul_(weights)
-            grads_down = grouped_lora_factor_grads(h, dy, ha, dyb, groups, down.lora_A, down.lora_B, down.scaling)
-            del dy
+            # The weighted dy = w * dout never exists: dA = s (dy B)^T h = s (w dout B)^T h and
+            # dB = s dy^T (h A^T) = s dout^T (w h A^T), so the two rank-r products take the weight.
+            weights = top_k_weights.reshape(-1)[order].float()[:, None]
+            grads_down = grouped_lora_factor_grads(h, dout_sorted, ha.mul_(weights), dyb.mul_(weights), groups,
+                                                   down.lora_A, down.lora_B, down.scaling)
         del h, dout_sorted, dyb
         glu_backward_in_place(dh, gate, up, ctx.activation)  # gu now holds d_gate | d_up
         del dh
@@ -126,10 +120,7 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         if gate_up.lora_A is not None:
             grads_gate_up = grouped_lora_factor_grads(x2[token_of_row], gu, xa_gu, dgub, groups, gate_up.lora_A,
                                                       gate_up.lora_B, gate_up.scaling)
-        dx = _unsort_sum(dx_sorted, order, tokens).to(ctx.hidden_dtype).view(ctx.hidden_shape)
-        d_top_k_weights = torch.empty_like(d_weights_sorted)
-        d_top_k_weights[order] = d_weights_sorted
-        d_top_k_weights = d_top_k_weights.view(tokens, k).to(top_k_weights.dtype)
+        dx = moe_combine(dx_sorted, inverse, k, out_dtype=ctx.hidden_dtype).view(ctx.hidden_shape)
         lora_grads = [g for g, p in zip((*grads_gate_up, *grads_down), _lora_inputs(gate_up, down)) if p is not None]
         return (dx, d_top_k_weights, None, None, None, None, None, *lora_grads)
 

@@ -11,6 +11,7 @@ from peft import LoraConfig, get_peft_model
 
 from lanner.kernels.moe import ExpertProjection, lora_moe_experts
 from lanner.kernels.ops import grouped_lora, grouped_mm_lora
+from lanner.kernels.ops.moe_combine import moe_combine, moe_weight_grad_
 from lanner.kernels.patching import patch_model
 from lanner.kernels.patching.moe import moe_experts_blocker
 from lora_twins import lora_grads, max_relative_error, token_batches, twins
@@ -106,6 +107,68 @@ def test_grouped_lora_matches_per_expert_reference(counts, adapted, path, device
         _close(B.grad, B64.grad)
     if path == "grouped_mm":  # forward and backward: W's GEMM, and both rank-r GEMMs when adapted
         assert len(calls) == (6 if adapted else 2) * _grouped_mm_expected(x.dtype, device)
+
+
+# One rounding of an exact value to the output dtype: bf16 within one unit in the last place (the GPU
+# rounds to nearest, Triton's CPU interpreter truncates), float32 within its accumulation error.
+_ONE_ROUNDING = {torch.bfloat16: 2.0 ** -7, torch.float32: 1e-6}
+
+
+def _assert_rounded_once(actual, expected, dtype):
+    """actual (dtype) is the float64 `expected` rounded once, up to float32 accumulation (absolute floor)."""
+    assert actual.dtype == dtype
+    torch.testing.assert_close(actual.double(), expected, rtol=_ONE_ROUNDING[dtype],
+                               atol=1e-6 * expected.abs().max().item())
+
+
+def _permutation(tokens, k, device):
+    """(order, inverse): a random sorted-row order of the tokens * k assignments and its inverse (int32)."""
+    order = torch.randperm(tokens * k, device=device)
+    return order, torch.argsort(order).to(torch.int32)
+
+
+# k = 1; several tokens per program (d = 37); d past one 1024-column block and not a multiple of it.
+@pytest.mark.parametrize("tokens, k, d, dtype, weighted", [
+    (7, 1, 37, torch.float32, True), (5, 8, 1030, torch.bfloat16, True),
+    (6, 2, 1030, torch.float32, False), (9, 4, 20, torch.bfloat16, False),
+])
+def test_moe_combine_matches_reference(tokens, k, d, dtype, weighted, device):
+    """out[t] = sum_j w[t, j] * rows[inverse[t * k + j]] against float64 (weights in the rows' dtype, as
+    a bf16 model's router gives them); without weights, the plain per-token sum."""
+    _, inverse = _permutation(tokens, k, device)
+    rows = torch.randn(tokens * k, d, device=device).to(dtype)
+    weights = torch.rand(tokens, k, device=device).to(dtype) if weighted else None
+    gathered = rows.double()[inverse.long()].view(tokens, k, d)
+    expected = (gathered * weights.double()[..., None]).sum(1) if weighted else gathered.sum(1)
+    _assert_rounded_once(moe_combine(rows, inverse, k, weights), expected, dtype)
+    _assert_rounded_once(moe_combine(rows, inverse, k, weights, torch.float32), expected, torch.float32)
+
+
+def test_moe_combine_rounds_the_weighted_sum_once(device):
+    """bf16 rows, float32 weights: (1 + 2^-10) * 1 - 1 * 1 is 2^-10, where rounding each product to
+    bf16 before the sum (transformers' y * w) gives 0."""
+    rows = torch.tensor([[1.0], [-1.0]], device=device, dtype=torch.bfloat16)
+    weights = torch.tensor([[1 + 2 ** -10, 1.0]], device=device)
+    out = moe_combine(rows, torch.tensor([0, 1], dtype=torch.int32, device=device), 2, weights)
+    assert out.dtype == torch.bfloat16 and out.item() == 2 ** -10
+
+
+# Several rows per program (n = 20); rows longer than one 1024-column block (n = 1030); k = 1.
+@pytest.mark.parametrize("tokens, k, n, dtype", [
+    (9, 2, 20, torch.float32), (5, 3, 1030, torch.bfloat16), (4, 1, 1030, torch.float32),
+])
+def test_moe_weight_grad_matches_reference(tokens, k, n, dtype, device):
+    """d_w[order[i]] = <dh[i], h[i]> (float32 dot, in the weights' dtype) and dh[i] *= w[order[i]] in place."""
+    order, _ = _permutation(tokens, k, device)
+    dh, h = torch.randn(tokens * k, n, device=device).to(dtype), torch.randn(tokens * k, n, device=device).to(dtype)
+    weights = torch.rand(tokens, k, device=device).to(dtype)
+    expected_dw = torch.empty(tokens * k, dtype=torch.float64, device=device)
+    expected_dw[order] = (dh.double() * h.double()).sum(-1)
+    expected_dh = dh.double() * weights.double().view(-1)[order, None]
+    d_weights = moe_weight_grad_(dh, h, order, weights)
+    assert d_weights.shape == weights.shape
+    _assert_rounded_once(d_weights, expected_dw.view(tokens, k), dtype)
+    _assert_rounded_once(dh, expected_dh, dtype)
 
 
 def _routing(tokens, num_experts, k, skew, device):
