@@ -86,14 +86,14 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         del h
         out = moe_combine(y, inverse, k, top_k_weights, hidden.dtype)
         ctx.save_for_backward(x2, top_k_weights, order, inverse, gu, xa_gu, ha, *groups.tensors())
-        ctx.block_m, ctx.activation, ctx.projections = groups.block_m, activation, (gate_up, down)
+        ctx.rows_and_block, ctx.activation, ctx.projections = (groups.rows, groups.block_m), activation, (gate_up, down)
         ctx.hidden_shape, ctx.hidden_dtype = hidden.shape, hidden.dtype
         return out.view(hidden.shape)
 
     @staticmethod
     def backward(ctx, dout):
         x2, top_k_weights, order, inverse, gu, xa_gu, ha, *group_tensors = ctx.saved_tensors
-        groups = ExpertGroups(*group_tensors, ctx.block_m)
+        groups = ExpertGroups(*group_tensors, *ctx.rows_and_block)
         gate_up, down = ctx.projections
         tokens, k = top_k_weights.shape
         token_of_row = order // k

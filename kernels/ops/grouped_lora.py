@@ -17,6 +17,7 @@ dB_e = s * dY_e^T (X_e A_e^T) are one launch each of a per-expert reduction over
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -32,17 +33,25 @@ _BLOCK_N, _BLOCK_K = 64, 64
 
 
 @dataclass(frozen=True, eq=False)
+class RowTiles:
+    """Row tile t (of BLOCK_M rows at most) covers [start[t], end[t]) of expert expert[t]'s rows. There are
+    cdiv(rows, BLOCK_M) + experts tiles, an upper bound known without a device-to-host sync; the unused
+    ones are empty (start == end)."""
+
+    expert: torch.Tensor
+    start: torch.Tensor
+    end: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
 class ExpertGroups:
-    """Rows grouped by expert: expert e's rows are [starts[e], ends[e]) of the sorted rows, and row
-    tile t (of BLOCK_M rows at most) covers [tile_start[t], tile_end[t]) of expert tile_expert[t].
-    There are cdiv(rows, BLOCK_M) + experts tiles, an upper bound known without a device-to-host
-    sync; the unused ones are empty (start == end)."""
+    """Rows grouped by expert: expert e's rows are [starts[e], ends[e]) of the `rows` sorted rows. The
+    Triton kernels also need row tiles (`tiles`), made on first use: about twenty small kernels that the
+    torch._grouped_mm path, which takes the ends alone, never launches."""
 
     starts: torch.Tensor
     ends: torch.Tensor
-    tile_expert: torch.Tensor
-    tile_start: torch.Tensor
-    tile_end: torch.Tensor
+    rows: int
     block_m: int
 
     @property
@@ -50,30 +59,30 @@ class ExpertGroups:
         return self.starts.shape[0]
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        """The tensors, in field order (for save_for_backward); ExpertGroups(*tensors, block_m) rebuilds it."""
-        return self.starts, self.ends, self.tile_expert, self.tile_start, self.tile_end
+        """The tensors, in field order (for save_for_backward); ExpertGroups(*tensors, rows, block_m) rebuilds it."""
+        return self.starts, self.ends
+
+    @functools.cached_property
+    def tiles(self) -> RowTiles:
+        starts, ends, block_m = self.starts.to(torch.int64), self.ends.to(torch.int64), self.block_m
+        counts = ends - starts
+        tiles = (counts + block_m - 1) // block_m
+        tile_ends = tiles.cumsum(0)
+        t = torch.arange(triton.cdiv(self.rows, block_m) + self.num_experts, device=starts.device)
+        expert = torch.searchsorted(tile_ends, t, right=True)
+        valid = expert < self.num_experts
+        expert = expert.clamp(max=self.num_experts - 1)
+        tile_start = starts[expert] + (t - (tile_ends - tiles)[expert]) * block_m
+        tile_end = torch.minimum(tile_start + block_m, ends[expert])
+        int32 = torch.int32
+        return RowTiles(expert.to(int32), torch.where(valid, tile_start, 0).to(int32),
+                        torch.where(valid, tile_end, 0).to(int32))
 
 
 def expert_groups(counts: torch.Tensor, rows: int, block_m: int | None = None) -> ExpertGroups:
     """The groups for `rows` rows sorted by expert, from the per-expert row counts [E] (on the device)."""
-    block_m = block_m or BLOCK_M
-    counts = counts.to(torch.int64)
-    ends = counts.cumsum(0)
-    starts = ends - counts
-    tiles = (counts + block_m - 1) // block_m
-    tile_ends = tiles.cumsum(0)
-    num_tiles = triton.cdiv(rows, block_m) + counts.shape[0]
-    t = torch.arange(num_tiles, device=counts.device)
-    expert = torch.searchsorted(tile_ends, t, right=True)
-    valid = expert < counts.shape[0]
-    expert = expert.clamp(max=counts.shape[0] - 1)
-    tile_start = starts[expert] + (t - (tile_ends - tiles)[expert]) * block_m
-    tile_end = torch.minimum(tile_start + block_m, ends[expert])
-    tile_start = torch.where(valid, tile_start, 0)
-    tile_end = torch.where(valid, tile_end, 0)
-    int32 = torch.int32
-    return ExpertGroups(starts.to(int32), ends.to(int32), expert.to(int32), tile_start.to(int32),
-                        tile_end.to(int32), block_m)
+    ends = counts.to(torch.int64).cumsum(0)
+    return ExpertGroups((ends - counts).to(torch.int32), ends.to(torch.int32), rows, block_m or BLOCK_M)
 
 
 @triton.jit
@@ -197,10 +206,11 @@ def _grouped_matmul(x, groups, w, w_strides, n, a=None, a_strides=None, b=None, 
     if rows == 0:
         return out, (xa if has_lora else None)
     block_r = _block_r(rank) if has_lora else 16
-    grid = (groups.tile_expert.shape[0], triton.cdiv(n, _BLOCK_N))
+    tiles = groups.tiles
+    grid = (tiles.expert.shape[0], triton.cdiv(n, _BLOCK_N))
     _grouped_lora_kernel[grid](
         x, w, a if has_lora else w, b if has_lora else w, out, xa,
-        groups.tile_expert, groups.tile_start, groups.tile_end,
+        tiles.expert, tiles.start, tiles.end,
         n, k, rank, float(scaling),
         x.stride(0), x.stride(1),
         *w_strides,

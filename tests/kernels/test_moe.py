@@ -107,6 +107,8 @@ def test_grouped_lora_matches_per_expert_reference(counts, adapted, path, device
         _close(B.grad, B64.grad)
     if path == "grouped_mm":  # forward and backward: W's GEMM, and both rank-r GEMMs when adapted
         assert len(calls) == (6 if adapted else 2) * _grouped_mm_expected(x.dtype, device)
+    # The row tiles (about twenty small kernels) are made for the Triton kernels only.
+    assert ("tiles" in vars(groups)) == (path == "triton" or not _grouped_mm_expected(x.dtype, device))
 
 
 # One rounding of an exact value to the output dtype: bf16 within one unit in the last place (the GPU
