@@ -10,6 +10,8 @@ random weights of a peer_bench CONFIGS shape, prompts of --prompt-len tokens, --
 and a length reward (a python reward function of the job spec, run in-process: no sandbox).
 - kernels: the model as a grpo job builds it (worker/training/model.py's load_model: get_lora_model with
   non-reentrant checkpointing, then patch_model), trained by the studio's LannerGRPOTrainer.
+  --kernels-memory-budget GIB puts its layers under the memory engine's plan for that budget instead (what a
+  grpo job would do if it ran under the engine as lora jobs do; not the studio's today).
 - plain: transformers (sdpa attention) + PEFT LoRA through GRPOTrainer's peft_config, checkpointing as TRL
   users get it: GRPOConfig(gradient_checkpointing=True) (TRL's default; the Trainer switches it on with
   TRL's/transformers' default kwargs and TRL calls enable_input_require_grads). The one field that differs:
@@ -20,7 +22,9 @@ and the training phase (the rest: the loss's forward and backward over every mic
 step). Training tokens/s = prompt + completion tokens of the loss's micro-batches (their masks) / training
 seconds, the median over the steps after --warmup. Prints one JSON line; `all` runs kernels then plain as
 subprocesses and prints a table. On a machine without CUDA it runs in float32, the kernels under Triton's
-interpreter.
+interpreter. --kernel-profile-dir DIR: torch.profiler over the training phase of the last step, written as
+peer_bench.py's --kernel-profile writes it (GPU time by kernel, then by operator) to DIR/grpo-SYSTEM-MODEL.txt,
+with the phase's wall time under the profiler last (GPU busy far below it: the host is what the GPU waits on).
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from peer_bench import CONFIGS, STARTED, TARGETS, fresh_model, progress
+from peer_bench import CONFIGS, STARTED, TARGETS, fresh_model, progress, write_kernel_profile
 
 SYSTEMS = {"kernels": "Lanner kernels (studio GRPO job)", "plain": "TRL + PEFT"}
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
@@ -61,9 +65,10 @@ def word_tokenizer(vocab_size: int):
                                    unk_token="<unk>")
 
 
-def prompt_rows(tokenizer, count: int, length: int, vocab_size: int) -> list[dict]:
-    """Text prompts of exactly `length` tokens, all ids in the model's vocabulary: random ids decoded, cut to
-    `length` tokens and decoded again; a draw whose text does not encode back to that is drawn again (seeded)."""
+def prompt_rows(tokenizer, count: int, length: int, vocab_size: int, shortest: int | None = None) -> list[dict]:
+    """Text prompts of exactly `length` tokens (with `shortest`, each of a length drawn from shortest..length, so
+    that batches are left-padded as real prompts are), all ids in the model's vocabulary: random ids decoded, cut
+    to the length and decoded again; a draw whose text does not encode back to that is drawn again (seeded)."""
     import random
 
     rng, special, rows = random.Random(0), set(tokenizer.all_special_ids), []
@@ -72,11 +77,12 @@ def prompt_rows(tokenizer, count: int, length: int, vocab_size: int) -> list[dic
         return tokenizer(text, add_special_tokens=False)["input_ids"]
 
     for _ in range(100 * count):
-        ids = [i for i in (rng.randrange(min(len(tokenizer), vocab_size)) for _ in range(2 * length))
+        wanted = length if shortest is None else rng.randint(shortest, length)
+        ids = [i for i in (rng.randrange(min(len(tokenizer), vocab_size)) for _ in range(2 * wanted))
                if i not in special]
-        text = tokenizer.decode(encode(tokenizer.decode(ids))[:length])
+        text = tokenizer.decode(encode(tokenizer.decode(ids))[:wanted])
         ids = encode(text)
-        if len(ids) == length and max(ids) < vocab_size:
+        if len(ids) == wanted and max(ids) < vocab_size:
             rows.append({"prompt": text})
             if len(rows) == count:
                 return rows
@@ -128,8 +134,9 @@ def recorder_class():
     class Recorder(TrainerCallback):
         """Each optimizer step's seconds by phase and its training tokens; the logged losses and lengths."""
 
-        def __init__(self):
+        def __init__(self, profile_path: str | None = None, profiled_step: int = -1):
             self.steps, self.current, self.logs, self.checkpointing = [], None, [], None
+            self.profile_path, self.profiled_step, self.profiler = profile_path, profiled_step, None
 
         def on_step_begin(self, args, state, control, model=None, **kwargs):
             if self.checkpointing is None:  # as the training steps find it (the Trainer switches it on in train)
@@ -139,6 +146,13 @@ def recorder_class():
 
         def on_step_end(self, args, state, control, **kwargs):
             synchronize()
+            if self.profiler is not None:
+                self.profiler.__exit__(None, None, None)
+                write_kernel_profile(self.profiler, self.profile_path, steps=1)
+                wall_ms = 1000 * (time.perf_counter() - self.profiled_from)
+                with open(self.profile_path, "a") as handle:
+                    handle.write(f"\ntraining phase under the profiler: {wall_ms:.1f} ms wall\n")
+                self.profiler = None
             step = self.current
             step["step_s"] = time.perf_counter() - step.pop("started")
             step["training_s"] = step["step_s"] - step["scoring_s"]
@@ -149,6 +163,18 @@ def recorder_class():
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
                 self.logs.append(logs)
+
+        def profile_training_phase(self):
+            """From the end of the last step's scoring (generation, rewards, reference) to the step's end."""
+            import torch
+
+            if self.profile_path and len(self.steps) == self.profiled_step and self.profiler is None:
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if torch.cuda.is_available():
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                self.profiler = torch.profiler.profile(activities=activities, record_shapes=True)
+                self.profiler.__enter__()
+                self.profiled_from = time.perf_counter()
 
         def timed(self, key: str, call, *args):
             synchronize()
@@ -171,7 +197,9 @@ def timed_trainer(trainer_class):
             super().__init__(*args, callbacks=[recorder], **kwargs)
 
         def _generate_and_score_completions(self, inputs):
-            return self.recorder.timed("scoring_s", super()._generate_and_score_completions, inputs)
+            scored = self.recorder.timed("scoring_s", super()._generate_and_score_completions, inputs)
+            self.recorder.profile_training_phase()
+            return scored
 
         def _generate(self, prompts):
             return self.recorder.timed("generation_s", super()._generate, prompts)
@@ -213,12 +241,16 @@ def run_system(a) -> dict:
     options = job_options(a)
     vocab_size = CONFIGS[a.model]["vocab_size"]
     tokenizer = load_tokenizer(a.tokenizer, options) if a.tokenizer else word_tokenizer(vocab_size)
-    rows = prompt_rows(tokenizer, a.prompts * (a.warmup + a.steps), a.prompt_len, vocab_size)
+    rows = prompt_rows(tokenizer, a.prompts * (a.warmup + a.steps), a.prompt_len, vocab_size, a.prompt_len_min)
     progress(f"{a.system} {a.model}: imports done")
     torch.manual_seed(0)
     base = fresh_model(a.model, device(), training_dtype(options))
     progress("random weights made")
-    recorder = recorder_class()()
+    profile_path = None
+    if a.kernel_profile_dir:
+        os.makedirs(a.kernel_profile_dir, exist_ok=True)
+        profile_path = os.path.join(a.kernel_profile_dir, f"grpo-{a.system}-{a.model}.txt")
+    recorder = recorder_class()(profile_path, a.warmup + a.steps - 1)
     output_dir = f"/tmp/grpo-bench-{a.system}-{os.getpid()}"
     generation = {"min_new_tokens": a.completion_len}  # random weights would sample the end of text anywhere
     common = dict(reward_funcs=[in_process(LENGTH_REWARD)], train_dataset=Dataset.from_list(rows),
@@ -230,6 +262,11 @@ def run_system(a) -> dict:
         trainer = timed_trainer(LannerGRPOTrainer)(model=model, args=args, on_samples=None, samples_logged=0,
                                                    **common)
         checkpointing = "get_lora_model: non-reentrant, every decoder layer (the studio's)"
+        if a.kernels_memory_budget is not None:  # what-if: GRPO jobs under the memory engine, as lora jobs run
+            from lanner.kernels import install_memory_engine
+
+            install_memory_engine(model, a.kernels_memory_budget)
+            checkpointing = f"the memory engine's plan under a {a.kernels_memory_budget} GiB budget (not the studio's)"
     else:
         lora = LoraConfig(r=options.lora_r, lora_alpha=options.lora_alpha, lora_dropout=options.lora_dropout,
                           target_modules=TARGETS, task_type="CAUSAL_LM")
@@ -244,6 +281,10 @@ def run_system(a) -> dict:
     trainer.train()
     shutil.rmtree(output_dir, ignore_errors=True)  # nothing saved there (save_steps is beyond the run)
     timed_steps = recorder.steps[a.warmup:]
+    from lanner.kernels.memory import memory_engine_of
+
+    engine = memory_engine_of(trainer.model)
+    plan = " ".join(layer.code for layer in engine.plan.layers) if engine is not None and engine.plan else None
     if not timed_steps:
         raise SystemExit("no steps after the warm-up: raise --steps")
 
@@ -254,21 +295,22 @@ def run_system(a) -> dict:
                                                                            for s in timed_steps)),
                 training_s=median("training_s"), generation_s=median("generation_s"), reward_s=median("reward_s"),
                 reference_s=median("reference_s"), step_s=median("step_s"), tokens=timed_steps[0]["tokens"],
-                prompt_len=a.prompt_len, completion_len=a.completion_len, group=a.group, prompts=a.prompts,
+                prompt_len=a.prompt_len, prompt_len_min=a.prompt_len_min, completion_len=a.completion_len,
+                group=a.group, prompts=a.prompts,
                 micro_batch=a.micro_batch, beta=a.beta, rank=a.rank, steps=a.steps, warmup=a.warmup,
                 completion_lengths=[log.get("completions/mean_length") for log in recorder.logs],
                 losses=[float(f"{log['loss']:.4g}") for log in recorder.logs],
                 rewards=[round(log["reward"], 4) for log in recorder.logs if "reward" in log],
                 held_gib=round(held / 2**30, 2),
                 peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
-                checkpointing=checkpointing, checkpointing_on=recorder.checkpointing,
+                checkpointing=checkpointing, checkpointing_on=recorder.checkpointing, memory_plan=plan,
                 kernels=next((line for line in events.lines if line.startswith("lanner.kernels")), None),
                 dtype=str(training_dtype(options)).removeprefix("torch."),
                 tokenizer=a.tokenizer or "word-level (peer_bench)",
                 gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                 versions=versions("torch", "transformers", "trl", "peft", "datasets", "accelerate", "triton"),
                 all_steps=[{key: round(value, 3) for key, value in step.items()} for step in recorder.steps],
-                process_s=round(time.perf_counter() - STARTED, 1))
+                kernel_profile=profile_path, process_s=round(time.perf_counter() - STARTED, 1))
 
 
 def versions(*names: str) -> dict:
@@ -306,7 +348,10 @@ def child_args(a) -> list[str]:
     args = ["--model", a.model, "--steps", str(a.steps), "--warmup", str(a.warmup), "--prompt-len", str(a.prompt_len),
             "--completion-len", str(a.completion_len), "--group", str(a.group), "--prompts", str(a.prompts),
             "--micro-batch", str(a.micro_batch), "--beta", str(a.beta), "--rank", str(a.rank)]
-    return args + (["--tokenizer", a.tokenizer] if a.tokenizer else [])
+    args += ["--tokenizer", a.tokenizer] if a.tokenizer else []
+    args += ["--prompt-len-min", str(a.prompt_len_min)] if a.prompt_len_min else []
+    args += ["--kernels-memory-budget", str(a.kernels_memory_budget)] if a.kernels_memory_budget is not None else []
+    return args + (["--kernel-profile-dir", a.kernel_profile_dir] if a.kernel_profile_dir else [])
 
 
 def table(results: list[dict]) -> str:
@@ -337,6 +382,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3, help="timed optimizer steps")
     parser.add_argument("--warmup", type=int, default=1, help="steps before them, not timed (compiles, autotunes)")
     parser.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt")
+    parser.add_argument("--prompt-len-min", type=int, default=None,
+                        help="prompts of lengths drawn from this to --prompt-len (left-padded batches, as in a real "
+                             "job); default: all of --prompt-len")
     parser.add_argument("--completion-len", type=int, default=128, help="tokens per completion, exactly")
     parser.add_argument("--group", type=int, default=8, help="completions per prompt (num_generations)")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per optimizer step")
@@ -345,6 +393,12 @@ def main() -> int:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--tokenizer", default=None, help="a tokenizer folder (e.g. $LANNER_TEST_TOKENIZER_DIR) "
                                                           "instead of the word-level one")
+    parser.add_argument("--kernel-profile-dir", default=None,
+                        help="write each system's GPU time by kernel over the last step's training phase here")
+    parser.add_argument("--kernels-memory-budget", type=float, default=None, metavar="GIB",
+                        help="kernels only: run the decoder layers under the memory engine's plan for this budget "
+                             "(keeping layers instead of recomputing them) instead of the studio's every-layer "
+                             "checkpointing")
     parser.add_argument("--timeout", type=int, default=240, help="all: seconds per system")
     parser.add_argument("--out", default=None, help="append each result as a JSON line here")
     a = parser.parse_args()
