@@ -9,9 +9,8 @@ random weights of a peer_bench CONFIGS shape, prompts of --prompt-len tokens, --
 --completion-len tokens each (min_new_tokens: random weights would otherwise stop at different lengths),
 and a length reward (a python reward function of the job spec, run in-process: no sandbox).
 - kernels: the model as a grpo job builds it (worker/training/model.py's load_model: get_lora_model with
-  non-reentrant checkpointing, then patch_model), trained by the studio's LannerGRPOTrainer.
-  --kernels-memory-budget GIB puts its layers under the memory engine's plan for that budget instead (what a
-  grpo job would do if it ran under the engine as lora jobs do; not the studio's today).
+  non-reentrant checkpointing, patch_model, and the memory engine with a budget picked from the device's free
+  memory, as for lora jobs), trained by the studio's LannerGRPOTrainer.
 - plain: transformers (sdpa attention) + PEFT LoRA through GRPOTrainer's peft_config, checkpointing as TRL
   users get it: GRPOConfig(gradient_checkpointing=True) (TRL's default; the Trainer switches it on with
   TRL's/transformers' default kwargs and TRL calls enable_input_require_grads). The one field that differs:
@@ -261,12 +260,7 @@ def run_system(a) -> dict:
         args = grpo_config(options, output_dir, False, generation_kwargs=generation)
         trainer = timed_trainer(LannerGRPOTrainer)(model=model, args=args, on_samples=None, samples_logged=0,
                                                    **common)
-        checkpointing = "get_lora_model: non-reentrant, every decoder layer (the studio's)"
-        if a.kernels_memory_budget is not None:  # what-if: GRPO jobs under the memory engine, as lora jobs run
-            from lanner.kernels import install_memory_engine
-
-            install_memory_engine(model, a.kernels_memory_budget)
-            checkpointing = f"the memory engine's plan under a {a.kernels_memory_budget} GiB budget (not the studio's)"
+        checkpointing = "the memory engine's plan (the studio's: a budget from the device's free memory)"
     else:
         lora = LoraConfig(r=options.lora_r, lora_alpha=options.lora_alpha, lora_dropout=options.lora_dropout,
                           target_modules=TARGETS, task_type="CAUSAL_LM")
@@ -350,7 +344,6 @@ def child_args(a) -> list[str]:
             "--micro-batch", str(a.micro_batch), "--beta", str(a.beta), "--rank", str(a.rank)]
     args += ["--tokenizer", a.tokenizer] if a.tokenizer else []
     args += ["--prompt-len-min", str(a.prompt_len_min)] if a.prompt_len_min else []
-    args += ["--kernels-memory-budget", str(a.kernels_memory_budget)] if a.kernels_memory_budget is not None else []
     return args + (["--kernel-profile-dir", a.kernel_profile_dir] if a.kernel_profile_dir else [])
 
 
@@ -395,10 +388,6 @@ def main() -> int:
                                                           "instead of the word-level one")
     parser.add_argument("--kernel-profile-dir", default=None,
                         help="write each system's GPU time by kernel over the last step's training phase here")
-    parser.add_argument("--kernels-memory-budget", type=float, default=None, metavar="GIB",
-                        help="kernels only: run the decoder layers under the memory engine's plan for this budget "
-                             "(keeping layers instead of recomputing them) instead of the studio's every-layer "
-                             "checkpointing")
     parser.add_argument("--timeout", type=int, default=240, help="all: seconds per system")
     parser.add_argument("--out", default=None, help="append each result as a JSON line here")
     a = parser.parse_args()

@@ -238,7 +238,9 @@ def step_bench(args) -> dict:
     for i in range(timed + (2 if args.kernel_profile_dir else 0)):
         ids = batches[i % len(batches)]
         if i == timed:  # two more steps, untimed, by kernel
-            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            # with the host's ops and Python frames: the step is host-bound (trace_gaps.py --host)
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                          torch.profiler.ProfilerActivity.CUDA], with_stack=True)
             profiler.__enter__()
         torch.cuda.synchronize()
         start = time.perf_counter()

@@ -8,6 +8,8 @@ of at least --min-us microseconds with nothing on the GPU. Each gap is charged t
 kernel after the gap, its launch call on the host (matched by correlation id) and the host ops enclosing that
 call, innermost last. Gaps are summed by that stack (autograd functions and Python-level ops; plain aten ops
 below the innermost function are dropped), largest first, with the count and the longest.
+--host adds where the host's time went: self time (own duration less its nested events') per op and Python
+frame (a trace taken with_stack=True has the frames), summed over all threads, largest first.
 """
 from __future__ import annotations
 
@@ -48,11 +50,34 @@ def host_stack(launch: dict, host_by_thread: dict) -> tuple[str, ...]:
     return tuple(names[: functions[-1] + 1] if functions else names[-1:])
 
 
+def host_self_times(events: list[dict]) -> dict[str, list]:
+    """name -> [self microseconds, count] over host ops and Python frames, nesting taken per thread."""
+    totals = defaultdict(lambda: [0.0, 0])
+    by_thread = defaultdict(list)
+    for e in events:
+        if e.get("cat") in HOST_CATEGORIES or e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            by_thread[(e["pid"], e["tid"])].append(e)
+    for spans in by_thread.values():
+        spans.sort(key=lambda e: (e["ts"], -e.get("dur", 0)))
+        stack = []  # [event, children's time]
+        for e in spans + [None]:
+            while stack and (e is None or e["ts"] >= stack[-1][0]["ts"] + stack[-1][0].get("dur", 0)):
+                done, children = stack.pop()
+                total = totals[done["name"][:100]]
+                total[0] += done.get("dur", 0) - children; total[1] += 1
+                if stack:
+                    stack[-1][1] += done.get("dur", 0)
+            if e is not None:
+                stack.append([e, 0.0])
+    return totals
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace")
     parser.add_argument("--min-us", type=float, default=20.0)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--host", action="store_true", help="also the host's self time by op and Python frame")
     args = parser.parse_args()
     events = [e for e in load(args.trace) if e.get("ph") == "X"]
     gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES]
@@ -77,6 +102,10 @@ def main():
           f"({100 * idle / span:.1f}%) in {len(found)} gaps")
     for stack, (total, count, longest) in sorted(by_stack.items(), key=lambda item: -item[1][0])[: args.top]:
         print(f"{total / 1000:8.2f} ms {count:5d} gaps (longest {longest / 1000:.2f} ms)  {' > '.join(stack)}")
+    if args.host:
+        print("host self time (all threads), largest first:")
+        for name, (total, count) in sorted(host_self_times(events).items(), key=lambda item: -item[1][0])[: args.top]:
+            print(f"{total / 1000:8.2f} ms {count:6d}x  {name}")
 
 
 if __name__ == "__main__":

@@ -44,7 +44,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lanner.core.spec import ADAPTER_METHODS, REWARD_MODEL_METHODS, JobSpec, fp8_base, quantized_base, trains_adapter
+from lanner.core.spec import (MEMORY_ENGINE_METHODS, REWARD_MODEL_METHODS, JobSpec, fp8_base, quantized_base,
+                              trains_adapter)
 
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64
@@ -179,7 +180,8 @@ def reward_model_bytes(model: dict[str, Any], weight_bytes: int, max_seq_len: in
 def _memory_engine_on(spec: JobSpec, device_kind: str) -> bool:
     """lanner.kernels' memory engine plans the checkpointing of adapter jobs on the kernels on a GPU."""
     hp = spec.hyperparameters
-    return device_kind == "cuda" and spec.method in ADAPTER_METHODS and hp.use_kernels and hp.gradient_checkpointing
+    return (device_kind == "cuda" and spec.method in MEMORY_ENGINE_METHODS and trains_adapter(spec) and hp.use_kernels
+            and hp.gradient_checkpointing)
 
 
 def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cuda",

@@ -31,6 +31,9 @@ FP8_NEEDS_GPU = ("lora_fp8 needs a GPU with FP8 tensor cores (compute capability
 # Reinforcement learning from reward functions: an adapter by default, as the preference methods.
 RL_METHODS = {"grpo"}
 PREFERENCE_METHODS = {"dpo", "orpo", "kto"}
+# lanner.kernels' memory engine plans the checkpointing of these methods' adapters (GRPO's policy: the loss's
+# forward and backward, and the reference log-probs when the adapter is switched off).
+MEMORY_ENGINE_METHODS = ADAPTER_METHODS | RL_METHODS
 WHOLE_MODEL_METHODS = {"full", "pretrain"}
 # A reward model: the base with a one-number score head, trained on preference pairs (TRL's RewardTrainer);
 # an adapter (and the head) when the spec gives LoRA settings, every weight otherwise, as the preference methods.
@@ -90,11 +93,12 @@ class Hyperparameters(BaseModel):
     oom_retry: bool = Field(default=True, description="On out of memory, retry once at half the micro-batch, same effective batch")
     memory_budget_gib: float | None = Field(
         default=None, gt=0, le=4096,
-        description="lora/qlora/lora_fp8 on lanner.kernels: the GPU memory (GiB) the step may use; activations that are "
-                    "dearest to recompute are kept while they fit. None: every layer is recomputed")
+        description="lora/qlora/lora_fp8 and a grpo adapter on lanner.kernels: the GPU memory (GiB) the step may use; "
+                    "activations that are dearest to recompute are kept while they fit. None: every layer is recomputed")
     offload_checkpoints: bool = Field(
-        default=False, description="lora/qlora/lora_fp8 on lanner.kernels: keep the checkpointed layer inputs in host memory "
-                                   "(smallest footprint). Off: only when the memory budget needs it. GPU only")
+        default=False, description="lora/qlora/lora_fp8 and a grpo adapter on lanner.kernels: keep the checkpointed layer "
+                                   "inputs in host memory (smallest footprint). Off: only when the memory budget needs it. "
+                                   "GPU only")
     memory_limit_mb: int | None = Field(
         default=None, ge=1, le=2**31 - 1,
         description="A cap (MiB) on what the training steps may allocate above what is in use when they start; "
@@ -318,8 +322,8 @@ class JobSpec(BaseModel):
         engine_options = [name for name in ("memory_budget_gib", "offload_checkpoints") if getattr(value, name)]
         if engine_options:
             names = " and ".join(engine_options)
-            if method not in ADAPTER_METHODS:
-                raise ValueError(f"{names}: the memory engine runs for {', '.join(sorted(ADAPTER_METHODS))}, "
+            if method not in MEMORY_ENGINE_METHODS:
+                raise ValueError(f"{names}: the memory engine runs for {', '.join(sorted(MEMORY_ENGINE_METHODS))}, "
                                  f"not for {method}")
             if not value.use_kernels:
                 raise ValueError(f"{names}: the memory engine is part of lanner.kernels; turn use_kernels on")

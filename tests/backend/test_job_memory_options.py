@@ -22,8 +22,8 @@ LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
     ({"hyperparameters": {"offload_checkpoints": True, "use_kernels": False}}, "offload_checkpoints: the memory engine is part of lanner.kernels"),
     ({"hyperparameters": {"offload_checkpoints": True, "memory_budget_gib": 8, "gradient_checkpointing": False}},
      "memory_budget_gib and offload_checkpoints: the memory engine plans the gradient checkpointing"),
-    ({"method": "full", "hyperparameters": {"memory_budget_gib": 20}}, "runs for lora, lora_fp8, qlora, not for full"),
-    ({"method": "dpo", "hyperparameters": {"offload_checkpoints": True}}, "runs for lora, lora_fp8, qlora, not for dpo"),
+    ({"method": "full", "hyperparameters": {"memory_budget_gib": 20}}, "runs for grpo, lora, lora_fp8, qlora, not for full"),
+    ({"method": "dpo", "hyperparameters": {"offload_checkpoints": True}}, "runs for grpo, lora, lora_fp8, qlora, not for dpo"),
     ({"method": "kto", "hyperparameters": {"packing": True}}, "preference pairs are never packed"),
 ])
 def test_memory_options_that_cannot_work_are_refused_in_words(spec, words):
@@ -93,3 +93,5 @@ def test_the_estimate_spends_the_budget_and_no_more():
     assert total(memory_budget_gib=40, use_kernels=False) == total(use_kernels=False)
     assert estimate_memory(spec(memory_budget_gib=40), LLAMA_8B, "cpu") == estimate_memory(spec(), LLAMA_8B, "cpu")
     assert total(method="full", memory_budget_gib=40) == total(method="full")
+    # GRPO's policy adapter too: its loss and reference passes run through the same decoder layers.
+    assert total(method="grpo", memory_budget_gib=40) > total(method="grpo")

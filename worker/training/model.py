@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from lanner.core.settings import Settings
 from lanner.core.default_model import DEFAULT_MODEL_ID, imported_model_dir
 from lanner.core.memory_estimate import default_budget_bytes
-from lanner.core.spec import ADAPTER_METHODS, REWARD_MODEL_METHODS
+from lanner.core.spec import MEMORY_ENGINE_METHODS, REWARD_MODEL_METHODS
 from lanner.worker.events import JobEvents
 from lanner.worker.job_process import JobFailed
 from lanner.worker.training.options import TrainingOptions
@@ -68,7 +68,7 @@ def load_model(path: str, options: TrainingOptions, events: JobEvents, base=None
     else:
         model, how = _whole_model(_load(path, options) if base is None else base, options), "every weight"
     report = _put_on_kernels(model, options, events)
-    if options.method in ADAPTER_METHODS:
+    if options.method in MEMORY_ENGINE_METHODS:
         _start_memory_engine(model, options, events, report)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
@@ -172,10 +172,10 @@ def _start_memory_engine(model, options: TrainingOptions, events: JobEvents, rep
     from lanner.kernels import install_memory_engine
 
     asked = options.memory_budget_gib is not None or options.offload_checkpoints
-    if report is None or not options.gradient_checkpointing:
+    if report is None or not options.gradient_checkpointing or not options.lora:
         if asked:
             events.log("Memory engine (lanner.kernels): memory_budget_gib and offload_checkpoints ignored; they need "
-                       "use_kernels and gradient_checkpointing on", level="warning")
+                       "a LoRA adapter, use_kernels and gradient_checkpointing on", level="warning")
         return
     offload = options.offload_checkpoints or None  # off: only when the budget needs it
     on_gpu = next(model.parameters()).device.type == "cuda"
