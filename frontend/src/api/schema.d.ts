@@ -1043,12 +1043,12 @@ export interface components {
       oom_retry: boolean;
       /**
        * Memory Budget Gib
-       * @description lora/qlora/lora_fp8 on lanner.kernels: the GPU memory (GiB) the step may use; activations that are dearest to recompute are kept while they fit. None: every layer is recomputed
+       * @description lora/qlora/lora_fp8 and a grpo adapter on lanner.kernels: the GPU memory (GiB) the step may use; activations that are dearest to recompute are kept while they fit. None: every layer is recomputed
        */
       memory_budget_gib?: number | null;
       /**
        * Offload Checkpoints
-       * @description lora/qlora/lora_fp8 on lanner.kernels: keep the checkpointed layer inputs in host memory (smallest footprint). Off: only when the memory budget needs it. GPU only
+       * @description lora/qlora/lora_fp8 and a grpo adapter on lanner.kernels: keep the checkpointed layer inputs in host memory (smallest footprint). Off: only when the memory budget needs it. GPU only
        * @default false
        */
       offload_checkpoints: boolean;
