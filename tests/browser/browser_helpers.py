@@ -7,7 +7,7 @@ from pathlib import Path
 
 from collections.abc import Iterator
 
-from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, expect
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
@@ -33,14 +33,13 @@ def sign_in_context(browser: Browser, url: str) -> BrowserContext:
     return context
 
 
-def signed_in_page(url: str) -> Iterator[Page]:
-    """A page of a signed-in browser that accepts every confirm dialog (for a module-scoped fixture)."""
-    with sync_playwright() as playwright:
-        browser = launch(playwright)
-        page = sign_in_context(browser, url).new_page()
-        page.on("dialog", lambda dialog: dialog.accept())
-        yield page
-        browser.close()
+def signed_in_page(browser: Browser, url: str) -> Iterator[Page]:
+    """A page of a signed-in context of its own that accepts every confirm dialog (for a module-scoped fixture)."""
+    context = sign_in_context(browser, url)
+    page = context.new_page()
+    page.on("dialog", lambda dialog: dialog.accept())
+    yield page
+    context.close()
 
 
 def shot(page: Page, name: str, full_page: bool = False) -> None:
@@ -72,3 +71,21 @@ def wait_until(condition, timeout: float, what: str, interval: float = 0.5):
 
 def expect_heading(page: Page, name: str, timeout: float = 10_000) -> None:
     expect(page.get_by_role("heading", level=1, name=name)).to_be_visible(timeout=timeout)
+
+
+def fill_lr_sweep(page: Page, url: str, dataset_id: int, values: str) -> None:
+    """The new-job page filled in for a sweep over the learning rate: 2-step LoRA runs at short lengths."""
+    page.goto(url + "/jobs/new")
+    expect_heading(page, "New fine-tune")
+    page.get_by_label("Dataset", exact=True).select_option(str(dataset_id))
+    page.get_by_label("Quick").check()
+    page.get_by_label("Max steps").fill("2")
+    page.get_by_label("Batch size").fill("2")
+    page.get_by_label("Max sequence length").fill("64")
+    page.get_by_text("Advanced").click()
+    page.get_by_label("Before/after evaluation").uncheck()
+    page.get_by_label("Run as a sweep").check()
+    page.get_by_label("Values of field 1").fill(values)
+    expect(page.get_by_test_id("sweep-runs")).to_have_text("2 runs")
+    page.get_by_role("button", name="Review").click()
+    expect(page.get_by_test_id("job-summary")).to_contain_text("2 runs (grid), ranked by loss")

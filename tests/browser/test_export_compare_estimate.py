@@ -1,5 +1,5 @@
 """Export, compare and the new-job insights in Debian's Chromium against the real stack. Two short
-LoRA runs on the built-in SmolLM2 (trained once for the module, through the API) feed every test:
+LoRA runs on the built-in SmolLM2 (the session's lr_sweep, conftest.py) feed the tests, and a dataset:
 the new-job page shows the memory estimate and whether it fits the worker, the dataset preview with
 the trained tokens highlighted and the token-length histogram with the rows a short max length
 cuts, and says plainly that hub search is offline; the compare page overlays both runs and marks
@@ -26,31 +26,27 @@ def _rows() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def page(stack):
-    yield from signed_in_page(stack.url)
+def page(stack, chromium):
+    yield from signed_in_page(chromium, stack.url)
 
 
 @pytest.fixture(scope="module")
-def runs(stack, page):
-    """Two finished LoRA runs that differ in their learning rate, on one uploaded dataset."""
-    request = page.context.request
-    dataset = request.post(f"{stack.url}/api/datasets?filename=counting.jsonl", data=jsonl(_rows()),
-                           headers={"Content-Type": "application/octet-stream"})
+def counting(stack, page) -> int:
+    """An uploaded dataset with rows a short max length cuts (its id)."""
+    dataset = page.context.request.post(f"{stack.url}/api/datasets?filename=counting.jsonl", data=jsonl(_rows()),
+                                        headers={"Content-Type": "application/octet-stream"})
     assert dataset.ok, dataset.text()
-    ids = []
-    for rate in (2e-4, 1e-3):
-        job = request.post(f"{stack.url}/api/jobs", data={
-            "method": "lora", "model": "builtin/SmolLM2-135M-Instruct", "dataset_id": dataset.json()["id"],
-            "name": f"lr {rate:g}", "gpus": 0,
-            "hyperparameters": {"max_steps": 2, "max_seq_len": 64, "batch_size": 2, "gradient_accumulation": 1,
-                                "learning_rate": rate, "save_steps": 2, "before_after_eval": False}})
-        assert job.status == 201, job.text()
-        ids.append(job.json()["id"])
+    return dataset.json()["id"]
 
+
+@pytest.fixture(scope="module")
+def runs(stack, page, lr_sweep) -> list[int]:
+    """Two finished LoRA runs that differ in their learning rate (the sweep's, trained once for the session)."""
+    request = page.context.request
     jobs = []
 
     def finished():
-        jobs[:] = [request.get(f"{stack.url}/api/jobs/{i}").json() for i in ids]
+        jobs[:] = [request.get(f"{stack.url}/api/jobs/{i}").json() for i in lr_sweep["jobs"]]
         failed = [j for j in jobs if j["status"] in ("failed", "cancelled")]
         assert not failed, failed
         return all(j["status"] == "succeeded" for j in jobs)
@@ -60,11 +56,12 @@ def runs(stack, page):
     except AssertionError as error:
         states = [(j["id"], j["status"], j["step"], j["error"]) for j in jobs]
         raise AssertionError(f"{error}: {states}\n" + "".join(stack.output[-40:])) from None
-    return {"dataset_id": dataset.json()["id"], "jobs": ids}
+    return lr_sweep["jobs"]
 
 
 @pytest.mark.timeout(1800)
-def test_the_new_job_page_estimates_memory_and_previews_the_dataset(stack, page, runs):
+def test_the_new_job_page_estimates_memory_and_previews_the_dataset(stack, page, counting, runs):
+    # Waits for the runs: by then the built-in model is imported and the worker idle.
     page.goto(stack.url + "/jobs/new")
     expect_heading(page, "New fine-tune")
     estimate = page.get_by_test_id("memory-estimate")
@@ -72,7 +69,7 @@ def test_the_new_job_page_estimates_memory_and_previews_the_dataset(stack, page,
     # The stack's one worker is a CPU worker; the form picks the CPU when there is no GPU.
     expect(estimate.get_by_test_id("estimate-fits").get_by_role("row", name=re.compile("cpu"))).to_contain_text("fits")
 
-    page.get_by_label("Dataset", exact=True).select_option(str(runs["dataset_id"]))
+    page.get_by_label("Dataset", exact=True).select_option(str(counting))
     preview = page.get_by_test_id("dataset-preview")
     # Rendered through the chat template: the answers highlighted as trained, the prompt as context.
     # The first preview loads the tokenizer into the API process: slow on a busy machine.
@@ -98,7 +95,7 @@ def test_the_new_job_page_estimates_memory_and_previews_the_dataset(stack, page,
 
 
 def test_the_compare_page_overlays_runs_and_marks_what_differs(stack, page, runs):
-    first, second = runs["jobs"]
+    first, second = runs
     page.goto(stack.url + "/compare")
     expect_heading(page, "Compare")
     page.get_by_role("checkbox", name=f"Compare job {first}").check()
@@ -119,7 +116,7 @@ def test_the_compare_page_overlays_runs_and_marks_what_differs(stack, page, runs
 
 @pytest.mark.timeout(1500)
 def test_an_export_shows_its_progress_then_its_verified_files(stack, page, runs, tmp_path):
-    job_id = runs["jobs"][0]
+    job_id = runs[0]
     page.goto(f"{stack.url}/jobs/{job_id}")
     expect(page.get_by_test_id("job-status")).to_have_text("succeeded", timeout=15_000)
     expect(page.get_by_test_id("checkpoints").get_by_role("row", name=re.compile(r"checkpoint-2"))).to_be_visible()

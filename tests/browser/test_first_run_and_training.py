@@ -9,25 +9,17 @@ import json
 import re
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-from browser_helpers import (ADMIN, VIEWPORT, chart_points, expect_heading, jsonl, launch, qa_rows, shot,
+from browser_helpers import (ADMIN, VIEWPORT, chart_points, expect_heading, jsonl, qa_rows, shot,
                              wait_until)
 
 TRAINING_TIMEOUT = 600  # seconds: the first job imports SmolLM2 from its GGUF, then trains on 2 shared cores
 
 
 @pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as playwright:
-        chromium = launch(playwright)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture(scope="module")
-def page(browser):
-    context = browser.new_context(viewport=VIEWPORT, accept_downloads=True)
+def page(chromium):
+    context = chromium.new_context(viewport=VIEWPORT, accept_downloads=True)
     page = context.new_page()
     page.on("dialog", lambda dialog: dialog.accept())
     yield page
@@ -111,7 +103,7 @@ def test_upload_launch_watch_reload_and_download(stack, page, tmp_path):
     expect(page.get_by_label("Dataset", exact=True)).to_have_value(re.compile(r"^\d+$"))
     shot(page, "new-job-dataset", full_page=True)
 
-    # Inline validation, then a short run: the quick preset, few steps, short sequences.
+    # Inline validation, then a short run: the quick preset, few steps, small batches, short sequences.
     page.get_by_label("Quick").check()
     page.get_by_label("Max sequence length").fill("8")
     expect(page.get_by_text("Must be at least 16.")).to_be_hidden()  # not before the first review
@@ -119,6 +111,10 @@ def test_upload_launch_watch_reload_and_download(stack, page, tmp_path):
     expect(page.get_by_text("Must be at least 16.")).to_be_visible()
     page.get_by_label("Max sequence length").fill("128")
     page.get_by_label("Max steps").fill("4")
+    page.get_by_label("Batch size").fill("2")
+    page.get_by_text("Advanced").click()
+    page.get_by_label("Gradient checkpointing").uncheck()  # nothing to save at these lengths: no recompute
+    page.get_by_label("Before/after evaluation").uncheck()  # minutes of generation nothing here checks
     page.get_by_role("button", name="Review").click()
     summary = page.get_by_test_id("job-summary")
     expect(summary).to_contain_text("builtin/SmolLM2-135M-Instruct")

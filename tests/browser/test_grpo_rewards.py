@@ -18,8 +18,8 @@ SOURCE = ("def reward(prompts, completions, answer, **columns):\n"
 
 
 @pytest.fixture(scope="module")
-def page(stack):
-    yield from signed_in_page(stack.url)
+def page(stack, chromium):
+    yield from signed_in_page(chromium, stack.url)
 
 
 @pytest.mark.timeout(900)

@@ -13,8 +13,8 @@ from browser_helpers import (chart_points, expect_heading, jsonl, qa_rows, shot,
 
 
 @pytest.fixture(scope="module")
-def page(stack):
-    yield from signed_in_page(stack.url)
+def page(stack, chromium):
+    yield from signed_in_page(chromium, stack.url)
 
 
 def test_a_malformed_dataset_is_refused_with_its_bad_lines(stack, page, tmp_path):

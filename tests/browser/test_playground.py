@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-from browser_helpers import expect_heading, launch, shot, sign_in_context
+from browser_helpers import expect_heading, shot, sign_in_context
 from job_specs import stored_spec
 
 pytestmark = pytest.mark.timeout(300)
@@ -30,10 +30,8 @@ def finished_job(stack) -> int:
         return job.id
 
 
-def test_the_playground_streams_an_answer_from_the_base_model(stack):
-    with sync_playwright() as playwright:
-        browser = launch(playwright)
-        context = sign_in_context(browser, stack.url)
+def test_the_playground_streams_an_answer_from_the_base_model(stack, chromium):
+    with sign_in_context(chromium, stack.url) as context:
         job_id = finished_job(stack)
         page = context.new_page()
         frames: list[dict] = []
@@ -54,7 +52,6 @@ def test_the_playground_streams_an_answer_from_the_base_model(stack):
         expect(page.get_by_test_id("finish-base")).to_be_visible(timeout=120_000)
         answer = page.get_by_test_id("answer-base").inner_text()
         shot(page, "playground")
-        browser.close()
 
     tokens = [frame for frame in frames if frame["type"] == "token"]
     assert len(tokens) >= 3 and answer.strip() == "".join(frame["text"] for frame in tokens).strip()

@@ -2,24 +2,15 @@
 from __future__ import annotations
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-from browser_helpers import sign_in_context
-from support import REPO
-
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
-SCREENSHOTS = REPO / "test-artifacts" / "screenshots"
+from browser_helpers import shot, signed_in_page
 
 
 @pytest.fixture(scope="module")
-def page(stack):
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        # Every page but setup and sign-in needs a session now: sign in (or set up) through the API.
-        context = sign_in_context(browser, stack.url)
-        yield context.new_page()
-        browser.close()
+def page(stack, chromium):
+    # Every page but setup and sign-in needs a session now: sign in (or set up) through the API.
+    yield from signed_in_page(chromium, stack.url)
 
 
 def test_the_shell_shows_the_queue_and_a_healthy_studio(stack, page):
@@ -27,8 +18,7 @@ def test_the_shell_shows_the_queue_and_a_healthy_studio(stack, page):
     expect(page.get_by_role("heading", name="Queue", exact=True)).to_be_visible()
     expect(page.get_by_test_id("health-status")).to_have_text("ok", timeout=15_000)
     expect(page.get_by_test_id("workers")).to_contain_text("cpu0")
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=SCREENSHOTS / "queue.png")
+    shot(page, "queue")
 
 
 def test_the_router_navigates_and_survives_a_reload(stack, page):
@@ -39,4 +29,4 @@ def test_the_router_navigates_and_survives_a_reload(stack, page):
     expect(page.get_by_role("heading", name="Datasets", exact=True)).to_be_visible()
     page.goto(stack.url + "/no/such/page")
     expect(page.get_by_text("not found", exact=False).first).to_be_visible()
-    page.screenshot(path=SCREENSHOTS / "not-found.png")
+    shot(page, "not-found")

@@ -1,6 +1,7 @@
-"""A sweep in Debian's Chromium against the real stack: started from the new-job page (a value the
-server refuses is marked on its row first), then its page ranks the two short runs as they finish,
-marks the best and draws their loss curves together; a run's page and the queue page lead back to it."""
+"""A sweep in Debian's Chromium against the real stack: started from the new-job page (lr_sweep, in
+conftest.py; a value the server refuses is marked on its row), then its page ranks the two short runs as
+they finish, marks the best and draws their loss curves together; a run's page and the queue page lead
+back to it."""
 from __future__ import annotations
 
 import re
@@ -8,49 +9,29 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from browser_helpers import chart_points, expect_heading, jsonl, qa_rows, shot, signed_in_page, wait_until
+from browser_helpers import chart_points, fill_lr_sweep, shot, signed_in_page, wait_until
 
 TRAINING_TIMEOUT = 1500  # seconds: importing SmolLM2 on first use, then two 2-step CPU runs on shared cores
 
 
 @pytest.fixture(scope="module")
-def page(stack):
-    yield from signed_in_page(stack.url)
+def page(stack, chromium):
+    yield from signed_in_page(chromium, stack.url)
 
 
 @pytest.mark.timeout(1800)
-def test_start_a_sweep_and_open_its_page(stack, page):
-    dataset = page.context.request.post(f"{stack.url}/api/datasets?filename=sums.jsonl", data=jsonl(qa_rows(8)),
-                                        headers={"Content-Type": "application/octet-stream"})
-    assert dataset.ok, dataset.text()
-    page.goto(stack.url + "/jobs/new")
-    expect_heading(page, "New fine-tune")
-    page.get_by_label("Dataset", exact=True).select_option(str(dataset.json()["id"]))
-    page.get_by_label("Quick").check()
-    page.get_by_label("Max steps").fill("2")
-    page.get_by_label("Batch size").fill("2")
-    page.get_by_label("Max sequence length").fill("64")
-    page.get_by_text("Advanced").click()
-    page.get_by_label("Before/after evaluation").uncheck()
-
-    page.get_by_label("Run as a sweep").check()
-    page.get_by_label("Values of field 1").fill("1e-4, 5")
-    expect(page.get_by_test_id("sweep-runs")).to_have_text("2 runs")
-    page.get_by_role("button", name="Review").click()
-    expect(page.get_by_test_id("job-summary")).to_contain_text("2 runs (grid), ranked by loss")
+def test_start_a_sweep_and_open_its_page(stack, page, lr_sweep):
+    # The launch that the server refuses; lr_sweep launched the same form with valid values.
+    fill_lr_sweep(page, stack.url, lr_sweep["dataset_id"], "1e-4, 5")
     page.get_by_role("button", name="Launch sweep").click()
     panel = page.get_by_test_id("sweep-panel")
     expect(panel.get_by_role("alert")).to_contain_text("hyperparameters.learning_rate = 5: Input should be less than "
                                                        "or equal to 1")
-    page.get_by_label("Values of field 1").fill("1e-4, 1e-3")
-    page.get_by_role("button", name="Review").click()
-    page.get_by_role("button", name="Launch sweep").click()
 
-    expect(page).to_have_url(re.compile(r"/sweeps/\d+$"))
+    page.goto(f"{stack.url}/sweeps/{lr_sweep['id']}")
     ranking = page.get_by_test_id("sweep-ranking")
     expect(ranking.get_by_role("row")).to_have_count(3)  # the header and two runs
     expect(ranking).to_contain_text("0.001")
-    shot(page, "sweep-started", full_page=True)
     expect(page.get_by_test_id("sweep-status")).to_have_text("succeeded", timeout=TRAINING_TIMEOUT * 1000)
     best = ranking.locator("tr[data-best]")
     expect(best).to_have_count(1, timeout=15_000)

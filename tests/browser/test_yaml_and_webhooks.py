@@ -21,8 +21,8 @@ MODEL = "builtin/SmolLM2-135M-Instruct"
 
 
 @pytest.fixture(scope="module")
-def page(stack):
-    yield from signed_in_page(stack.url)
+def page(stack, chromium):
+    yield from signed_in_page(chromium, stack.url)
 
 
 def test_download_a_jobs_yaml_upload_it_changed_and_launch(stack, page, tmp_path):
