@@ -21,7 +21,8 @@ and the training phase (the rest: the loss's forward and backward over every mic
 step). Training tokens/s = prompt + completion tokens of the loss's micro-batches (their masks) / training
 seconds, the median over the steps after --warmup. Prints one JSON line; `all` runs kernels then plain as
 subprocesses and prints a table. On a machine without CUDA it runs in float32, the kernels under Triton's
-interpreter. --kernel-profile-dir DIR: torch.profiler over the training phase of the last step, written as
+interpreter. --kernel-profile-dir DIR: torch.profiler over the training phase of one more step after the timed
+ones (not in the timings), written as
 peer_bench.py's --kernel-profile writes it (GPU time by kernel, then by operator) to DIR/grpo-SYSTEM-MODEL.txt,
 with the phase's wall time under the profiler last (GPU busy far below it: the host is what the GPU waits on).
 """
@@ -97,7 +98,7 @@ def job_options(a):
     if completions % a.micro_batch:
         raise SystemExit(f"--micro-batch {a.micro_batch} must divide --prompts x --group ({completions})")
     spec = JobSpec(method="grpo", model=f"random/{a.model}", dataset_id=1,
-                   hyperparameters=dict(max_steps=a.warmup + a.steps, batch_size=a.micro_batch,
+                   hyperparameters=dict(max_steps=total_steps(a), batch_size=a.micro_batch,
                                         gradient_accumulation=completions // a.micro_batch,
                                         max_seq_len=a.prompt_len + a.completion_len, save_steps=10_000_000),
                    lora=dict(rank=a.rank),
@@ -125,6 +126,12 @@ def synchronize():
     import torch
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def total_steps(a) -> int:
+    """The warm-up, the timed steps, and one more, untimed, under the profiler when --kernel-profile-dir is given
+    (profiling slows a step several times over)."""
+    return a.warmup + a.steps + (1 if a.kernel_profile_dir else 0)
 
 
 def recorder_class():
@@ -240,7 +247,7 @@ def run_system(a) -> dict:
     options = job_options(a)
     vocab_size = CONFIGS[a.model]["vocab_size"]
     tokenizer = load_tokenizer(a.tokenizer, options) if a.tokenizer else word_tokenizer(vocab_size)
-    rows = prompt_rows(tokenizer, a.prompts * (a.warmup + a.steps), a.prompt_len, vocab_size, a.prompt_len_min)
+    rows = prompt_rows(tokenizer, a.prompts * total_steps(a), a.prompt_len, vocab_size, a.prompt_len_min)
     progress(f"{a.system} {a.model}: imports done")
     torch.manual_seed(0)
     base = fresh_model(a.model, device(), training_dtype(options))
@@ -249,7 +256,7 @@ def run_system(a) -> dict:
     if a.kernel_profile_dir:
         os.makedirs(a.kernel_profile_dir, exist_ok=True)
         profile_path = os.path.join(a.kernel_profile_dir, f"grpo-{a.system}-{a.model}.txt")
-    recorder = recorder_class()(profile_path, a.warmup + a.steps - 1)
+    recorder = recorder_class()(profile_path, a.warmup + a.steps)  # the extra step after the timed ones
     output_dir = f"/tmp/grpo-bench-{a.system}-{os.getpid()}"
     generation = {"min_new_tokens": a.completion_len}  # random weights would sample the end of text anywhere
     common = dict(reward_funcs=[in_process(LENGTH_REWARD)], train_dataset=Dataset.from_list(rows),
@@ -274,7 +281,7 @@ def run_system(a) -> dict:
     held = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
     trainer.train()
     shutil.rmtree(output_dir, ignore_errors=True)  # nothing saved there (save_steps is beyond the run)
-    timed_steps = recorder.steps[a.warmup:]
+    timed_steps = recorder.steps[a.warmup:a.warmup + a.steps]
     from lanner.kernels.memory import memory_engine_of
 
     engine = memory_engine_of(trainer.model)
@@ -387,7 +394,7 @@ def main() -> int:
     parser.add_argument("--tokenizer", default=None, help="a tokenizer folder (e.g. $LANNER_TEST_TOKENIZER_DIR) "
                                                           "instead of the word-level one")
     parser.add_argument("--kernel-profile-dir", default=None,
-                        help="write each system's GPU time by kernel over the last step's training phase here")
+                        help="write each system's GPU time by kernel over the training phase of one more, untimed step here")
     parser.add_argument("--timeout", type=int, default=240, help="all: seconds per system")
     parser.add_argument("--out", default=None, help="append each result as a JSON line here")
     a = parser.parse_args()
