@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 21's benchmark grid in one device call (docs/benchmarks.md, "Next: the families grid"). For each shape,
-# in the order given: Lanner at 2048 x 4, the random weights saved once for Unsloth's loader, Unsloth at 2048 x 4,
-# then both at 8192 x 1 (Lanner first: its row needs no saved weights); where Unsloth fails on a shape, HF + PEFT
-# + Liger instead, at that length and the next. Every process starts from the same weights and batches
+# in the order given: the random weights saved once for Unsloth's loader, Unsloth at 2048 x 4, then Lanner at its
+# default plan and under a memory budget of 1.1x Unsloth's measured peak (with offloading: the bar's memory
+# bound, spent on kept layers), then the same at 8192 x 1; where Unsloth fails on a shape, Lanner's default plan
+# and HF + PEFT + Liger instead, at that length and the next. Every process starts from the same weights and batches
 # (--same-weights), so first-step losses compare. Per-process timeouts from the ninth round (7B: Lanner 28-76 s,
 # of it ~50 s FlexAttention's first compile on windowed or soft-capped shapes; Unsloth 60-77 s), each capped
 # by what is left of BUDGET; what does not fit is written as skipped. A shape's saved weights (15-24 GB) are
@@ -15,26 +16,42 @@ set -o pipefail
 budget=${1:-560}; out=${OUT:?}
 shapes=("${@:2}"); (( ${#shapes[@]} )) || shapes=(qwen2.5-7b qwen3-8b gemma2-9b phi-4-mini gemma3-12b)
 source benchmarks/round_common.sh
+matched_budget() {  # matched_budget SHAPE SEQ BS: 1.1x the peak GiB of Unsloth's last row for it, empty if none
+  python3 - "$out/results.jsonl" "$@" <<'PY'
+import json, sys
+path, model, seq, bs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+rows = [json.loads(line) for line in open(path) if line.startswith("{")]
+peaks = [r["peak_gib"] for r in rows if r.get("mode") == "unsloth" and "peak_gib" in r
+         and (r.get("model"), r.get("seq"), r.get("bs")) == (model, seq, bs)]
+print(f"{1.1 * peaks[-1]:.2f}" if peaks else "")
+PY
+}
 cd benchmarks
 versions torch triton transformers peft unsloth unsloth_zoo liger-kernel
 for shape in "${shapes[@]}"; do
   unsloth_runs=1
   for length in "2048 4" "8192 1"; do
     read -r seq bs <<< "$length"
-    one 150 --models "$shape" --systems lanner --seq "$seq" --bs "$bs"
     if (( unsloth_runs )); then
       [[ -e /tmp/rand-$shape/tokenizer.json ]] || save_weights "$shape"
-      one 240 --models "$shape" --systems unsloth --seq "$seq" --bs "$bs" && continue
+      if one 240 --models "$shape" --systems unsloth --seq "$seq" --bs "$bs"; then
+        budget_gib=$(matched_budget "$shape" "$seq" "$bs")
+        one 200 --models "$shape" --systems lanner --seq "$seq" --bs "$bs" \
+          ${budget_gib:+--lanner-variants budget=$budget_gib,offload=on}
+        continue
+      fi
       unsloth_runs=0  # failed on this shape: Liger instead, here and at the other length
     fi
+    one 150 --models "$shape" --systems lanner --seq "$seq" --bs "$bs"
     one 150 --models "$shape" --systems liger --seq "$seq" --bs "$bs"
   done
   rm -rf "/tmp/rand-$shape"
 done
 python3 - "$out/results.jsonl" <<'PY'
 import json, sys
-from run import table
+from run import table, variants_table
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
 print(table([r for r in rows if "mode" in r and "variant" not in r]))
+print(variants_table([r for r in rows if "mode" in r]))
 PY
 echo "=== done, $(( SECONDS - start )) s"

@@ -108,7 +108,8 @@ def variants_table(results: list[dict]) -> str:
             if "variant" in r:
                 rows.append(f"| {r['model']} | {r['variant']} | failed: {r['error']} | | | | | | | |")
             continue
-        peer = next((p for p in results if p["model"] == r["model"] and p["mode"] == "unsloth" and "error" not in p), None)
+        peer = next((p for p in results if p.get("mode") == "unsloth" and "error" not in p
+                     and all(p.get(key) == r.get(key) for key in ("model", "seq", "bs"))), None)
         speed = f"{r['tok_s'] / peer['tok_s']:.2f}x" if peer else "-"
         memory = f"{r['peak_gib'] / peer['peak_gib']:.2f}x" if peer else "-"
         rows.append(f"| {r['model']} | {r['variant']} | {r.get('plan', '-')} | {r['tok_s']:,} | {r['step_ms']} "
