@@ -7,6 +7,7 @@ downloaded through the API with a byte range."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import uuid
@@ -31,8 +32,11 @@ def _store_env(endpoint: str, bucket: str, cache_dir) -> dict:
 
 
 def _waited_for_store(log: list[str], job_id: int) -> bool:
-    return any(line.startswith(f"The store is unreachable while uploading artifacts/{job_id}/checkpoints/checkpoint-")
-               and "trying again in" in line for line in log)
+    # Whichever store call of the checkpoints' upload meets the cut first: a listing of the checkpoints (seen in a
+    # run), a lookup or a file's upload.
+    waited = re.compile(rf"The store is unreachable while (listing|looking up|uploading) "
+                        rf"artifacts/{job_id}/checkpoints[/ ].*trying again in")
+    return any(waited.match(line) for line in log)
 
 
 def _host(tmp_path, name: str, database_url: str, owner: int, endpoint: str, bucket: str, smollm2_dir) -> Host:

@@ -61,7 +61,7 @@ def test_the_job_builds_the_engine_with_its_budget_and_says_what_it_ignores(stud
         ("info", "Memory engine (lanner.kernels): on (budget 1.5 GiB, offloading if the budget needs it); the plan "
                  "follows at the first training step"),
         ("warning", "Memory engine (lanner.kernels): memory_budget_gib and offload_checkpoints ignored; they need "
-                    "use_kernels and gradient_checkpointing on"),
+                    "a LoRA adapter, use_kernels and gradient_checkpointing on"),
     ], lines
 
 
