@@ -22,6 +22,7 @@ _EXPORTS = {
     "FAMILIES": ".patching",
     "PatchReport": ".patching",
     "has_fused_loss": ".patching",
+    "layers_unpatched": ".patching",
     "patch_model": ".patching",
     "unpatch_model": ".patching",
     "NF4Linear": ".quant",

@@ -4,14 +4,15 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..attention.transformers_glue import restore_attention, use_lanner_attention
+from ..attention.transformers_glue import ATTENTION_NAME, restore_attention, use_lanner_attention
 from ..peft_projections import fast_path_blocker
 from .attention import patch_attention
-from .binding import is_patched, unbind_forward
+from .binding import is_patched, plain_forwards, unbind_forward
 from .families import FAMILIES, Family, family_of
 from .loss import patch_causal_lm_loss
 from .mlp import patch_mlp
@@ -113,3 +114,20 @@ def unpatch_model(model: nn.Module) -> None:
     for module in base.modules():
         if is_patched(module):
             unbind_forward(module)
+
+
+@contextmanager
+def layers_unpatched(model: nn.Module):
+    """Inside the block the decoder layers run their own forwards (norms, attention, MLPs, experts) and the
+    model its own attention implementation, as after unpatch_model; after it, the kernels again. For
+    decoding with a KV cache, a few tokens a call, where the kernels gain nothing and cost their per-call
+    overhead. The causal LM's own forward (the loss) is left as it is: a trainer may have wrapped it."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    ours = base.config._attn_implementation == ATTENTION_NAME
+    restore_attention(base)
+    try:
+        with plain_forwards(module for module in base.modules() if module is not base):
+            yield
+    finally:
+        if ours:
+            use_lanner_attention(base)

@@ -1,5 +1,6 @@
 """Per-instance forward replacement: one module's forward changes, its class and every other instance don't."""
 import functools
+from contextlib import contextmanager
 
 from torch import nn
 
@@ -27,3 +28,16 @@ def unbind_forward(module: nn.Module) -> None:
     if is_patched(module):
         del module.__dict__[_PLAIN_FORWARD]
         del module.__dict__["forward"]
+
+
+@contextmanager
+def plain_forwards(modules):
+    """The patched ones among modules run their own forwards inside the block, their patched ones again after it."""
+    saved = [(module, module.__dict__.pop("forward"), module.__dict__.pop(_PLAIN_FORWARD))
+             for module in modules if is_patched(module)]
+    try:
+        yield
+    finally:
+        for module, fast, plain in saved:
+            object.__setattr__(module, _PLAIN_FORWARD, plain)
+            module.forward = fast

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import contextmanager
 
 from trl import GRPOConfig, GRPOTrainer
 
@@ -67,34 +66,10 @@ class _RewardColumn:
         return self.rewards.scores(prompts, completions, row_values)[self.index]
 
 
-@contextmanager
-def model_forwards(model):
-    """The model's own forwards and attention implementation while generating: decoding steps of a
-    few tokens with a KV cache gain nothing from the kernels (the patched attention already hands
-    them to the model's forward) and pay their per-call overhead in every layer's norms and MLP. The
-    causal LM's own forward is left as it is (TRL wraps it with its log-prob head)."""
-    from lanner.kernels.attention.transformers_glue import ATTENTION_NAME, restore_attention, use_lanner_attention
-    from lanner.kernels.patching.binding import bind_forward, is_patched, unbind_forward
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    patched = [(module, module.forward) for module in base.modules() if module is not base and is_patched(module)]
-    on_our_attention = base.config._attn_implementation == ATTENTION_NAME
-    restore_attention(base)
-    for module, _ in patched:
-        unbind_forward(module)
-    try:
-        yield
-    finally:
-        for module, fast in patched:
-            bind_forward(module, fast.func, **fast.keywords)
-        if on_our_attention:
-            use_lanner_attention(base)
-
-
 class LannerGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer that generates on the model's own forwards (model_forwards), times generation and
-    scoring per logged step and hands a sample of the step's completions, with their rewards, to
-    `on_samples`."""
+    """GRPOTrainer that generates on the model's own forwards (lanner.kernels.layers_unpatched), times
+    generation and scoring per logged step and hands a sample of the step's completions, with their
+    rewards, to `on_samples`."""
 
     def __init__(self, *args, on_samples, samples_logged: int, **kwargs):
         super().__init__(*args, **kwargs)
@@ -109,7 +84,9 @@ class LannerGRPOTrainer(GRPOTrainer):
             self.seconds[key] += time.perf_counter() - start
 
     def _generate(self, prompts):
-        with model_forwards(self.model):
+        from lanner.kernels import layers_unpatched
+
+        with layers_unpatched(self.model):
             return self._timed("generation_time", super()._generate, prompts)
 
     def _calculate_rewards(self, *args):
