@@ -84,15 +84,16 @@ def _cross_entropy_kernel(
 
 # Rows of a chunk when Liger's choice gives fewer: with a large vocabulary over a small hidden size that is
 # ~128 rows, a GEMM too flat for the tensor cores' tiles (Qwen3-30B-A3B's head ran at 470 TFLOP/s on the H200,
-# 6% of its step). Up to 1,024 rows as long as the chunk's 16-bit logits stay within 256 MiB.
+# 6% of its step). Up to 1,024 rows as long as the chunk's logits stay within 256 MiB.
 _MIN_CHUNK_ROWS = 1024
 _MIN_CHUNK_LOGITS_BYTES = 256 * 2**20
 
 
-def _default_chunk_size(n_rows, vocab, hidden):
+def _default_chunk_size(n_rows, vocab, hidden, element_size):
     # Liger's choice: the logits chunk is about as large as hidden, so peak memory stays ~2x hidden.
     liger = triton.next_power_of_2(triton.cdiv(n_rows, triton.cdiv(vocab, hidden)))
-    floor = min(_MIN_CHUNK_ROWS, 1 << max(0, (_MIN_CHUNK_LOGITS_BYTES // (2 * vocab)).bit_length() - 1))
+    within = _MIN_CHUNK_LOGITS_BYTES // (element_size * vocab)  # rows whose logits fit the bound
+    floor = min(_MIN_CHUNK_ROWS, 1 << max(0, within.bit_length() - 1))  # as a power of two
     return max(liger, floor)
 
 
@@ -134,7 +135,7 @@ def _fused_linear_cross_entropy_forward(
     grad_weight = torch.zeros((vocab, hidden_size), dtype=compute_dtype, device=device) if need_grad_weight else None
     grad_bias = torch.zeros((vocab,), dtype=torch.float32, device=device) if need_grad_bias else None
 
-    chunk_size = chunk_size or _default_chunk_size(n_rows, vocab, hidden_size)
+    chunk_size = chunk_size or _default_chunk_size(n_rows, vocab, hidden_size, compute_dtype.itemsize)
     block = min(triton.next_power_of_2(vocab), MAX_BLOCK_SIZE)
     with torch.autocast(device_type=device.type, enabled=False):
         for start in range(0, n_rows, chunk_size):

@@ -187,9 +187,11 @@ def test_second_backward_is_refused(device):
 
 @pytest.mark.parametrize("rows, vocab, hidden", [(8192, 151936, 2048), (8192, 256000, 3584), (8192, 128256, 4096),
                                                  (65536, 32000, 8192)])
-def test_default_chunks_are_tall_enough_for_the_tensor_cores_within_their_memory(rows, vocab, hidden):
-    chunk = ce_module._default_chunk_size(rows, vocab, hidden)
+@pytest.mark.parametrize("element_size", [2, 4], ids=["16-bit", "float32"])
+def test_default_chunks_are_tall_enough_for_the_tensor_cores_within_their_memory(rows, vocab, hidden, element_size):
+    chunk = ce_module._default_chunk_size(rows, vocab, hidden, element_size)
     liger = triton.next_power_of_2(triton.cdiv(rows, triton.cdiv(vocab, hidden)))
     assert chunk >= liger
-    assert chunk >= 512 or chunk == liger  # not a ~128-row GEMM against the whole vocabulary
-    assert chunk == liger or chunk * vocab * 2 <= 256 * 2**20
+    if element_size == 2:
+        assert chunk >= 512 or chunk == liger  # not a ~128-row GEMM against the whole vocabulary
+    assert chunk == liger or chunk * vocab * element_size <= 256 * 2**20
