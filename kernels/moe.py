@@ -85,15 +85,17 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         y, ha = grouped_lora_forward(h, groups, down.weight, down.lora_A, down.lora_B, down.scaling, grouped_mm)
         del h
         out = moe_combine(y, inverse, k, top_k_weights, hidden.dtype)
-        ctx.save_for_backward(x2, top_k_weights, order, inverse, gu, xa_gu, ha, *groups.tensors())
-        ctx.rows_and_block, ctx.activation, ctx.projections = (groups.rows, groups.block_m), activation, (gate_up, down)
+        ctx.save_for_backward(x2, top_k_weights, order, inverse, gu, xa_gu, ha)
+        # The groups on ctx (a few ints per expert), as GroupedLoRAFunction keeps them: the Triton path's row
+        # tiles, made in forward, serve backward too.
+        ctx.groups, ctx.activation, ctx.projections = groups, activation, (gate_up, down)
         ctx.hidden_shape, ctx.hidden_dtype = hidden.shape, hidden.dtype
         return out.view(hidden.shape)
 
     @staticmethod
     def backward(ctx, dout):
-        x2, top_k_weights, order, inverse, gu, xa_gu, ha, *group_tensors = ctx.saved_tensors
-        groups = ExpertGroups(*group_tensors, *ctx.rows_and_block)
+        x2, top_k_weights, order, inverse, gu, xa_gu, ha = ctx.saved_tensors
+        groups = ctx.groups
         gate_up, down = ctx.projections
         tokens, k = top_k_weights.shape
         token_of_row = order // k

@@ -58,10 +58,6 @@ class ExpertGroups:
     def num_experts(self) -> int:
         return self.starts.shape[0]
 
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """The tensors, in field order (for save_for_backward); ExpertGroups(*tensors, rows, block_m) rebuilds it."""
-        return self.starts, self.ends
-
     @functools.cached_property
     def tiles(self) -> RowTiles:
         starts, ends, block_m = self.starts.to(torch.int64), self.ends.to(torch.int64), self.block_m
