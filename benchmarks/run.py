@@ -73,17 +73,23 @@ def run_one(system: str, model: str, args, env: dict, extra: list[str] = ()) -> 
     return dict(mode=system, model=model, seq=args.seq, bs=args.bs, error=f"exit {done.returncode}: {' | '.join(tail)}")
 
 
+def shape_of(result: dict) -> tuple:
+    """What a result's ratios compare within: the model, the sequence length and the batch."""
+    return result["model"], result.get("seq"), result.get("bs")
+
+
+def shape_label(result: dict) -> str:
+    model, seq, bs = shape_of(result)
+    return model if seq is None else f"{model} {seq}x{bs}"
+
+
 def table(results: list[dict]) -> str:
     """One row per result, Lanner's ratios against the others of the same model, sequence and batch."""
     rows = ["| shape | system | tokens/s | step ms | peak GiB | first-step loss | final loss | Lanner tok/s ratio "
             "| Lanner memory ratio |", "|---|---|---|---|---|---|---|---|---|"]
-
-    def shape_of(r):
-        return r["model"], r.get("seq"), r.get("bs")
-
-    for model, seq, bs in dict.fromkeys(map(shape_of, results)):
-        shape = [r for r in results if shape_of(r) == (model, seq, bs)]
-        label = model if seq is None else f"{model} {seq}x{bs}"
+    for key in dict.fromkeys(map(shape_of, results)):
+        shape = [r for r in results if shape_of(r) == key]
+        label = shape_label(shape[0])
         lanner = {mode: next((r for r in shape if r["mode"] == mode and "error" not in r), None)
                   for mode in ("lanner", "lanner4")}
         for r in shape:
@@ -106,13 +112,13 @@ def variants_table(results: list[dict]) -> str:
     for r in results:
         if "variant" not in r or "error" in r:
             if "variant" in r:
-                rows.append(f"| {r['model']} | {r['variant']} | failed: {r['error']} | | | | | | | |")
+                rows.append(f"| {shape_label(r)} | {r['variant']} | failed: {r['error']} | | | | | | | |")
             continue
         peer = next((p for p in results if p.get("mode") == "unsloth" and "error" not in p
-                     and all(p.get(key) == r.get(key) for key in ("model", "seq", "bs"))), None)
+                     and shape_of(p) == shape_of(r)), None)
         speed = f"{r['tok_s'] / peer['tok_s']:.2f}x" if peer else "-"
         memory = f"{r['peak_gib'] / peer['peak_gib']:.2f}x" if peer else "-"
-        rows.append(f"| {r['model']} | {r['variant']} | {r.get('plan', '-')} | {r['tok_s']:,} | {r['step_ms']} "
+        rows.append(f"| {shape_label(r)} | {r['variant']} | {r.get('plan', '-')} | {r['tok_s']:,} | {r['step_ms']} "
                     f"| {r['peak_gib']} | {r.get('predicted_peak_gib', '-')} | {r['loss']} | {speed} | {memory} |")
     return "\n".join(rows)
 
