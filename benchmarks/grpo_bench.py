@@ -171,7 +171,8 @@ def recorder_class():
                 self.logs.append(logs)
 
         def profile_training_phase(self):
-            """From the end of the last step's scoring (generation, rewards, reference) to the step's end."""
+            """In the profiled step (the one after the timed ones): from the end of its scoring (generation,
+            rewards, reference) to its end."""
             import torch
 
             if self.profile_path and len(self.steps) == self.profiled_step and self.profiler is None:
