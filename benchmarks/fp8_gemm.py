@@ -1,7 +1,10 @@
 """The FP8 base GEMMs on their own (docs/fp8.md), on the Llama-3 8B projection shapes at 8,192 tokens:
-time of the bf16 GEMM, of FP8Linear's forward product (per-token quantisation + torch._scaled_mm) and of its
-input gradient (scaling, quantisation, the transposed copy + torch._scaled_mm), and the tensor cores'
-result against the float32 emulation (max error relative to the largest element).
+time of the bf16 GEMM, of FP8Linear's forward product (per-token quantisation + torch._scaled_mm; a fresh
+view of x each call, so the cached quantisation of rows shared by projections is not reused) and of its
+input gradient (scaling, quantisation, the transposed codes + torch._scaled_mm); each part alone (the
+quantiser and the transpose with their bandwidth, the GEMM with and without fast accumulation); and the
+tensor cores' result against the float32 emulation (max error relative to the largest element), with
+use_fast_accum off (the training path) and on.
 
     python benchmarks/fp8_gemm.py [--tokens 8192]     # CUDA, compute capability 8.9 or newer
 
@@ -22,7 +25,7 @@ def main() -> None:
     import torch
     from triton.testing import do_bench
 
-    from lanner.kernels.ops.fp8_matmul import fp8_matmul, quantize_rows
+    from lanner.kernels.ops.fp8_matmul import fp8_matmul, quantize_rows, transpose_into
     from lanner.kernels.quant import FP8Linear
     from lanner.kernels.quant.fp8 import fp8_forward, fp8_input_grad
 
@@ -35,20 +38,39 @@ def main() -> None:
         weight = linear.weight
         xq, xs = quantize_rows(x)
         fp8 = layer.fp8
+        transposed = torch.empty(in_features, out_features, device="cuda", dtype=torch.uint8)
+
+        def fast_accum():
+            return torch._scaled_mm(xq, fp8.e4m3.t(), scale_a=xs, scale_b=fp8.scale.view(1, -1),
+                                    out_dtype=torch.bfloat16, use_fast_accum=True)
+
+        def relative(out):
+            return ((out.float() - emulated).abs().max() / emulated.abs().max()).item()
+
         gpu = fp8_matmul(xq, xs, fp8.e4m3, fp8.scale, torch.bfloat16, "scaled_mm").float()
         emulated = fp8_matmul(xq, xs, fp8.e4m3, fp8.scale, torch.float32, "emulated")
-        flops = 2 * args.tokens * in_features * out_features
-        times = {
+        gemms = {
             "bf16_forward_ms": do_bench(lambda: x @ weight.t()),
-            "fp8_forward_ms": do_bench(lambda: fp8_forward(layer, x)),
+            "fp8_forward_ms": do_bench(lambda: fp8_forward(layer, x.view(x.shape))),
             "fp8_gemm_only_ms": do_bench(lambda: fp8_matmul(xq, xs, fp8.e4m3, fp8.scale, torch.bfloat16, "scaled_mm")),
+            "fp8_gemm_fast_accum_ms": do_bench(fast_accum),
             "bf16_input_grad_ms": do_bench(lambda: dout @ weight),
             "fp8_input_grad_ms": do_bench(lambda: fp8_input_grad(layer, dout)),
         }
-        tflops = {key.replace("_ms", "_tflops"): round(flops / (ms * 1e-3) / 1e12) for key, ms in times.items()}
+        parts = {
+            "quantize_x_ms": do_bench(lambda: quantize_rows(x)),
+            "quantize_dout_ms": do_bench(lambda: quantize_rows(dout, fp8.scale)),
+            "transpose_ms": do_bench(lambda: transpose_into(fp8.codes, transposed)),
+        }
+        flops = 2 * args.tokens * in_features * out_features
+        tflops = {key.replace("_ms", "_tflops"): round(flops / (ms * 1e-3) / 1e12) for key, ms in gemms.items()}
+        moved = {"quantize_x_ms": x.numel() * 3, "quantize_dout_ms": dout.numel() * 3,  # bf16 in, e4m3 out
+                 "transpose_ms": 2 * fp8.codes.numel()}
+        gbps = {key.replace("_ms", "_gbps"): round(moved[key] / (ms * 1e-3) / 1e9) for key, ms in parts.items()}
         dense = (x.float() @ layer.dense_weight(torch.float32).t())
-        print(json.dumps(dict(shape=name, tokens=args.tokens, **{k: round(v, 3) for k, v in times.items()}, **tflops,
-                              scaled_mm_vs_emulation=((gpu - emulated).abs().max() / emulated.abs().max()).item(),
+        print(json.dumps(dict(shape=name, tokens=args.tokens,
+                              **{k: round(v, 3) for k, v in {**gemms, **parts}.items()}, **tflops, **gbps,
+                              scaled_mm_vs_emulation=relative(gpu), fast_accum_vs_emulation=relative(fast_accum()),
                               fp8_vs_bf16_activations=((emulated - dense).abs().max() / dense.abs().max()).item(),
                               gpu=torch.cuda.get_device_name())), flush=True)
 

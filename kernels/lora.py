@@ -31,10 +31,10 @@ def register_base_weight(layer_type: type, reader: Callable[[nn.Module], torch.T
 
 @dataclass(frozen=True)
 class BaseMatmul:
-    """A frozen layer type's own products, in the input's dtype: forward(layer, x) = x @ W^T and
-    input_grad(layer, dout) = dout @ W (x, dout: 2-D rows)."""
+    """A frozen layer type's own products, in the input's dtype: forward(layer, x, bias) = x @ W^T (+ bias,
+    when not None: in the product's own pass) and input_grad(layer, dout) = dout @ W (x, dout: 2-D rows)."""
 
-    forward: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    forward: Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]
     input_grad: Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
 
@@ -53,9 +53,10 @@ def supports_base_layer(layer: nn.Module) -> bool:
 
 def _base_input_grad_fn(layer: nn.Module, dtype: torch.dtype) -> Callable:
     """grad(dout, dx=None, rank_r=None) = dx + dout @ W (+ rank_r[0] @ rank_r[1]) of one frozen layer. A
-    dense weight is read once here, for every call of the returned function. The rank-r product is written
-    first and the dense GEMM accumulates onto it; a base with its own product (FP8) writes that first and
-    the rank-r product accumulates onto it, so no second buffer of the output's size exists either way."""
+    dense weight is read once here, for every call of the returned function. Without dx, no second buffer
+    of the output's size exists: the rank-r product is written first and the dense GEMM accumulates onto it
+    (beta=1); a base with its own product (FP8, whose GEMM cannot accumulate) writes that first and the
+    rank-r product accumulates onto it. With dx, such a base's product is one more buffer, added to dx."""
     matmul = _BASE_MATMULS.get(type(layer))
     if matmul is not None:
         def grad(dout, dx=None, rank_r=None):
@@ -123,10 +124,8 @@ def _project(
     dtype = x2.dtype
     bias = p.base.bias
     matmul = _BASE_MATMULS.get(type(p.base))
-    if matmul is not None:  # its own product first, then the bias and the rank-r term onto it
-        out = matmul.forward(p.base, x2)
-        if bias is not None:
-            out.add_(bias.to(dtype))
+    if matmul is not None:  # its own product (with the bias) first, then the rank-r term onto it
+        out = matmul.forward(p.base, x2, None if bias is None else bias.to(dtype))
         if p.lora_A is None:
             return out, None
         if xa is None:
@@ -151,20 +150,22 @@ def _lora_backward(dout: torch.Tensor, xa: torch.Tensor, p: LoRAProjection):
 
 
 def _input_grad(pairs, dxa: torch.Tensor | None = None, A: torch.Tensor | None = None) -> torch.Tensor:
-    """dX = dxa @ A + the sum of dout @ W over (dout, projection) pairs. The rank-r product is written
-    first and each base GEMM accumulates onto it (beta=1), so no pass re-reads and re-writes dX for
-    the rank-r term. Each W is read (a 4-bit one dequantised into the shared buffer) just before its
-    GEMM."""
-    dx = None if dxa is None else dxa @ A.to(dxa.dtype)
+    """dX = dxa @ A + the sum of dout @ W over (dout, projection) pairs. The rank-r product goes with the
+    first projection's (see _base_input_grad_fn): before a dense GEMM that accumulates onto it, or onto an
+    FP8 product that then is dX, so it never costs a pass of its own over dX. Each W is read (a 4-bit one
+    dequantised into the shared buffer) just before its GEMM."""
+    rank_r = None if dxa is None else (dxa, A.to(dxa.dtype))
+    dx = None
     for dout, p in pairs:
-        dx = _base_input_grad_fn(p.base, dout.dtype)(dout, dx)
+        dx = _base_input_grad_fn(p.base, dout.dtype)(dout, dx, rank_r)
+        rank_r = None
     return dx
 
 
 def _shared_input_backward(x2: torch.Tensor, douts, xas, projections) -> tuple[torch.Tensor, list]:
     """dX and the LoRA gradients [dA, dB, dA, dB, ...] (None for an unadapted projection) of
     projections that all read the rows x2 (o_proj alone; q/k/v; gate/up). The adapted ones share
-    one dA product (x2 read once) and one rank-r product that starts dX."""
+    one dA product (x2 read once) and one rank-r product into dX (_input_grad)."""
     adapted = [(dout, xa, p) for dout, xa, p in zip(douts, xas, projections) if p.lora_A is not None]
     dxa_all = A_all = None
     dBs, dAs = iter(()), iter(())
@@ -208,9 +209,9 @@ class LoRAQKVFunction(torch.autograd.Function):
     """The query, key and value projections of one attention block, sharing one saved input.
 
     When all three are adapted, their A factors run as one (N, in) x (in, r_q + r_k + r_v) product
-    in forward; in backward the adapted ones share one dA product, and dX starts as their joint
-    rank-r product, onto which the three base GEMMs accumulate: the input is read once for the three
-    instead of three times, each way.
+    in forward; in backward the adapted ones share one dA product, and their joint rank-r product goes
+    into dX with the first base GEMM's (_input_grad): the input is read once for the three instead of
+    three times, each way.
     """
 
     @staticmethod

@@ -11,7 +11,8 @@ rounding of the float32 sums and of that last cast (docs/fp8.md).
 A CUDA GPU older than 8.9 has no FP8 tensor cores: `fp8_backend` says so in words, with the fallbacks.
 
 `quantize_rows` makes the operands: per-row e4m3 codes and float32 scales (each row's largest magnitude
-maps to 448), one Triton program per row on a GPU, torch elsewhere, the same bits either way.
+maps to 448), one Triton kernel on a GPU, torch elsewhere, the same bits either way. `transpose_into`
+lays out the input gradient's second operand, W^T's codes, in tiles.
 """
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ EMULATE_ENV = "LANNER_FP8_EMULATE"
 # quantize_rows works in float32 on this many elements at a time (64 MiB), not on a float32 copy of a whole
 # (tokens x 14,336) activation or gradient.
 QUANTIZE_CHUNK_ELEMENTS = 2**24
+# A Triton quantiser program holds up to this many elements of rows that it reads once (32 a thread with 8
+# warps), or blocks of a half of that of a longer row that it reads twice (16 a thread: fewer registers, more
+# programs to an SM, while the rows they hold still fit in the L2 cache for their second read).
+QUANTIZE_TILE = 8192
+# The transpose's square tiles of bytes: rows of 128 bytes, whole cache lines, both ways.
+TRANSPOSE_TILE = 128
 
 
 class FP8Unsupported(RuntimeError):
@@ -53,8 +60,9 @@ def fp8_backend(device: torch.device) -> str:
 
 def quantize_rows(x: torch.Tensor, column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, scale): x (M, K), times column_scale (K,) when given, as e4m3 codes and a float32 scale per
-    row (M, 1) with x * column_scale ~= codes * scale; on a GPU one Triton kernel (x read twice, the codes
-    written once), elsewhere torch in chunks. The same codes and scales, bit for bit."""
+    row (M, 1) with x * column_scale ~= codes * scale; on a GPU one Triton kernel (x read once, twice for
+    rows longer than QUANTIZE_TILE; the codes written once), elsewhere torch in chunks. The same codes and
+    scales, bit for bit."""
     if x.is_cuda:
         return quantize_rows_triton(x, column_scale)
     return quantize_rows_torch(x, column_scale)
@@ -104,35 +112,69 @@ def _e4m3_bits(v):
 
 
 @triton.jit
-def _scaled_block(x_row, COLUMN_SCALE, start, n_cols, HAS_COLUMN_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+def _scaled_tile(X, COLUMN_SCALE, rows, row_mask, x_row_stride, start, n_cols, HAS_COLUMN_SCALE: tl.constexpr,
+                 BLOCK: tl.constexpr):
     cols = start + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    v = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    col_mask = cols < n_cols
+    mask = row_mask[:, None] & col_mask[None, :]
+    v = tl.load(X + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_COLUMN_SCALE:
-        v = v * tl.load(COLUMN_SCALE + cols, mask=mask, other=0.0)
+        v = v * tl.load(COLUMN_SCALE + cols, mask=col_mask, other=0.0)[None, :]
     return v, cols, mask
 
 
 @triton.jit
-def _quantize_rows_kernel(X, COLUMN_SCALE, CODES, SCALE, n_cols, x_row_stride, E4M3_MAX: tl.constexpr,
-                          HAS_COLUMN_SCALE: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = X + row * x_row_stride
-    amax = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, n_cols, BLOCK):
-        v, cols, mask = _scaled_block(x_row, COLUMN_SCALE, start, n_cols, HAS_COLUMN_SCALE, BLOCK)
-        amax = tl.maximum(amax, tl.abs(v))
-    row_max = tl.max(amax, axis=0)
+def _store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX: tl.constexpr, HARDWARE_CAST: tl.constexpr):
+    v = tl.minimum(tl.maximum(tl.math.div_rn(v, scale[:, None]), -E4M3_MAX), E4M3_MAX)
+    if HARDWARE_CAST:  # one cvt.rn.satfinite.e4m3x2 for two elements: rounds to nearest even too
+        codes = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    else:
+        codes = _e4m3_bits(v).to(tl.uint8)
+    tl.store(CODES + rows[:, None] * n_cols + cols[None, :], codes, mask=mask)
+
+
+@triton.jit
+def _quantize_rows_kernel(X, COLUMN_SCALE, CODES, SCALE, n_rows, n_cols, x_row_stride, E4M3_MAX: tl.constexpr,
+                          HAS_COLUMN_SCALE: tl.constexpr, HARDWARE_CAST: tl.constexpr, ROWS: tl.constexpr,
+                          BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < n_rows
+    if ONE_PASS:  # the rows fit in the block: read once
+        v, cols, mask = _scaled_tile(X, COLUMN_SCALE, rows, row_mask, x_row_stride, 0, n_cols, HAS_COLUMN_SCALE,
+                                     BLOCK)
+        amax = tl.abs(v)
+    else:
+        amax = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+        for start in range(0, n_cols, BLOCK):
+            v, cols, mask = _scaled_tile(X, COLUMN_SCALE, rows, row_mask, x_row_stride, start, n_cols,
+                                         HAS_COLUMN_SCALE, BLOCK)
+            amax = tl.maximum(amax, tl.abs(v))
+    row_max = tl.max(amax, axis=1)
     scale = tl.where(row_max > 0, tl.math.div_rn(row_max, E4M3_MAX), 1.0)
-    tl.store(SCALE + row, scale)
-    for start in range(0, n_cols, BLOCK):  # the second read of the row mostly hits the L2 cache
-        v, cols, mask = _scaled_block(x_row, COLUMN_SCALE, start, n_cols, HAS_COLUMN_SCALE, BLOCK)
-        v = tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -E4M3_MAX), E4M3_MAX)
-        tl.store(CODES + row * n_cols + cols, _e4m3_bits(v).to(tl.uint8), mask=mask)
+    tl.store(SCALE + rows, scale, mask=row_mask)
+    if ONE_PASS:
+        _store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX, HARDWARE_CAST)
+    else:
+        for start in range(0, n_cols, BLOCK):  # the second read of a long row mostly hits the L2 cache
+            v, cols, mask = _scaled_tile(X, COLUMN_SCALE, rows, row_mask, x_row_stride, start, n_cols,
+                                         HAS_COLUMN_SCALE, BLOCK)
+            _store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX, HARDWARE_CAST)
+
+
+def quantize_tile(n_cols: int) -> tuple[int, int]:
+    """(rows per program, columns per block) of the Triton quantiser: rows that fit in QUANTIZE_TILE are read
+    once, several to a program (k/v-sized gradients: eight of 1,024); a longer row has a program to itself
+    and is read in blocks, twice."""
+    block = triton.next_power_of_2(max(n_cols, 1))
+    if block <= QUANTIZE_TILE:
+        return QUANTIZE_TILE // block, block
+    return 1, QUANTIZE_TILE // 2
 
 
 def quantize_rows_triton(x: torch.Tensor, column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_rows as one Triton program per row (GPU, or the CPU interpreter in the tests)."""
+    """quantize_rows in one Triton kernel (GPU, or the CPU interpreter in the tests). On a GPU with FP8
+    (compute capability 8.9+) the e4m3 rounding is the hardware's conversion, elsewhere `_e4m3_bits`, whose
+    ~30 integer operations an element made the kernel compute-bound: both round to nearest even."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     rows, cols = x.shape
@@ -140,27 +182,57 @@ def quantize_rows_triton(x: torch.Tensor, column_scale: torch.Tensor | None = No
     scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
     if rows:
         column_scale = None if column_scale is None else column_scale.float().contiguous()
-        _quantize_rows_kernel[(rows,)](x, column_scale if column_scale is not None else scale, codes, scale, cols,
-                                       x.stride(0), E4M3_MAX=E4M3_MAX, HAS_COLUMN_SCALE=column_scale is not None,
-                                       BLOCK=min(triton.next_power_of_2(cols), 2048), num_warps=4)
+        rows_per_program, block = quantize_tile(cols)
+        hardware_cast = x.is_cuda and torch.cuda.get_device_capability(x.device) >= MIN_CAPABILITY
+        _quantize_rows_kernel[(triton.cdiv(rows, rows_per_program),)](
+            x, column_scale if column_scale is not None else scale, codes, scale, rows, cols, x.stride(0),
+            E4M3_MAX=E4M3_MAX, HAS_COLUMN_SCALE=column_scale is not None, HARDWARE_CAST=hardware_cast,
+            ROWS=rows_per_program, BLOCK=block, ONE_PASS=block >= cols, num_warps=8)
     return codes.view(FP8_DTYPE), scale
 
 
+@triton.jit
+def _transpose_kernel(X, OUT, n_rows, n_cols, TILE: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
+    cols = tl.program_id(1).to(tl.int64) * TILE + tl.arange(0, TILE)
+    tile = tl.load(X + rows[:, None] * n_cols + cols[None, :], mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
+    tl.store(OUT + cols[:, None] * n_rows + rows[None, :], tl.trans(tile),
+             mask=(cols[:, None] < n_cols) & (rows[None, :] < n_rows))
+
+
+def transpose_into(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = x^T, both contiguous 2-D, in TRANSPOSE_TILE-square tiles that are read and written a row at a
+    time (the shuffle between the two goes through shared memory): torch's strided copy of a transposed
+    byte matrix ran at about a fifteenth of the memory's bandwidth."""
+    n_rows, n_cols = x.shape
+    if out.shape != (n_cols, n_rows) or not (x.is_contiguous() and out.is_contiguous()) or out.dtype != x.dtype:
+        raise ValueError(f"transpose_into: a contiguous {x.dtype} ({n_cols}, {n_rows}) out for x of shape "
+                         f"{tuple(x.shape)}, not {out.dtype} {tuple(out.shape)}")
+    if x.numel():
+        grid = (triton.cdiv(n_rows, TRANSPOSE_TILE), triton.cdiv(n_cols, TRANSPOSE_TILE))
+        _transpose_kernel[grid](x, out, n_rows, n_cols, TILE=TRANSPOSE_TILE, num_warps=8)
+    return out
+
+
 def fp8_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor | None,
-               out_dtype: torch.dtype, backend: str) -> torch.Tensor:
-    """(a @ b^T) * a_scale * b_scale in out_dtype.
+               out_dtype: torch.dtype, backend: str, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(a @ b^T) * a_scale * b_scale (+ bias) in out_dtype.
 
     a: (M, K) e4m3, row-major; a_scale: (M, 1) float32. b: (N, K) e4m3, row-major (so b.t() is the
-    column-major operand cuBLAS' FP8 GEMM wants); b_scale: (N,) float32, or None for no scale. backend: fp8_backend(device).
-    On the tensor cores the result is rounded to bf16 (the row-wise-scaled GEMM's only output) and then
-    cast to out_dtype."""
+    column-major operand cuBLAS' FP8 GEMM wants); b_scale: (N,) float32, or None for no scale; bias: (N,)
+    or None, added to the scaled float32 sums before the one rounding (on the tensor cores in the GEMM's
+    epilogue, in bf16). backend: fp8_backend(device). On the tensor cores the result is rounded to bf16
+    (the row-wise-scaled GEMM's only output) and then cast to out_dtype."""
     if backend == "scaled_mm":
         n = b.shape[0]
         scale_b = (torch.ones(1, n, device=b.device, dtype=torch.float32) if b_scale is None
                    else b_scale.view(1, n))
-        out = torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=scale_b, out_dtype=torch.bfloat16)
+        out = torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=scale_b, out_dtype=torch.bfloat16,
+                               bias=None if bias is None else bias.to(torch.bfloat16))
         return out if out_dtype == torch.bfloat16 else out.to(out_dtype)
     out = (a.float() @ b.float().t()).mul_(a_scale)
     if b_scale is not None:
         out.mul_(b_scale)
+    if bias is not None:
+        out.add_(bias)
     return out.to(out_dtype)

@@ -9,9 +9,11 @@ plus 4 bytes a row.
 Forward: x quantised per token (each row's amax maps to 448), one FP8 GEMM with both row-wise scales.
 Backward: dx = dy @ W with W the forward's very weight (codes * scale): the per-output-channel scale
 multiplies dy's columns, then dy is quantised per token and multiplied by the codes transposed (the
-FP8 GEMM takes its second operand column-major, so W^T's codes are copied into a buffer shared by all
-layers, just before the GEMM; no second copy of the weights is kept). No global loss scale: every row
-of dy gets its own float32 scale.
+FP8 GEMM takes its second operand column-major, so a tiled Triton transpose writes W^T's codes into a
+buffer shared by all layers, just before the GEMM; no second copy of the weights is kept). No global
+loss scale: every row of dy gets its own float32 scale.
+
+Forward's bias goes into the GEMM's epilogue (one pass over the output, one rounding).
 
 Nothing else changes: the LoRA factors' products, the GLU, norms, RoPE and the loss run as in bf16 LoRA.
 """
@@ -24,7 +26,7 @@ import torch
 from torch import nn
 
 from ..lora import register_base_matmul
-from ..ops.fp8_matmul import E4M3_MAX, FP8_DTYPE, fp8_backend, fp8_matmul, quantize_rows
+from ..ops.fp8_matmul import E4M3_MAX, FP8_DTYPE, fp8_backend, fp8_matmul, quantize_rows, transpose_into
 from .quantised_linear import QuantisedLinear, shared_buffer
 
 # cuBLAS' FP8 GEMM wants both dimensions of the weight in multiples of 16; other layers stay 16-bit.
@@ -133,11 +135,12 @@ class _LastQuantised:
             cls.rows = cls.quantised = None
 
 
-def fp8_forward(layer: FP8Linear, x2: torch.Tensor) -> torch.Tensor:
-    """x2 @ W^T in x2's dtype: x2 quantised per token, one FP8 GEMM with both row-wise scales."""
+def fp8_forward(layer: FP8Linear, x2: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x2 @ W^T (+ bias) in x2's dtype: x2 quantised per token, one FP8 GEMM with both row-wise scales and
+    the bias in its epilogue."""
     fp8 = layer.fp8
     codes, scale = _LastQuantised.of(x2)
-    return fp8_matmul(codes, scale, fp8.e4m3, fp8.scale, x2.dtype, fp8_backend(x2.device))
+    return fp8_matmul(codes, scale, fp8.e4m3, fp8.scale, x2.dtype, fp8_backend(x2.device), bias)
 
 
 def fp8_input_grad(layer: FP8Linear, dout: torch.Tensor) -> torch.Tensor:
@@ -149,7 +152,7 @@ def fp8_input_grad(layer: FP8Linear, dout: torch.Tensor) -> torch.Tensor:
     if backend == "scaled_mm":  # the GEMM's second operand column-major: W^T's codes, contiguous
         n, k = fp8.shape
         transposed = shared_buffer(n * k, fp8.codes.device, torch.uint8, "fp8_transposed").view(k, n)
-        weight_t = transposed.copy_(fp8.codes.t()).view(FP8_DTYPE)
+        weight_t = transpose_into(fp8.codes, transposed).view(FP8_DTYPE)
     else:
         weight_t = fp8.e4m3.t()
     return fp8_matmul(codes, scale, weight_t, None, dout.dtype, backend)
@@ -161,9 +164,7 @@ class FP8LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layer, bias):
         ctx.layer, ctx.has_bias = layer, bias is not None
-        out = fp8_forward(layer, x.reshape(-1, x.shape[-1]))
-        if bias is not None:
-            out.add_(bias)
+        out = fp8_forward(layer, x.reshape(-1, x.shape[-1]), bias)
         return out.view(*x.shape[:-1], out.shape[-1])
 
     @staticmethod

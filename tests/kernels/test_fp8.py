@@ -295,17 +295,109 @@ def test_layers_the_fp8_gemm_cannot_take_stay_dense(device):
     model(input_ids=ids, labels=ids).loss.backward()
 
 
+# (6, 300): sixteen rows a program, read once; (37, 1024): eight (k/v-sized rows); (5, 9000): a row in three
+# blocks, read twice, its largest element in the last block.
+@pytest.mark.parametrize("shape", [(6, 300), (37, 1024), (5, 9000)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_column_scale", [False, True])
-def test_the_triton_quantiser_gives_torchs_codes_and_scales_bit_for_bit(dtype, with_column_scale, device):
+def test_the_triton_quantiser_gives_torchs_codes_and_scales_bit_for_bit(shape, dtype, with_column_scale, device):
     from lanner.kernels.ops.fp8_matmul import quantize_rows_torch, quantize_rows_triton
 
-    x = wide_rows(6, 300, seed=7).to(device=device, dtype=dtype)
+    rows, cols = shape
+    x = wide_rows(rows, cols + 16, seed=7).to(device=device, dtype=dtype)[:, :cols]  # rows with their own stride
     x[2] = 0
     # ties between e4m3 neighbours and the subnormal range, where rounding to nearest even decides
-    x[3, :8] = torch.tensor([448, 200, -200, 13, 0.0048828125, 0.00732421875, 0.0017, -0.0029], dtype=dtype)
-    column_scale = (torch.rand(300, device=device) + 0.5) if with_column_scale else None
+    ties = torch.tensor([448, 200, -200, 13, 0.0048828125, 0.00732421875, 0.0017, -0.0029], dtype=dtype)
+    x[3, :8] = x[3, -8:] = ties
+    x[4, -1] = -1000 * x[4].abs().max()
+    column_scale = (torch.rand(cols, device=device) + 0.5) if with_column_scale else None
     codes, scale = quantize_rows_triton(x, column_scale)
     expected_codes, expected_scale = quantize_rows_torch(x, column_scale)
     assert torch.equal(scale, expected_scale)
     assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
+
+
+def test_short_rows_share_a_quantiser_program_and_are_read_once():
+    from lanner.kernels.ops.fp8_matmul import quantize_tile
+
+    assert quantize_tile(1024) == (8, 1024)  # k/v-sized gradients: eight rows a program, each read once
+    assert quantize_tile(300) == (16, 512)
+    assert quantize_tile(4096) == (2, 4096)
+    assert quantize_tile(14336) == (1, 4096)  # the MLP's rows: in four blocks, read twice
+
+
+@pytest.mark.parametrize("shape", [(48, 80), (16, 16), (272, 1040), (37, 5)])
+def test_the_triton_transpose_is_the_transpose_bit_for_bit(shape, device):
+    from lanner.kernels.ops.fp8_matmul import transpose_into
+
+    codes = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
+    out = torch.full(shape[::-1], 7, dtype=torch.uint8, device=device)
+    assert transpose_into(codes, out) is out
+    assert torch.equal(out, codes.t().contiguous())
+    with pytest.raises(ValueError):
+        transpose_into(codes, out.t())
+
+
+def fake_scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+    """torch._scaled_mm's row-wise contract on the CPU: b column-major, scales (M, 1) and (1, N) float32,
+    a bf16 bias (N,) added to the scaled float32 sums in the epilogue, one rounding to bf16."""
+    assert a.stride(1) == 1 and b.stride(0) == 1, "a row-major, b column-major"
+    assert scale_a.shape == (a.shape[0], 1) and scale_b.shape == (1, b.shape[1])
+    assert out_dtype == torch.bfloat16 and scale_result is None and not use_fast_accum
+    assert bias is None or (bias.dtype == torch.bfloat16 and bias.shape == (b.shape[1],))
+    out = (a.float() @ b.float()) * scale_a * scale_b
+    return (out if bias is None else out + bias).to(torch.bfloat16)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the real torch._scaled_mm: test_scaled_mm_matches_the_emulation")
+def test_the_tensor_core_path_takes_the_bias_in_its_epilogue_and_the_triton_transpose(monkeypatch):
+    """The scaled_mm branch on the CPU, against a stand-in for torch._scaled_mm: forward hands it the bias
+    (one rounding of product + bias, as the emulation's), the input gradient W^T's codes from the Triton
+    transpose, column-major."""
+    from lanner.kernels.quant import fp8 as fp8_module
+
+    layer = FP8Linear.from_linear(torch.nn.Linear(96, 48, bias=True)).to(torch.bfloat16)
+    x, dout = wide_rows(20, 96, seed=8).bfloat16(), wide_rows(20, 48, seed=9).bfloat16()
+    bias = layer.bias.detach()
+    emulated = fp8_forward(layer, x, bias), fp8_input_grad(layer, dout)
+    monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
+    monkeypatch.setattr(fp8_module, "fp8_backend", lambda device: "scaled_mm")
+    assert torch.equal(fp8_forward(layer, x.clone(), bias), emulated[0])
+    assert torch.equal(fp8_input_grad(layer, dout), emulated[1])
+    # one rounding, not two: the bias joins the float32 sums
+    codes, scale = quantize_rows(x)
+    sums = fp8_matmul(codes, scale, layer.fp8.e4m3, layer.fp8.scale, torch.float32, "emulated")
+    assert torch.equal(emulated[0], (sums + bias.float()).bfloat16())
+
+
+def test_the_first_fp8_product_is_dx_and_the_rank_r_term_accumulates_onto_it(monkeypatch):
+    """q/k/v over FP8: dX is the first projection's FP8 product, the joint rank-r product added onto it in
+    one addmm_ (no separate dxa @ A, one add fewer); forward's bias goes into the FP8 GEMM."""
+    from lanner.kernels import lora
+
+    products, biases = [], []
+
+    def input_grad(layer, dout):
+        products.append(fp8_input_grad(layer, dout))
+        return products[-1]
+
+    def forward(layer, x2, bias=None):
+        biases.append(bias)
+        return fp8_forward(layer, x2, bias)
+
+    monkeypatch.setitem(lora._BASE_MATMULS, FP8Linear, lora.BaseMatmul(forward, input_grad))
+    g = torch.Generator().manual_seed(10)
+    projections = [lora.LoRAProjection(FP8Linear.from_linear(torch.nn.Linear(64, n, bias=True)),
+                                       torch.randn(4, 64, generator=g), torch.randn(n, 4, generator=g), 0.5)
+                   for n in (64, 32, 32)]
+    x2 = torch.randn(10, 64, generator=g)
+    outs, xas = zip(*(lora._project(x2, p) for p in projections))
+    assert [b is p.base.bias for b, p in zip(biases, projections)] == [True] * 3
+    for out, xa, p in zip(outs, xas, projections):
+        expected = fp8_forward(p.base, x2) + p.base.bias + 0.5 * xa @ p.lora_B.t()
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    douts = [torch.randn(10, p.lora_B.shape[0], generator=g) for p in projections]
+    dx, _ = lora._shared_input_backward(x2, douts, xas, projections)
+    assert dx is products[0] and len(products) == 3
+    expected = sum(fp8_input_grad(p.base, d) + 0.5 * (d @ p.lora_B) @ p.lora_A for d, p in zip(douts, projections))
+    torch.testing.assert_close(dx, expected, rtol=1e-5, atol=1e-5)
