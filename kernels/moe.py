@@ -6,8 +6,8 @@ experts modules compute,
     out[t] = sum over the token's k experts e of  w[t, e] * down_e(act(gate_e(x_t)) * up_e(x_t)),
 with gate and up one concatenated projection per expert (gate_up [E, 2I, d], gate first):
 
-1. the T * k (token, expert) assignments are sorted by expert (a stable sort; counts by scatter-add,
-   so nothing waits on the device);
+1. the T * k (token, expert) assignments are sorted by expert (a stable sort; each expert's rows found
+   by a searchsorted of the sorted ids, so nothing waits on the device);
 2. gate_up: one grouped LoRA GEMM over the sorted rows: torch._grouped_mm (CUTLASS) on Hopper and
    Blackwell in bf16 (ops/grouped_mm_lora.py), else one Triton launch (ops/grouped_lora.py), chosen
    once per call for forward and backward;
@@ -16,9 +16,9 @@ with gate and up one concatenated projection per expert (gate_up [E, 2I, d], gat
 5. each token's k rows weighted by their routing weights and summed, in one kernel (ops/moe_combine.py:
    float32 products and sum, rounded once to the output dtype; no weighted copy of the rows).
 
-Saved for backward: the block input (T rows, gathered again by expert in backward), the sort order
-and its inverse (int32, computed once), and the sorted rows' gate_up output and the two (rows x r)
-rank-r products. The activation and the down projection's output are not kept: backward recomputes
+Saved for backward: the block input (T rows, gathered again by expert in backward), the sort order,
+each sorted row's token and the order's inverse (computed once), the sorted rows' gate_up output and
+the two (rows x r) rank-r products, and on the torch._grouped_mm path the LoRA factors cast for it. The activation and the down projection's output are not kept: backward recomputes
 the activation from gate_up (and writes it over the down gradient, as the dense MLP does). The
 routing weights get their gradient as <dout[t], down_e(h)> = <dh_e, h>, from the activation gradient
 before it is weighted (one kernel takes the dot and weights dh in place), so the down output never
@@ -32,9 +32,10 @@ import torch
 
 from .lora import compute_dtype
 from .ops.glu import GLU_ACTIVATIONS, glu, glu_backward_in_place
-from .ops.grouped_mm_lora import use_grouped_mm
+from .ops.grouped_mm_lora import grouped_mm_factors, use_grouped_mm
 from .ops.grouped_lora import (
     ExpertGroups,
+    cached_arange,
     expert_groups,
     grouped_lora_factor_grads,
     grouped_lora_forward,
@@ -57,14 +58,13 @@ class ExpertProjection:
 def sort_by_expert(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, ExpertGroups]:
     """(order, inverse, groups): sorted row i is the flattened (token, slot) assignment order[i], so its
     token is order[i] // k; inverse (int32) is order's inverse, the sorted row of each assignment;
-    groups says which rows belong to which expert."""
+    groups says which rows belong to which expert. Two kernels after the sort, over cached aranges and with
+    nothing waiting on the device: the inverse's scatter and the groups' searchsorted."""
     flat = top_k_index.reshape(-1)
-    order = torch.sort(flat, stable=True).indices
+    sorted_experts, order = torch.sort(flat, stable=True)
     inverse = torch.empty(flat.shape, dtype=torch.int32, device=flat.device)
-    inverse.scatter_(0, order, torch.arange(flat.numel(), dtype=torch.int32, device=flat.device))
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    return order, inverse, expert_groups(counts, flat.numel())
+    inverse.scatter_(0, order, cached_arange(flat.numel(), torch.int32, flat.device))
+    return order, inverse, expert_groups(sorted_experts, num_experts)
 
 
 class LoRAMoEExpertsFunction(torch.autograd.Function):
@@ -73,19 +73,24 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         tokens, k = top_k_index.shape
         x2 = hidden.reshape(tokens, -1).to(dtype)
         order, inverse, groups = sort_by_expert(top_k_index, gate_up.weight.shape[0])
-        x_sorted = x2[order // k]
+        token_of_row = order // k
+        x_sorted = x2[token_of_row]
         # The GEMMs' path, for forward and backward alike: torch._grouped_mm where it reaches CUTLASS
-        # (Hopper/Blackwell, bf16, 16-byte-aligned dims), else the Triton kernels (ops/grouped_mm_lora.py).
-        ctx.grouped_mm = grouped_mm = use_grouped_mm(x_sorted, gate_up.weight, down.weight)
+        # (Hopper/Blackwell, bf16, 16-byte-aligned dims), with the LoRA factors cast for it here once,
+        # else the Triton kernels (ops/grouped_mm_lora.py).
+        ctx.grouped_mm = use_grouped_mm(x_sorted, gate_up.weight, down.weight)
+        factors_gu, factors_down = ([grouped_mm_factors(p.lora_A, p.lora_B, dtype) for p in (gate_up, down)]
+                                    if ctx.grouped_mm else (None, None))
         gu, xa_gu = grouped_lora_forward(x_sorted, groups, gate_up.weight, gate_up.lora_A, gate_up.lora_B,
-                                         gate_up.scaling, grouped_mm)
+                                         gate_up.scaling, factors_gu)
         del x_sorted
         gate, up = gu.chunk(2, dim=-1)
         h = glu(gate, up, activation)
-        y, ha = grouped_lora_forward(h, groups, down.weight, down.lora_A, down.lora_B, down.scaling, grouped_mm)
+        y, ha = grouped_lora_forward(h, groups, down.weight, down.lora_A, down.lora_B, down.scaling, factors_down)
         del h
         out = moe_combine(y, inverse, k, top_k_weights, hidden.dtype)
-        ctx.save_for_backward(x2, top_k_weights, order, inverse, gu, xa_gu, ha)
+        ctx.save_for_backward(x2, top_k_weights, order, token_of_row, inverse, gu, xa_gu, ha,
+                              *(factors_gu or (None, None)), *(factors_down or (None, None)))
         # The groups on ctx (a few ints per expert), as GroupedLoRAFunction keeps them: the Triton path's row
         # tiles, made in forward, serve backward too.
         ctx.groups, ctx.activation, ctx.projections = groups, activation, (gate_up, down)
@@ -94,30 +99,31 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        x2, top_k_weights, order, inverse, gu, xa_gu, ha = ctx.saved_tensors
+        x2, top_k_weights, order, token_of_row, inverse, gu, xa_gu, ha, *factors = ctx.saved_tensors
+        factors_gu, factors_down = (factors[:2], factors[2:]) if ctx.grouped_mm else (None, None)
         groups = ctx.groups
         gate_up, down = ctx.projections
         tokens, k = top_k_weights.shape
-        token_of_row = order // k
         dout_sorted = dout.reshape(tokens, -1).to(x2.dtype)[token_of_row]
         # dh before the routing weight (linear in dout), whose dot with h is the weight's gradient.
         dh, dyb = grouped_lora_input_grad(dout_sorted, groups, down.weight, down.lora_A, down.lora_B, down.scaling,
-                                          ctx.grouped_mm)
+                                          factors_down)
         gate, up = gu.chunk(2, dim=-1)
         h = glu(gate, up, ctx.activation)
         d_top_k_weights = moe_weight_grad_(dh, h, order, top_k_weights)  # and dh now weighted
         grads_down = (None, None)
         if down.lora_A is not None:
             # The weighted dy = w * dout never exists: dA = s (dy B)^T h = s (w dout B)^T h and
-            # dB = s dy^T (h A^T) = s dout^T (w h A^T), so the two rank-r products take the weight.
-            weights = top_k_weights.reshape(-1)[order].float()[:, None]
+            # dB = s dy^T (h A^T) = s dout^T (w h A^T), so the two rank-r products take the weight (torch
+            # multiplies bf16 in float32 and rounds once: a float32 copy of the weights would change nothing).
+            weights = top_k_weights.reshape(-1)[order][:, None]
             grads_down = grouped_lora_factor_grads(h, dout_sorted, ha.mul_(weights), dyb.mul_(weights), groups,
                                                    down.lora_A, down.lora_B, down.scaling)
         del h, dout_sorted, dyb
         glu_backward_in_place(dh, gate, up, ctx.activation)  # gu now holds d_gate | d_up
         del dh
         dx_sorted, dgub = grouped_lora_input_grad(gu, groups, gate_up.weight, gate_up.lora_A, gate_up.lora_B,
-                                                  gate_up.scaling, ctx.grouped_mm)
+                                                  gate_up.scaling, factors_gu)
         grads_gate_up = (None, None)
         if gate_up.lora_A is not None:
             grads_gate_up = grouped_lora_factor_grads(x2[token_of_row], gu, xa_gu, dgub, groups, gate_up.lora_A,

@@ -6,7 +6,7 @@ in one launch,
 with W [E, out, in] frozen and A [E, r, in], B [E, out, r] trainable (any strides: PEFT's expert
 factors are views of its 2D weights). The launch grid is (row tiles, output-column tiles); each row
 tile belongs to one expert (tiles never straddle two experts), read from small per-tile tables
-built from the per-expert counts without a host sync. Each program accumulates X_e @ W_e^T and,
+built from the groups' row ranges without a host sync. Each program accumulates X_e @ W_e^T and,
 in the same K loop, X_e @ A_e^T (r extra columns: r / BLOCK_N more FLOPs), then adds the rank-r
 term s * XA @ B_e^T into its accumulator before the one store: the output is written once. The
 column-tile-0 programs also store XA (rows x r), which backward needs.
@@ -25,7 +25,15 @@ import triton
 import triton.language as tl
 
 from ._utils import new_output
-from .grouped_mm_lora import grouped_mm_lora_forward, grouped_mm_lora_input_grad, use_grouped_mm
+from .grouped_mm_lora import (
+    block_r,
+    dot_precision,
+    grouped_mm_factors,
+    grouped_mm_lora_forward,
+    grouped_mm_lora_input_grad,
+    tile_dot,
+    use_grouped_mm,
+)
 
 # Rows per tile; tiles never cross an expert boundary. Tests may shrink it.
 BLOCK_M = 64
@@ -47,7 +55,7 @@ class RowTiles:
 class ExpertGroups:
     """Rows grouped by expert: expert e's rows are [starts[e], ends[e]) of the `rows` sorted rows. The
     Triton kernels also need row tiles (`tiles`), made on first use: about twenty small kernels that the
-    torch._grouped_mm path, which takes the ends alone, never launches."""
+    torch._grouped_mm path, which reads the starts and ends alone, never launches."""
 
     starts: torch.Tensor
     ends: torch.Tensor
@@ -75,21 +83,24 @@ class ExpertGroups:
                         torch.where(valid, tile_end, 0).to(int32))
 
 
-def expert_groups(counts: torch.Tensor, rows: int, block_m: int | None = None) -> ExpertGroups:
-    """The groups for `rows` rows sorted by expert, from the per-expert row counts [E] (on the device)."""
-    ends = counts.to(torch.int64).cumsum(0)
-    return ExpertGroups((ends - counts).to(torch.int32), ends.to(torch.int32), rows, block_m or BLOCK_M)
+_ARANGES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
-@triton.jit
-def _dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    # UPCAST: Triton's CPU interpreter (3.9) computes bfloat16 dots wrongly; float32 operands give the
-    # same products (a bf16 x bf16 product is exact in float32) and float32 accumulation, as the GPU.
-    if UPCAST:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        out = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-    return out
+def cached_arange(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torch.arange(n) as a view of one cached tensor per (device, dtype), grown when a call needs more:
+    no kernel launch per call. Read-only."""
+    cached = _ARANGES.get((device, dtype))
+    if cached is None or cached.shape[0] < n:
+        cached = _ARANGES[(device, dtype)] = torch.arange(n, dtype=dtype, device=device)
+    return cached[:n]
+
+
+def expert_groups(sorted_experts: torch.Tensor, num_experts: int, block_m: int | None = None) -> ExpertGroups:
+    """The groups of rows sorted by expert, from each sorted row's expert id (on the device; what
+    torch.sort gives): one searchsorted for every expert's first row, expert E's standing for the end."""
+    bounds = torch.searchsorted(sorted_experts, cached_arange(num_experts + 1, sorted_experts.dtype,
+                                                              sorted_experts.device), out_int32=True)
+    return ExpertGroups(bounds[:-1], bounds[1:], sorted_experts.shape[0], block_m or BLOCK_M)
 
 
 @triton.jit
@@ -132,17 +143,17 @@ def _grouped_lora_kernel(
                     mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(W + expert * stride_we + ks[:, None] * stride_wk + cols[None, :] * stride_wn,
                     mask=k_mask[:, None] & col_mask[None, :], other=0.0).to(dtype)
-        acc = _dot(x, w, acc, DOT_PRECISION, UPCAST)
+        acc = tile_dot(x, w, acc, DOT_PRECISION, UPCAST)
         if HAS_LORA:
             a = tl.load(A + expert * stride_ae + ks[:, None] * stride_ak + ranks[None, :] * stride_ar,
                         mask=k_mask[:, None] & rank_mask[None, :], other=0.0).to(dtype)
-            xa = _dot(x, a, xa, DOT_PRECISION, UPCAST)
+            xa = tile_dot(x, a, xa, DOT_PRECISION, UPCAST)
     if HAS_LORA:
         # XA is rounded to the compute dtype before the rank-r product, as the dense path's is.
         xa_rounded = xa.to(dtype)
         b = tl.load(B + expert * stride_be + ranks[:, None] * stride_br + cols[None, :] * stride_bn,
                     mask=rank_mask[:, None] & col_mask[None, :], other=0.0).to(dtype)
-        acc += scaling * _dot(xa_rounded, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_PRECISION, UPCAST)
+        acc += scaling * tile_dot(xa_rounded, b, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), DOT_PRECISION, UPCAST)
         if pid_n == 0:
             tl.store(XA + rows[:, None] * stride_xam + ranks[None, :] * stride_xar, xa_rounded,
                      mask=row_mask[:, None] & rank_mask[None, :])
@@ -178,18 +189,9 @@ def _grouped_rank_grad_kernel(
                     mask=row_mask[:, None] & rank_mask[None, :], other=0.0)
         q = tl.load(Q + rows[:, None] * stride_qm + cols[None, :] * stride_qn,
                     mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-        acc = _dot(tl.trans(p), q, acc, DOT_PRECISION, UPCAST)
+        acc = tile_dot(tl.trans(p), q, acc, DOT_PRECISION, UPCAST)
     tl.store(OUT + expert.to(tl.int64) * stride_oe + ranks[:, None] * stride_or + cols[None, :] * stride_on,
              (acc * scaling).to(OUT.dtype.element_ty), mask=rank_mask[:, None] & col_mask[None, :])
-
-
-def _precision(dtype: torch.dtype) -> str:
-    # float32 inputs: exact products (as torch's float32 matmul without TF32); others ignore it.
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _block_r(r: int) -> int:
-    return max(16, triton.next_power_of_2(r))
 
 
 def _grouped_matmul(x, groups, w, w_strides, n, a=None, a_strides=None, b=None, b_strides=None, rank=0, scaling=1.0):
@@ -201,7 +203,7 @@ def _grouped_matmul(x, groups, w, w_strides, n, a=None, a_strides=None, b=None, 
     xa = new_output((rows, rank), x.dtype, x.device) if has_lora else out
     if rows == 0:
         return out, (xa if has_lora else None)
-    block_r = _block_r(rank) if has_lora else 16
+    rank_block = block_r(rank) if has_lora else 16
     tiles = groups.tiles
     grid = (tiles.expert.shape[0], triton.cdiv(n, _BLOCK_N))
     _grouped_lora_kernel[grid](
@@ -215,19 +217,20 @@ def _grouped_matmul(x, groups, w, w_strides, n, a=None, a_strides=None, b=None, 
         out.stride(0), out.stride(1),
         xa.stride(0), xa.stride(1),
         HAS_LORA=has_lora,
-        DOT_PRECISION=_precision(x.dtype),
+        DOT_PRECISION=dot_precision(x.dtype),
         UPCAST=x.device.type != "cuda",
-        BLOCK_M=groups.block_m, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K, BLOCK_R=block_r,
+        BLOCK_M=groups.block_m, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K, BLOCK_R=rank_block,
     )
     return out, (xa if has_lora else None)
 
 
-def grouped_lora_forward(x, groups: ExpertGroups, weight, lora_A, lora_B, scaling, grouped_mm: bool = False):
+def grouped_lora_forward(x, groups: ExpertGroups, weight, lora_A, lora_B, scaling, mm_factors=None):
     """(Y, XA) for rows x sorted by expert: Y = x_e W_e^T + s (x_e A_e^T) B_e^T; XA = x_e A_e^T
     (None without LoRA). weight [E, out, in]; lora_A [E, r, in]; lora_B [E, out, r]; any strides.
-    grouped_mm: on torch._grouped_mm (ops/grouped_mm_lora.py; only where use_grouped_mm said so)."""
-    if grouped_mm:
-        return grouped_mm_lora_forward(x, groups.ends, weight, lora_A, lora_B, scaling)
+    mm_factors: on torch._grouped_mm (ops/grouped_mm_lora.py; only where use_grouped_mm said so) with
+    these factors, grouped_mm_factors' of lora_A and lora_B ((None, None) without LoRA); None: Triton."""
+    if mm_factors is not None:
+        return grouped_mm_lora_forward(x, groups, weight, mm_factors, _rank(lora_A), scaling)
     w_strides = (weight.stride(0), weight.stride(1), weight.stride(2))
     if lora_A is None:
         return _grouped_matmul(x, groups, weight, w_strides, weight.shape[1])
@@ -236,11 +239,11 @@ def grouped_lora_forward(x, groups: ExpertGroups, weight, lora_A, lora_B, scalin
                            lora_B, (lora_B.stride(0), lora_B.stride(1), lora_B.stride(2)), lora_A.shape[1], scaling)
 
 
-def grouped_lora_input_grad(dy, groups: ExpertGroups, weight, lora_A, lora_B, scaling, grouped_mm: bool = False):
+def grouped_lora_input_grad(dy, groups: ExpertGroups, weight, lora_A, lora_B, scaling, mm_factors=None):
     """(dX, dY B) for rows dy sorted by expert: dX = dy_e W_e + s (dy_e B_e) A_e, one launch; the
-    rank-r side product dy_e B_e (None without LoRA) gives dA. grouped_mm: as grouped_lora_forward's."""
-    if grouped_mm:
-        return grouped_mm_lora_input_grad(dy, groups.ends, weight, lora_A, lora_B, scaling)
+    rank-r side product dy_e B_e (None without LoRA) gives dA. mm_factors: as grouped_lora_forward's."""
+    if mm_factors is not None:
+        return grouped_mm_lora_input_grad(dy, groups, weight, mm_factors, _rank(lora_A), scaling)
     # W'_e = W_e^T, A'_e = B_e^T, B'_e = A_e^T: the forward kernel on swapped strides.
     w_strides = (weight.stride(0), weight.stride(2), weight.stride(1))
     if lora_A is None:
@@ -248,6 +251,10 @@ def grouped_lora_input_grad(dy, groups: ExpertGroups, weight, lora_A, lora_B, sc
     return _grouped_matmul(dy, groups, weight, w_strides, weight.shape[2],
                            lora_B, (lora_B.stride(0), lora_B.stride(2), lora_B.stride(1)),
                            lora_A, (lora_A.stride(0), lora_A.stride(2), lora_A.stride(1)), lora_A.shape[1], scaling)
+
+
+def _rank(lora_A) -> int:
+    return 0 if lora_A is None else lora_A.shape[1]
 
 
 def _grouped_rank_grad(p, q, groups: ExpertGroups, out, out_strides, scaling):
@@ -260,9 +267,9 @@ def _grouped_rank_grad(p, q, groups: ExpertGroups, out, out_strides, scaling):
         p.stride(0), p.stride(1),
         q.stride(0), q.stride(1),
         *out_strides,
-        DOT_PRECISION=_precision(p.dtype),
+        DOT_PRECISION=dot_precision(p.dtype),
         UPCAST=p.device.type != "cuda",
-        BLOCK_M=groups.block_m, BLOCK_N=_BLOCK_N, BLOCK_R=_block_r(r),
+        BLOCK_M=groups.block_m, BLOCK_N=_BLOCK_N, BLOCK_R=block_r(r),
     )
     return out
 
@@ -282,19 +289,21 @@ class GroupedLoRAFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, groups, weight, lora_A, lora_B, scaling):
-        ctx.grouped_mm = use_grouped_mm(x, weight)
-        y, xa = grouped_lora_forward(x, groups, weight, lora_A, lora_B, scaling, ctx.grouped_mm)
-        ctx.save_for_backward(x, xa)
+        mm_factors = grouped_mm_factors(lora_A, lora_B, x.dtype) if use_grouped_mm(x, weight) else None
+        y, xa = grouped_lora_forward(x, groups, weight, lora_A, lora_B, scaling, mm_factors)
+        ctx.save_for_backward(x, xa, *(mm_factors or (None, None)))
+        ctx.grouped_mm = mm_factors is not None
         ctx.groups, ctx.weight, ctx.lora, ctx.scaling = groups, weight, (lora_A, lora_B), scaling
         ctx.dtype = x.dtype
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, xa = ctx.saved_tensors
+        x, xa, a, b = ctx.saved_tensors
         lora_A, lora_B = ctx.lora
         dy = dy.to(ctx.dtype).contiguous()
-        dx, dyb = grouped_lora_input_grad(dy, ctx.groups, ctx.weight, lora_A, lora_B, ctx.scaling, ctx.grouped_mm)
+        dx, dyb = grouped_lora_input_grad(dy, ctx.groups, ctx.weight, lora_A, lora_B, ctx.scaling,
+                                          (a, b) if ctx.grouped_mm else None)
         dA = dB = None
         if lora_A is not None:
             dA, dB = grouped_lora_factor_grads(x, dy, xa, dyb, ctx.groups, lora_A, lora_B, ctx.scaling)

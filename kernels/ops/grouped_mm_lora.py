@@ -1,21 +1,25 @@
 """Grouped LoRA GEMMs on torch._grouped_mm: the mixture-of-experts path on Hopper and Blackwell GPUs.
 
-The same products as ops/grouped_lora.py, for rows sorted by expert (expert e owns rows up to
-offs[e], the int32 cumulative row ends),
+The same products as ops/grouped_lora.py, for rows sorted by expert (expert e owns rows
+[starts[e], ends[e]); torch._grouped_mm takes the int32 ends as its offsets),
     Y = X_e W_e^T + s * (X_e A_e^T) B_e^T           (forward; XA = X_e A_e^T kept for backward)
     dX = dY_e W_e + s * (dY_e B_e) A_e               (backward; dY B kept for dA)
-as three grouped GEMMs each: the frozen weight's, then the two rank-r ones, the rank-r term added
-into Y in place. On sm90/sm100 with bf16 operands torch._grouped_mm runs CUTLASS's grouped GEMM
-(TMA, wgmma, persistent tiles), where the one Triton kernel, fixed 64x64x64 tiles, measured 1.7x
-slower per Qwen3-30B-A3B layer on an H200. The LoRA factors' own gradients stay on the Triton
-reductions (grouped_lora_factor_grads): they are small (r x in per expert), and grouped_mm's ragged-K
-form (2D x 2D) writes bf16 only on its fast path, which would round the float32 factors' gradients.
+as two grouped GEMMs and one Triton kernel each: the frozen weight's GEMM, the rank-r product
+(X_e A_e^T or dY_e B_e), then `rank_accumulate_` adds s * (rank-r product) @ factor_e^T into the
+output in place, reading and writing it once (a third grouped GEMM would write an output-sized
+product for an add to read back: two more passes over the output). On sm90/sm100 with bf16
+operands torch._grouped_mm runs CUTLASS's grouped GEMM (TMA, wgmma, persistent tiles), where the one
+Triton kernel, fixed 64x64x64 tiles, measured 1.7x slower per Qwen3-30B-A3B layer on an H200. The
+LoRA factors' own gradients stay on the Triton reductions (grouped_lora_factor_grads): they are
+small (r x in per expert), and grouped_mm's ragged-K form (2D x 2D) writes bf16 only on its fast
+path, which would round the float32 factors' gradients.
 
 torch._grouped_mm needs both operands in one dtype, a unit stride in each matrix's last two dims and
 every other stride (and the data pointer) a multiple of 16 bytes. The activations here are fresh
-row-major tensors, so that is a rule on the feature dims and the frozen weights; the LoRA factors are
-copied per call into padded row-major tensors of the compute dtype (r rounded up to 16 bytes with
-zero ranks), which costs E * r * (in + out) elements.
+row-major tensors, so that is a rule on the feature dims and the frozen weights. The LoRA factors
+are cast to the compute dtype once per experts call (`grouped_mm_factors`, kept for backward; copied
+row-major only where their strides break the rule, padded with zero ranks only where r is not a
+multiple of 16 bytes), which costs E * r * (in + out) elements.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ import functools
 import logging
 
 import torch
+import triton
+import triton.language as tl
 
 log = logging.getLogger("lanner.kernels")
 
@@ -32,6 +38,10 @@ log = logging.getLogger("lanner.kernels")
 ENABLED: bool | None = None
 
 _ALIGN_BYTES = 16
+
+# Rows per program of rank_accumulate_ (a tile may straddle experts). Tests may shrink it.
+ACCUMULATE_BLOCK_M = 64
+_ACCUMULATE_BLOCK_N = 128
 
 
 def _cutlass_device(device: torch.device) -> bool:
@@ -96,11 +106,25 @@ def use_grouped_mm(x: torch.Tensor, *weights: torch.Tensor) -> bool:
                and w.shape[1] % align == 0 and w.shape[2] % align == 0 for w in weights)
 
 
-def _padded_factors(lora_A: torch.Tensor, lora_B: torch.Tensor, dtype: torch.dtype):
-    """lora_A [E, r, in] and lora_B [E, out, r] (any strides and dtype) as row-major dtype copies
-    [E, r', in] and [E, out, r'], r' = r rounded up to 16 bytes, the extra ranks zero."""
+def _as_operand(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t itself when it already is a dtype operand for torch._grouped_mm, else a row-major dtype copy
+    (one cast-and-copy kernel)."""
+    if t.dtype == dtype and _aligned(t):
+        return t
+    return torch.empty(t.shape, dtype=dtype, device=t.device).copy_(t)
+
+
+def grouped_mm_factors(lora_A: torch.Tensor | None, lora_B: torch.Tensor | None, dtype: torch.dtype):
+    """(a, b): lora_A [E, r, in] and lora_B [E, out, r] (any strides and dtype) for torch._grouped_mm, in
+    dtype, as [E, r', in] and [E, out, r'], r' = r rounded up to 16 bytes; (None, None) without LoRA. An
+    aligned rank (r = 16 in bf16) is only cast (not even copied when a factor already suits); another is
+    padded with zero ranks. Made once per experts call, for forward and backward."""
+    if lora_A is None:
+        return None, None
     experts, rank, _ = lora_A.shape
     align = _ALIGN_BYTES // torch.empty((), dtype=dtype).element_size()
+    if rank % align == 0:
+        return _as_operand(lora_A, dtype), _as_operand(lora_B, dtype)
     padded = -(-rank // align) * align
     a = lora_A.new_zeros((experts, padded, lora_A.shape[2]), dtype=dtype)
     a[:, :rank] = lora_A
@@ -109,23 +133,110 @@ def _padded_factors(lora_A: torch.Tensor, lora_B: torch.Tensor, dtype: torch.dty
     return a, b
 
 
-def grouped_mm_lora_forward(x, offs, weight, lora_A, lora_B, scaling):
-    """(Y, XA) as grouped_lora_forward's, for offs the int32 cumulative row ends per expert."""
-    y = torch._grouped_mm(x, weight.transpose(1, 2), offs=offs)
-    if lora_A is None:
+@triton.jit
+def tile_dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # UPCAST: Triton's CPU interpreter (3.9) computes bfloat16 dots wrongly; float32 operands give the
+    # same products (a bf16 x bf16 product is exact in float32) and float32 accumulation, as the GPU.
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return out
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    # float32 inputs: exact products (as torch's float32 matmul without TF32); others ignore it.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def block_r(r: int) -> int:
+    """The rank dim of a dot tile: tl.dot needs 16 at least."""
+    return max(16, triton.next_power_of_2(r))
+
+
+@triton.jit
+def _rank_accumulate_kernel(
+    OUT, XR, F, STARTS, ENDS,
+    M, N, R, E, scaling,
+    stride_om, stride_on,
+    stride_xm, stride_xr,
+    stride_fe, stride_fn, stride_fr,
+    DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    row0 = pid_m * BLOCK_M
+    rows = row0 + tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ranks = tl.arange(0, BLOCK_R)
+    rank_mask = ranks < R
+    # The experts owning the tile's first and last rows (the count of experts ending at or before the
+    # row); rows are sorted, so the tile's experts are those two and any between (some maybe empty).
+    experts = tl.arange(0, BLOCK_E)
+    ends = tl.load(ENDS + experts, mask=experts < E, other=M)
+    first = tl.sum((ends <= row0).to(tl.int32))
+    last = tl.sum((ends <= tl.minimum(row0 + BLOCK_M, M) - 1).to(tl.int32))
+    rows64 = rows.to(tl.int64)
+    xr = tl.load(XR + rows64[:, None] * stride_xm + ranks[None, :] * stride_xr,
+                 mask=row_mask[:, None] & rank_mask[None, :], other=0.0)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for e in range(first, last + 1):
+        owned = (rows >= tl.load(STARTS + e)) & (rows < tl.load(ENDS + e))
+        f = tl.load(F + e * stride_fe + ranks[:, None] * stride_fr + cols[None, :] * stride_fn,
+                    mask=rank_mask[:, None] & col_mask[None, :], other=0.0).to(xr.dtype)
+        acc = tile_dot(tl.where(owned[:, None], xr, tl.zeros_like(xr)), f, acc, DOT_PRECISION, UPCAST)
+    out_ptrs = OUT + rows64[:, None] * stride_om + cols[None, :] * stride_on
+    mask = row_mask[:, None] & col_mask[None, :]
+    out = tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32) + scaling * acc
+    tl.store(out_ptrs, out.to(OUT.dtype.element_ty), mask=mask)
+
+
+def rank_accumulate_(out, xr, factor, groups, rank: int, scaling: float):
+    """out[m] += scaling * xr[m, :rank] @ factor[e, :, :rank]^T in place, for the rows m of each expert e
+    (rows sorted by expert, groups: ExpertGroups); out [M, N], xr [M, >= rank] in the compute dtype,
+    factor [E, N, >= rank] with any strides (B for forward; A transposed for the input gradient). The
+    rank-r dot accumulates in float32 and is added to out's element in float32, rounded once."""
+    rows, n = out.shape
+    if rows == 0:
+        return out
+    experts = groups.num_experts
+    grid = (triton.cdiv(rows, ACCUMULATE_BLOCK_M), triton.cdiv(n, _ACCUMULATE_BLOCK_N))
+    _rank_accumulate_kernel[grid](
+        out, xr, factor, groups.starts, groups.ends,
+        rows, n, rank, experts, float(scaling),
+        out.stride(0), out.stride(1),
+        xr.stride(0), xr.stride(1),
+        factor.stride(0), factor.stride(1), factor.stride(2),
+        DOT_PRECISION=dot_precision(xr.dtype),
+        UPCAST=out.device.type != "cuda",
+        BLOCK_M=ACCUMULATE_BLOCK_M, BLOCK_N=_ACCUMULATE_BLOCK_N, BLOCK_R=block_r(rank),
+        BLOCK_E=triton.next_power_of_2(experts),
+    )
+    return out
+
+
+def grouped_mm_lora_forward(x, groups, weight, factors, rank: int, scaling):
+    """(Y, XA) as grouped_lora_forward's, for groups (ExpertGroups) and factors grouped_mm_factors' (a, b)
+    of a rank-`rank` LoRA."""
+    y = torch._grouped_mm(x, weight.transpose(1, 2), offs=groups.ends)
+    a, b = factors
+    if a is None:
         return y, None
-    a, b = _padded_factors(lora_A, lora_B, x.dtype)
-    xa = torch._grouped_mm(x, a.transpose(1, 2), offs=offs)
-    y.add_(torch._grouped_mm(xa, b.transpose(1, 2), offs=offs), alpha=scaling)
-    return y, xa[:, :lora_A.shape[1]]
+    xa = torch._grouped_mm(x, a.transpose(1, 2), offs=groups.ends)
+    rank_accumulate_(y, xa, b, groups, rank, scaling)
+    return y, xa[:, :rank]
 
 
-def grouped_mm_lora_input_grad(dy, offs, weight, lora_A, lora_B, scaling):
-    """(dX, dY B) as grouped_lora_input_grad's."""
-    dx = torch._grouped_mm(dy, weight, offs=offs)
-    if lora_A is None:
+def grouped_mm_lora_input_grad(dy, groups, weight, factors, rank: int, scaling):
+    """(dX, dY B) as grouped_lora_input_grad's; arguments as grouped_mm_lora_forward's."""
+    dx = torch._grouped_mm(dy, weight, offs=groups.ends)
+    a, b = factors
+    if a is None:
         return dx, None
-    a, b = _padded_factors(lora_A, lora_B, dy.dtype)
-    dyb = torch._grouped_mm(dy, b, offs=offs)
-    dx.add_(torch._grouped_mm(dyb, a, offs=offs), alpha=scaling)
-    return dx, dyb[:, :lora_A.shape[1]]
+    dyb = torch._grouped_mm(dy, b, offs=groups.ends)
+    rank_accumulate_(dx, dyb, a.transpose(1, 2), groups, rank, scaling)
+    return dx, dyb[:, :rank]

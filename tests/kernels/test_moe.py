@@ -9,6 +9,7 @@ import torch.nn.functional as F
 import transformers as tf
 from peft import LoraConfig, get_peft_model
 
+from lanner.kernels import moe
 from lanner.kernels.moe import ExpertProjection, lora_moe_experts
 from lanner.kernels.ops import grouped_lora, grouped_mm_lora
 from lanner.kernels.ops.moe_combine import moe_combine, moe_weight_grad_
@@ -22,8 +23,10 @@ TOL = 2e-5  # float32 kernels against float64 references, relative to the larges
 
 @pytest.fixture(autouse=True)
 def _small_row_tiles(monkeypatch):
-    # Rows per tile: small, so that experts span several tiles and tiles end mid-tile at tiny sizes.
+    # Rows per tile: small, so that experts span several tiles and tiles end mid-tile at tiny sizes (the
+    # rank-r accumulate's tiles, which may straddle experts, straddle some and sit inside others).
     monkeypatch.setattr(grouped_lora, "BLOCK_M", 16)
+    monkeypatch.setattr(grouped_mm_lora, "ACCUMULATE_BLOCK_M", 16)
 
 
 @pytest.fixture
@@ -81,7 +84,7 @@ def test_grouped_lora_matches_per_expert_reference(counts, adapted, path, device
         calls = request.getfixturevalue("grouped_mm_calls")
     E, r, d_in, d_out, s = len(counts), 4, 40, 48, 0.5
     rows = sum(counts)
-    groups = grouped_lora.expert_groups(torch.tensor(counts, device=device), rows)
+    groups = grouped_lora.expert_groups(_sorted_experts(counts, device), E)
     x = torch.randn(rows, d_in, device=device, requires_grad=True)
     W = torch.randn(E, d_out, d_in, device=device)
     A, B = _peft_factors(E, r, d_out, d_in, device)
@@ -105,10 +108,15 @@ def test_grouped_lora_matches_per_expert_reference(counts, adapted, path, device
     if adapted:
         _close(A.grad, A64.grad)
         _close(B.grad, B64.grad)
-    if path == "grouped_mm":  # forward and backward: W's GEMM, and both rank-r GEMMs when adapted
-        assert len(calls) == (6 if adapted else 2) * _grouped_mm_expected(x.dtype, device)
+    if path == "grouped_mm":  # forward and backward: W's GEMM, and X A^T or dY B when adapted
+        assert len(calls) == (4 if adapted else 2) * _grouped_mm_expected(x.dtype, device)
     # The row tiles (about twenty small kernels) are made for the Triton kernels only.
     assert ("tiles" in vars(groups)) == (path == "triton" or not _grouped_mm_expected(x.dtype, device))
+
+
+def _sorted_experts(counts, device):
+    """Each sorted row's expert id, for rows sorted by expert with `counts` rows per expert."""
+    return torch.repeat_interleave(torch.arange(len(counts), device=device), torch.tensor(counts, device=device))
 
 
 # One rounding of an exact value to the output dtype: bf16 within one unit in the last place (the GPU
@@ -121,6 +129,29 @@ def _assert_rounded_once(actual, expected, dtype):
     assert actual.dtype == dtype
     torch.testing.assert_close(actual.double(), expected, rtol=_ONE_ROUNDING[dtype],
                                atol=1e-6 * expected.abs().max().item())
+
+
+# Tiles of 16 rows: one over four experts with an empty one inside (5, 0, 3, 9), one inside an expert;
+# one expert with every row; 19 one-row experts; empty experts first and last.
+@pytest.mark.parametrize("counts", [[5, 0, 3, 9, 20, 1, 2, 0], [0, 0, 37, 0], [1] * 19, [0, 3, 1, 1, 1, 0, 40, 2]])
+@pytest.mark.parametrize("dtype, rank, width", [(torch.float32, 4, 4), (torch.bfloat16, 4, 8), (torch.bfloat16, 16, 16)])
+@pytest.mark.parametrize("layout", ["B", "A"])
+def test_rank_accumulate_matches_per_expert_reference(counts, dtype, rank, width, layout, device):
+    """out[m] += s * xr[m, :rank] @ F_e^T in place, one rounding, for rows sorted by expert: F as forward
+    reads B [E, n, r] and as the input gradient reads A [E, r, n] (transposed strides). xr and F are
+    `width` ranks wide, as the padded factors are; the ranks past `rank` must not count."""
+    E, n, s = len(counts), 136, 0.5
+    experts = _sorted_experts(counts, device)
+    groups = grouped_lora.expert_groups(experts, E)
+    out = torch.randn(experts.shape[0], n, device=device).to(dtype)
+    xr = torch.randn(experts.shape[0], width, device=device).to(dtype)
+    shape = (E, n, width) if layout == "B" else (E, width, n)
+    factor = torch.randn(shape, device=device).to(dtype)
+    factor = factor if layout == "B" else factor.transpose(1, 2)
+    product = xr.double()[:, None, :rank] @ factor.double()[experts, :, :rank].transpose(1, 2)
+    expected = out.double() + s * product.squeeze(1)
+    grouped_mm_lora.rank_accumulate_(out, xr, factor, groups, rank, s)
+    _assert_rounded_once(out, expected, dtype)
 
 
 def _permutation(tokens, k, device):
@@ -271,12 +302,32 @@ def test_grouped_mm_path_matches_triton_path(num_experts, k, skew, dtype, rank, 
     assert not grouped_mm_calls
     grouped_mm_lora.ENABLED = True
     out, grads = _run_moe(case)
-    assert len(grouped_mm_calls) == 12 * _grouped_mm_expected(dtype, device)  # 3 per projection, fwd and bwd
+    assert len(grouped_mm_calls) == 8 * _grouped_mm_expected(dtype, device)  # 2 per projection, fwd and bwd
     tol = TOL if dtype == torch.float32 else 3e-2
     _close(out, triton_out.double(), tol)
     for grad, triton_grad in zip(grads, triton_grads, strict=True):
         assert grad.dtype == triton_grad.dtype
         _close(grad, triton_grad.double(), tol)
+
+
+def test_grouped_mm_factors_are_cast_once_and_padded_only_when_unaligned(grouped_mm_calls, monkeypatch, device):
+    """r = 16 in bf16 (32 bytes) is cast, not padded, and a bf16 factor that already suits is used as it is;
+    r = 4 (8 bytes) is padded with zero ranks to 8. An experts call casts each projection's factors once,
+    in forward, and backward reuses them."""
+    A, B = _expert_views(*_peft_factors(3, 16, 48, 32, device), 3)
+    a, b = grouped_mm_lora.grouped_mm_factors(A, B, torch.bfloat16)
+    assert a.shape == A.shape and b.shape == B.shape and b.is_contiguous()
+    assert torch.equal(a, A.detach().bfloat16()) and torch.equal(b, B.detach().bfloat16())
+    assert grouped_mm_lora.grouped_mm_factors(a, b, torch.bfloat16) == (a, b)
+    a4, b4 = grouped_mm_lora.grouped_mm_factors(*_expert_views(*_peft_factors(3, 4, 48, 32, device), 3), torch.bfloat16)
+    assert a4.shape == (3, 8, 32) and b4.shape == (3, 48, 8)
+    assert not a4[:, 4:].any() and not b4[:, :, 4:].any()
+
+    casts = []
+    real = moe.grouped_mm_factors
+    monkeypatch.setattr(moe, "grouped_mm_factors", lambda *args: casts.append(args) or real(*args))
+    _run_moe(_moe_case(4, 2, "empty", torch.bfloat16, device, r=16))
+    assert len(casts) == 2 * _grouped_mm_expected(torch.bfloat16, device)
 
 
 @pytest.mark.parametrize("path", ["triton", "grouped_mm"])
