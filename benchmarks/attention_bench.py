@@ -109,13 +109,56 @@ def attention_flops(b, hq, t, d, visible_fraction):
     return 4 * b * hq * t * t * d * visible_fraction * 3.5  # forward 2 matmuls + backward 5 = 3.5x forward
 
 
+# FlexAttention kernel_options to try on a D-256 layer: torch's default first, then forward tiles (with the default
+# backward), then backward tiles (with the default forward). Each fits the H200's 227 KiB of shared memory per block
+# (inductor's own autotuning tried larger ones and skipped them as out of resource, which cost the call's time).
+FLEX_CANDIDATES = [
+    None,
+    dict(BLOCK_M=128, BLOCK_N=64, fwd_num_warps=8, fwd_num_stages=2),
+    dict(BLOCK_M=128, BLOCK_N=32, fwd_num_warps=8, fwd_num_stages=3),
+    dict(BLOCK_M=64, BLOCK_N=64, fwd_num_warps=4, fwd_num_stages=2),
+    dict(BLOCK_M1=32, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=32, bwd_num_warps=4, bwd_num_stages=2),
+    dict(BLOCK_M1=64, BLOCK_N1=64, BLOCK_M2=64, BLOCK_N2=64, bwd_num_warps=8, bwd_num_stages=1),
+]
+
+
+def tune_flex():
+    """Gemma 2's global layer (soft-cap 50, D 256) at 8192 x 1 under each of FLEX_CANDIDATES: forward alone and
+    forward + backward, one JSON line each; the fastest forward's and backward's options together are what to
+    put in core.FLEX_KERNEL_OPTIONS[256]."""
+    from triton.testing import do_bench
+
+    shape = (1, 16, 8, 8192, 256)
+    b, hq, hk, t, d = shape
+    for options in FLEX_CANDIDATES:
+        torch._dynamo.reset()
+        core.FLEX_KERNEL_OPTIONS[d] = options or {}
+        attend = lambda q, k, v: core.causal_attention(q, k, v, softcap=50.0)  # noqa: E731
+        entry = dict(case="gemma2 global layer, soft-cap 50", shape=shape, options=options)
+        try:
+            entry["fwd_bwd_ms"], entry["first_call_s"] = fwd_bwd_ms(attend, shape)
+            q, k, v = make(b, hq, hk, t, d, torch.bfloat16)
+            with torch.no_grad():
+                entry["fwd_ms"] = do_bench(lambda: attend(q, k, v), warmup=20, rep=200, return_mode="median")
+            entry["tflops"] = round(attention_flops(b, hq, t, d, 0.5) / entry["fwd_bwd_ms"] / 1e9)
+        except Exception as error:  # an option torch rejects: say so and go on
+            entry["error"] = f"{type(error).__name__}: {error}"[:300]
+        print(json.dumps(entry), flush=True)
+    core.FLEX_KERNEL_OPTIONS.pop(d, None)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="checks only")
     parser.add_argument("--timings-only", action="store_true")
     parser.add_argument("--cases", default=None, help="comma-separated indices of the timing cases to run")
+    parser.add_argument("--tune-flex", action="store_true",
+                        help="instead: FlexAttention's tiles on Gemma 2's global layer (tune_flex)")
     args = parser.parse_args()
+    if args.tune_flex:
+        tune_flex()
+        return
     import transformers
     import triton
     results = dict(versions=dict(torch=torch.__version__, triton=triton.__version__, transformers=transformers.__version__,

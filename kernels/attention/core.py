@@ -37,6 +37,10 @@ except ImportError:  # pragma: no cover - older torch
     create_block_mask = flex_attention = None
 
 BACKENDS = ("auto", "sdpa", "flex", "reference")
+# FlexAttention's kernel_options (tile sizes, warps, stages) by head dimension, where measurement beat the
+# defaults of the torch in use (benchmarks/attention_bench.py --tune-flex); a head dimension not here keeps
+# torch's own choice.
+FLEX_KERNEL_OPTIONS: dict[int, dict] = {}
 
 
 def effective_window(window: int | None, length: int) -> int | None:
@@ -84,7 +88,7 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
         block_mask = _block_mask(q, window, padding, segments, block_mask_cache, compiled)
         attend = _compiled_flex() if compiled else flex_attention
         return attend(q, k, v, score_mod=_softcap_score_mod(softcap), block_mask=block_mask, scale=scale,
-                      enable_gqa=gqa)
+                      enable_gqa=gqa, kernel_options=FLEX_KERNEL_OPTIONS.get(q.shape[-1]))
     return _reference(q, k, v, scale, dense_mask(length, window, padding, segments, q.device), softcap)
 
 
