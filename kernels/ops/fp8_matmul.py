@@ -16,6 +16,7 @@ lays out the input gradient's second operand, W^T's codes, in tiles.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -47,12 +48,23 @@ def fp8_unsupported_message(name: str, capability: tuple[int, int]) -> str:
             f"{EMULATE_ENV}=1 to emulate FP8 in float32 (the same results, slower than bf16)")
 
 
+@functools.cache
+def _capability_of(index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """The CUDA device's compute capability (index None: the current device's), asked once per device: every
+    FP8 product asks."""
+    return _capability_of(device.index)
+
+
 def fp8_backend(device: torch.device) -> str:
     """"scaled_mm" (FP8 tensor cores) or "emulated"; raises FP8Unsupported on a CUDA GPU below 8.9
     unless LANNER_FP8_EMULATE=1 asks for the emulation."""
     if os.environ.get(EMULATE_ENV) == "1" or device.type != "cuda":
         return "emulated"
-    capability = torch.cuda.get_device_capability(device)
+    capability = cuda_capability(device)
     if capability < MIN_CAPABILITY:
         raise FP8Unsupported(fp8_unsupported_message(torch.cuda.get_device_name(device), capability))
     return "scaled_mm"
@@ -183,7 +195,7 @@ def quantize_rows_triton(x: torch.Tensor, column_scale: torch.Tensor | None = No
     if rows:
         column_scale = None if column_scale is None else column_scale.float().contiguous()
         rows_per_program, block = quantize_tile(cols)
-        hardware_cast = x.is_cuda and torch.cuda.get_device_capability(x.device) >= MIN_CAPABILITY
+        hardware_cast = x.is_cuda and cuda_capability(x.device) >= MIN_CAPABILITY
         _quantize_rows_kernel[(triton.cdiv(rows, rows_per_program),)](
             x, column_scale if column_scale is not None else scale, codes, scale, rows, cols, x.stride(0),
             E4M3_MAX=E4M3_MAX, HAS_COLUMN_SCALE=column_scale is not None, HARDWARE_CAST=hardware_cast,
@@ -214,6 +226,18 @@ def transpose_into(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+_UNIT_SCALES: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _unit_scale(n: int, device: torch.device) -> torch.Tensor:
+    """A (1, n) float32 row of ones, made once per width and device (the input gradient's weight scale is
+    on dy's columns instead): not an allocation and a fill kernel at every backward product."""
+    key = (device, n)
+    if key not in _UNIT_SCALES:
+        _UNIT_SCALES[key] = torch.ones(1, n, device=device, dtype=torch.float32)
+    return _UNIT_SCALES[key]
+
+
 def fp8_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor | None,
                out_dtype: torch.dtype, backend: str, bias: torch.Tensor | None = None) -> torch.Tensor:
     """(a @ b^T) * a_scale * b_scale (+ bias) in out_dtype.
@@ -225,8 +249,7 @@ def fp8_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale:
     (the row-wise-scaled GEMM's only output) and then cast to out_dtype."""
     if backend == "scaled_mm":
         n = b.shape[0]
-        scale_b = (torch.ones(1, n, device=b.device, dtype=torch.float32) if b_scale is None
-                   else b_scale.view(1, n))
+        scale_b = _unit_scale(n, b.device) if b_scale is None else b_scale.view(1, n)
         out = torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=scale_b, out_dtype=torch.bfloat16,
                                bias=None if bias is None else bias.to(torch.bfloat16))
         return out if out_dtype == torch.bfloat16 else out.to(out_dtype)

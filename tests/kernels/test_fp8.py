@@ -271,7 +271,11 @@ def test_merged_export_gives_the_fp8_trained_models_logits_within_the_bound(devi
     assert (trained - base8).abs().max().item() > 2 * gap + bf16_merge  # the adapter matters at that bound
 
 
-def test_fp8_is_refused_in_words_on_gpus_without_it(monkeypatch):
+def test_fp8_is_refused_in_words_on_gpus_without_it(monkeypatch, request):
+    from lanner.kernels.ops import fp8_matmul as ops
+
+    ops._capability_of.cache_clear()  # asked once per device: this test's A100 must not outlive it
+    request.addfinalizer(ops._capability_of.cache_clear)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
     monkeypatch.delenv(EMULATE_ENV, raising=False)
