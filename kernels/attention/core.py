@@ -18,6 +18,9 @@ Dispatch, first match wins:
      the square), and the soft-cap as a score_mod; enable_gqa;
   3. otherwise (the CPU, or no FlexAttention): the reference - a dense boolean mask and SDPA, or the
      eager softmax(softcap(q k^T)) v when soft-capping.
+Opt-in, never picked by "auto" until measured on the GPU: backend="triton" (or LANNER_ATTENTION=triton) runs
+our Triton flash attention (flash.py) for the window and the soft-cap; with padding or segments it has no
+kernel, and such a call runs what "auto" would (FlexAttention on CUDA, else the reference).
 A query row with no visible key (a left-padding query) outputs zeros, with zero gradients, on every
 path: what torch's SDPA and FlexAttention do, and so transformers' sdpa (its eager gives such a row
 uniform weights instead). No real token reads that row, but with left padding the last pad
@@ -31,12 +34,14 @@ import os
 import torch
 import torch.nn.functional as F
 
+from .flash import flash_attention
+
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 except ImportError:  # pragma: no cover - older torch
     create_block_mask = flex_attention = None
 
-BACKENDS = ("auto", "sdpa", "flex", "reference")
+BACKENDS = ("auto", "sdpa", "flex", "reference", "triton")
 # FlexAttention's kernel_options (tile sizes, warps, stages) by head dimension, where measurement beat the
 # defaults of the torch in use (benchmarks/attention_bench.py --tune-flex); a head dimension not here keeps
 # torch's own choice.
@@ -51,7 +56,7 @@ def effective_window(window: int | None, length: int) -> int | None:
 
 
 def choose_backend(q: torch.Tensor, window, softcap, padding, segments) -> str:
-    """Which of the three paths runs this call (module docstring); LANNER_ATTENTION=reference|flex forces one."""
+    """Which path runs this call (module docstring); LANNER_ATTENTION=reference|flex|triton forces one."""
     forced = os.environ.get("LANNER_ATTENTION", "auto")
     if forced not in BACKENDS:
         raise ValueError(f"LANNER_ATTENTION must be one of {BACKENDS}, got {forced!r}")
@@ -80,9 +85,13 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
     window = effective_window(window, length)
     softcap = float(softcap) if softcap else None
     backend = backend or choose_backend(q, window, softcap, padding, segments)
+    if backend == "triton" and (padding is not None or segments is not None):
+        backend = "flex" if flex_attention is not None and q.is_cuda else "reference"
     gqa = q.shape[1] != k.shape[1]
     if backend == "sdpa" and window is None and softcap is None and padding is None and segments is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    if backend == "triton":
+        return flash_attention(q, k, v, scale, window, softcap)
     if backend == "flex":
         compiled = q.is_cuda
         block_mask = _block_mask(q, window, padding, segments, block_mask_cache, compiled)

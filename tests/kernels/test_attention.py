@@ -119,3 +119,54 @@ def test_model_layouts_match_plain_eager(family, layout, seq, device):
         losses.append(loss)
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=0)
     assert max_relative_error(lora_grads(fast), lora_grads(plain)) < 1e-4
+
+
+# Our Triton flash attention (backend="triton", opt-in): against the float32 reference of the same inputs.
+# name -> (Hq, Hk, T, D, window, softcap); small tiles (below) so that every case crosses several blocks.
+FLASH_CASES = {
+    "causal_mha": (2, 2, 48, 32, None, None),
+    "softcap_gqa": (4, 2, 80, 32, None, 50.0),
+    "window_gqa": (4, 2, 80, 64, 20, None),
+    "window_softcap_tail": (2, 1, 75, 32, 17, 5.0),
+    "window_below_block": (4, 2, 128, 32, 5, 5.0),
+    "d256_softcap_window": (4, 2, 80, 256, 40, 50.0),
+}
+FLASH_SMALL_TILES = dict(fwd=(16, 32, 4, 1), dkdv=(32, 16, 4, 1), dq=(16, 16, 4, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", list(FLASH_CASES))
+def test_triton_flash_matches_reference(case, dtype, device, monkeypatch, assert_close_scaled):
+    """Forward and dq, dk, dv; the D-256 case under its own (GPU) tiles, the others under small ones, so that
+    the loops cross unmasked blocks, window-skipped blocks and a masked tail (T not a multiple of a block)."""
+    from lanner.kernels.attention import flash
+
+    hq, hk, t, d, window, softcap = FLASH_CASES[case]
+    if d != 256:
+        monkeypatch.setitem(flash.TILES, d, FLASH_SMALL_TILES)
+    q, k, v = (torch.randn(1, h, t, d, device=device, dtype=dtype).requires_grad_() for h in (hq, hk, hk))
+    out = causal_attention(q, k, v, scale=d ** -0.5, window=window, softcap=softcap, backend="triton")
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+
+    q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
+    mask = core.dense_mask(t, effective_window(window, t), None, None, device)
+    expected = core._reference(q32, k32, v32, d ** -0.5, mask, softcap)
+    want = torch.autograd.grad(expected, (q32, k32, v32), grad.float())
+    rtol = 1e-4 if dtype == torch.float32 else 3e-2  # bf16: inputs, P and dS rounded to 8 bits of mantissa
+    assert out.dtype == dtype and all(g.dtype == dtype for g in got)
+    for name, g, w in zip(("out", "dq", "dk", "dv"), (out, *got), (expected, *want)):
+        assert not torch.isnan(g).any(), name
+        assert_close_scaled(g.float(), w, rtol)
+
+
+def test_triton_backend_is_opt_in_and_falls_back_on_padding(device, monkeypatch):
+    """"auto" never picks it; LANNER_ATTENTION=triton does; padding or segments run FlexAttention or the reference."""
+    q, k, v = (torch.randn(B, h, T, 16, device=device) for h in (HQ, HK, HK))
+    assert choose_backend(q, 3, 5.0, None, None) in ("flex", "reference")
+    monkeypatch.setenv("LANNER_ATTENTION", "triton")
+    assert choose_backend(q, 3, 5.0, None, None) == "triton"
+    padding = PADDING.to(device)
+    out = causal_attention(q, k, v, window=3, softcap=5.0, padding=padding)
+    reference = causal_attention(q, k, v, window=3, softcap=5.0, padding=padding, backend="reference")
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-4)

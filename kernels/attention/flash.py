@@ -1,0 +1,376 @@
+"""Our Triton flash attention: causal, with an optional tanh soft-cap and an optional sliding window.
+
+    out = flash_attention(q, k, v, scale, window=None, softcap=None)     # (B, Hq, T, D) like SDPA
+
+The masks and the soft-cap are those of core's module docstring (key j visible from query i when j <= i
+and i - j < window; s = softcap * tanh(scale * q.k / softcap) before the softmax); no padding, no packed
+samples. q is (B, Hq, T, D), k and v (B, Hk, T, D) with Hq a multiple of Hk: query head h reads kv head
+h // (Hq // Hk), and k and v are never expanded. D a power of two from 16 to 256; any T; bf16, fp16 or
+float32 (float32 products in IEEE float32, not TF32). Written for Gemma 2 (D 256, soft-cap 50, a window
+on alternate layers), where FlexAttention's tiles measured 16.9 ms for a global layer that causal SDPA
+without the soft-cap does in 4.57 (docs/kernels.md).
+
+The FlashAttention-2 scheme:
+- forward, one program per (query block, batch x query head): an online softmax in float32 over the
+  key blocks the block can see, base-2 exponentials, the row's log-sum-exp saved for backward;
+- backward: delta = rowsum(dO * O) per row; one program per (key block, batch x kv head) accumulates
+  dK and dV over the query heads of its group and the query blocks that see it; one program per
+  (query block, batch x query head) accumulates dQ. No atomics, so deterministic. With the soft-cap,
+  t = tanh(x / c) for x = scale * q.k and ds/dx = 1 - t^2, so dS = P * (dP - delta) * (1 - t^2).
+Key (query) blocks entirely above the diagonal or entirely outside the window are never visited: the
+loop bounds come from the block indices. Of the visited blocks only those the diagonal, the window's
+edge or the sequence's end cross compute a mask (three loops: masked, unmasked, masked).
+
+OPT-IN until measured on the GPU: core dispatches here only for backend="triton" or
+LANNER_ATTENTION=triton; "auto" keeps FlexAttention (benchmarks/attention_bench.py --tune-flex compares).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..ops._utils import new_output, tanh
+from ..ops.grouped_mm_lora import dot_precision, tile_dot
+
+# Tiles by head dimension, per kernel: (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). Not measured
+# yet (attention_bench.py --tune-flex times candidates). D 256 on Hopper, 227 KiB of shared memory a block:
+# the forward keeps a 64 x 256 query tile (32 KiB bf16) and stages 64-key K and V tiles (2 x 32 KiB a stage,
+# two stages: 160 KiB); its 64 x 256 float32 accumulator is 64 registers a thread at 8 warps. The backward
+# kernels hold two float32 accumulators of 32 x 256 (dK, dV) or one of 64 x 256 (dQ) plus resident tiles,
+# so their key block is 32, with 64-query tiles staged twice (dK/dV: 2 x (Q + dO) = 128 KiB + K, V).
+TILES = {
+    16: dict(fwd=(64, 64, 4, 3), dkdv=(64, 64, 4, 3), dq=(64, 64, 4, 3)),
+    32: dict(fwd=(64, 64, 4, 3), dkdv=(64, 64, 4, 3), dq=(64, 64, 4, 3)),
+    64: dict(fwd=(128, 64, 4, 3), dkdv=(32, 128, 4, 3), dq=(128, 32, 4, 3)),
+    128: dict(fwd=(128, 64, 8, 3), dkdv=(32, 128, 8, 2), dq=(128, 32, 8, 2)),
+    256: dict(fwd=(64, 64, 8, 2), dkdv=(64, 32, 8, 2), dq=(64, 32, 8, 2)),
+}
+
+
+@triton.jit
+def _scores(qk, scale, softcap, HAS_SOFTCAP: tl.constexpr):
+    """Base-2 scores of q.k, and t = tanh(x / softcap) (the soft-cap's derivative is 1 - t^2)."""
+    x = qk * scale
+    if HAS_SOFTCAP:
+        t = tanh(x / softcap)
+        x = softcap * t
+    else:
+        t = x
+    return x * 1.4426950408889634, t
+
+
+@triton.jit
+def _visible(rows, cols, seq_len, window, HAS_WINDOW: tl.constexpr):
+    """(rows x cols) mask of query rows seeing key cols, both inside the sequence."""
+    seen = (cols[None, :] <= rows[:, None]) & (rows[:, None] < seq_len) & (cols[None, :] < seq_len)
+    if HAS_WINDOW:
+        seen = seen & (rows[:, None] - cols[None, :] < window)
+    return seen
+
+
+@triton.jit
+def _key_block_bounds(m0, seq_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      HAS_WINDOW: tl.constexpr):
+    """For queries [m0, m0 + BLOCK_M): the key blocks [lo, hi) they see, of which [full, diag) need no mask."""
+    hi = tl.minimum(seq_len, m0 + BLOCK_M)
+    diag = (m0 // BLOCK_N) * BLOCK_N  # from here a key may lie above the diagonal for some row
+    if HAS_WINDOW:
+        lo = (tl.maximum(m0 - window + 1, 0) // BLOCK_N) * BLOCK_N
+        full = tl.cdiv(tl.maximum(m0 + BLOCK_M - window, 0), BLOCK_N) * BLOCK_N  # keys in every row's window
+        full = tl.minimum(tl.maximum(full, lo), diag)
+    else:
+        lo = 0
+        full = 0
+    return lo, full, diag, hi
+
+
+@triton.jit
+def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, start, end, seq_len,
+                scale, softcap, window, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    for n in range(start, end, BLOCK_N):
+        cols = n + tl.arange(0, BLOCK_N)
+        if MASKED:
+            k = tl.load(k_ptrs + n * stride_kt, mask=(cols < seq_len)[:, None], other=0.0)
+            v = tl.load(v_ptrs + n * stride_vt, mask=(cols < seq_len)[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs + n * stride_kt)
+            v = tl.load(v_ptrs + n * stride_vt)
+        s, _ = _scores(tile_dot(q, tl.trans(k), None, PRECISION, UPCAST), scale, softcap, HAS_SOFTCAP)
+        if MASKED:
+            s = tl.where(_visible(rows, cols, seq_len, window, HAS_WINDOW), s, -1.0e30)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tile_dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, UPCAST)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, O, LSE,
+                stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
+                n_heads, groups, seq_len, scale, softcap, window,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    m0 = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // n_heads, bh % n_heads
+    kv = h // groups
+    rows = m0 + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + dims[None, :],
+                mask=(rows < seq_len)[:, None], other=0.0)
+    k_ptrs = K + b * stride_kb + kv * stride_kh + tl.arange(0, BLOCK_N)[:, None] * stride_kt + dims[None, :]
+    v_ptrs = V + b * stride_vb + kv * stride_vh + tl.arange(0, BLOCK_N)[:, None] * stride_vt + dims[None, :]
+
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    # -1e30, a finite stand-in for -inf (also on masked scores): a row whose first visited block is all masked
+    # gets finite weights there, which the next block's rescaling (exp2(-1e30 - max) = 0) wipes, not inf - inf.
+    m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) - 1.0e30
+    lo, full, diag, hi = _key_block_bounds(m0, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, lo, full, seq_len,
+                                scale, softcap, window, BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, full, diag, seq_len,
+                                scale, softcap, window, BLOCK_N, HEAD_DIM, False, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, diag, hi, seq_len,
+                                scale, softcap, window, BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
+    inside = rows < seq_len
+    tl.store(LSE + bh * seq_len + rows, m_i + tl.log2(l_i), mask=inside)
+    out = acc / l_i[:, None]
+    tl.store(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_ot + dims[None, :],
+             out.to(O.dtype.element_ty), mask=inside[:, None])
+
+
+@triton.jit
+def _delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_ot, stride_db, stride_dh, stride_dt,
+                  n_heads, seq_len, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // n_heads, bh % n_heads
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    inside = (rows < seq_len)[:, None]
+    o = tl.load(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_ot + dims[None, :], mask=inside, other=0.0)
+    do = tl.load(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dt + dims[None, :], mask=inside, other=0.0)
+    tl.store(DELTA + bh * seq_len + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=rows < seq_len)
+
+
+@triton.jit
+def _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qt, stride_dt, cols, start, end,
+                 seq_len, scale, softcap, window, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
+                 HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # Transposed: (keys x queries) tiles, so that dK and dV accumulate as products with the key rows first.
+    for m in range(start, end, BLOCK_M):
+        rows = m + tl.arange(0, BLOCK_M)
+        if MASKED:
+            inside = rows < seq_len
+            q_t = tl.load(q_ptrs + m * stride_qt, mask=inside[None, :], other=0.0)
+            do = tl.load(do_ptrs + m * stride_dt, mask=inside[:, None], other=0.0)
+            lse = tl.load(lse_ptr + rows, mask=inside, other=0.0)
+            delta = tl.load(delta_ptr + rows, mask=inside, other=0.0)
+        else:
+            q_t = tl.load(q_ptrs + m * stride_qt)
+            do = tl.load(do_ptrs + m * stride_dt)
+            lse = tl.load(lse_ptr + rows)
+            delta = tl.load(delta_ptr + rows)
+        s_t, t_t = _scores(tile_dot(k, q_t, None, PRECISION, UPCAST), scale, softcap, HAS_SOFTCAP)
+        p_t = tl.exp2(s_t - lse[None, :])
+        if MASKED:
+            p_t = tl.where(tl.trans(_visible(rows, cols, seq_len, window, HAS_WINDOW)), p_t, 0.0)
+        dv = tile_dot(p_t.to(do.dtype), do, dv, PRECISION, UPCAST)
+        ds_t = p_t * (tile_dot(v, tl.trans(do), None, PRECISION, UPCAST) - delta[None, :])
+        if HAS_SOFTCAP:
+            ds_t = ds_t * (1.0 - t_t * t_t)
+        dk = tile_dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk, PRECISION, UPCAST)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
+                 stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                 stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
+                 stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
+                 n_kv_heads, groups, seq_len, scale, softcap, window,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    n0 = tl.program_id(0) * BLOCK_N
+    bkv = tl.program_id(1).to(tl.int64)
+    b, kv = bkv // n_kv_heads, bkv % n_kv_heads
+    cols = n0 + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    key_inside = (cols < seq_len)[:, None]
+    k = tl.load(K + b * stride_kb + kv * stride_kh + cols[:, None] * stride_kt + dims[None, :], mask=key_inside, other=0.0)
+    v = tl.load(V + b * stride_vb + kv * stride_vh + cols[:, None] * stride_vt + dims[None, :], mask=key_inside, other=0.0)
+
+    # Query blocks that see a key of this block: [lo, hi); [diag, full) need no mask (below the diagonal,
+    # inside every window, inside the sequence).
+    lo = (n0 // BLOCK_M) * BLOCK_M
+    if HAS_WINDOW:
+        hi = tl.minimum(seq_len, n0 + BLOCK_N - 1 + window)
+        full = ((n0 + window) // BLOCK_M) * BLOCK_M
+    else:
+        hi = seq_len
+        full = seq_len
+    diag = tl.minimum(tl.cdiv(n0 + BLOCK_N - 1, BLOCK_M) * BLOCK_M, hi)
+    full = tl.maximum(tl.minimum(tl.minimum(full, (seq_len // BLOCK_M) * BLOCK_M), hi), diag)
+
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    block_rows = tl.arange(0, BLOCK_M)
+    for g in range(groups):  # GQA: this kv head's gradients sum over its query heads
+        bh = b * (n_kv_heads * groups) + kv * groups + g
+        h = kv * groups + g
+        q_ptrs = Q + b * stride_qb + h * stride_qh + block_rows[None, :] * stride_qt + dims[:, None]
+        do_ptrs = DO + b * stride_db + h * stride_dh + block_rows[:, None] * stride_dt + dims[None, :]
+        lse_ptr = LSE + bh * seq_len
+        delta_ptr = DELTA + bh * seq_len
+        dk, dv = _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qt, stride_dt, cols, lo, diag,
+                              seq_len, scale, softcap, window, BLOCK_M, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
+        dk, dv = _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qt, stride_dt, cols, diag, full,
+                              seq_len, scale, softcap, window, BLOCK_M, False, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
+        dk, dv = _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qt, stride_dt, cols, full, hi,
+                              seq_len, scale, softcap, window, BLOCK_M, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
+    tl.store(DK + b * stride_dkb + kv * stride_dkh + cols[:, None] * stride_dkt + dims[None, :],
+             (dk * scale).to(DK.dtype.element_ty), mask=key_inside)
+    tl.store(DV + b * stride_dvb + kv * stride_dvh + cols[:, None] * stride_dvt + dims[None, :],
+             dv.to(DV.dtype.element_ty), mask=key_inside)
+
+
+@triton.jit
+def _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, start, end, seq_len,
+               scale, softcap, window, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+               HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    for n in range(start, end, BLOCK_N):
+        cols = n + tl.arange(0, BLOCK_N)
+        if MASKED:
+            k = tl.load(k_ptrs + n * stride_kt, mask=(cols < seq_len)[:, None], other=0.0)
+            v = tl.load(v_ptrs + n * stride_vt, mask=(cols < seq_len)[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs + n * stride_kt)
+            v = tl.load(v_ptrs + n * stride_vt)
+        s, t = _scores(tile_dot(q, tl.trans(k), None, PRECISION, UPCAST), scale, softcap, HAS_SOFTCAP)
+        p = tl.exp2(s - lse[:, None])
+        if MASKED:
+            p = tl.where(_visible(rows, cols, seq_len, window, HAS_WINDOW), p, 0.0)
+        ds = p * (tile_dot(do, tl.trans(v), None, PRECISION, UPCAST) - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dq = tile_dot(ds.to(k.dtype), k, dq, PRECISION, UPCAST)
+    return dq
+
+
+@triton.jit
+def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
+               stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+               stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
+               stride_dqb, stride_dqh, stride_dqt,
+               n_heads, groups, seq_len, scale, softcap, window,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+               HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    m0 = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // n_heads, bh % n_heads
+    kv = h // groups
+    rows = m0 + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    inside = rows < seq_len
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + dims[None, :],
+                mask=inside[:, None], other=0.0)
+    do = tl.load(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dt + dims[None, :],
+                 mask=inside[:, None], other=0.0)
+    lse = tl.load(LSE + bh * seq_len + rows, mask=inside, other=0.0)
+    delta = tl.load(DELTA + bh * seq_len + rows, mask=inside, other=0.0)
+    k_ptrs = K + b * stride_kb + kv * stride_kh + tl.arange(0, BLOCK_N)[:, None] * stride_kt + dims[None, :]
+    v_ptrs = V + b * stride_vb + kv * stride_vh + tl.arange(0, BLOCK_N)[:, None] * stride_vt + dims[None, :]
+
+    dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    lo, full, diag, hi = _key_block_bounds(m0, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
+    dq = _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, lo, full, seq_len,
+                    scale, softcap, window, BLOCK_N, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
+    dq = _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, full, diag, seq_len,
+                    scale, softcap, window, BLOCK_N, False, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
+    dq = _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, diag, hi, seq_len,
+                    scale, softcap, window, BLOCK_N, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqt + dims[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=inside[:, None])
+
+
+def _strides(x):
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _inner_contiguous(x):
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _tiles(head_dim):
+    if head_dim not in TILES:
+        raise ValueError(f"flash_attention: head dim {head_dim} is not a power of two from 16 to 256")
+    return TILES[head_dim]
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, window, softcap):
+        q, k, v = (_inner_contiguous(x) for x in (q, k, v))
+        batch, n_heads, seq_len, head_dim = q.shape
+        groups = n_heads // k.shape[1]
+        block_m, block_n, warps, stages = _tiles(head_dim)["fwd"]
+        out = new_output(q.shape, q.dtype, q.device)
+        lse = new_output((batch * n_heads, seq_len), torch.float32, q.device)
+        flags = _flags(q, window, softcap)
+        _fwd_kernel[(triton.cdiv(seq_len, block_m), batch * n_heads)](
+            q, k, v, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+            n_heads, groups, seq_len, scale, softcap or 1.0, window or seq_len,
+            BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, **flags, num_warps=warps, num_stages=stages)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (scale, window, softcap)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        scale, window, softcap = ctx.options
+        grad_out = _inner_contiguous(grad_out)
+        batch, n_heads, seq_len, head_dim = q.shape
+        n_kv_heads = k.shape[1]
+        groups = n_heads // n_kv_heads
+        tiles = _tiles(head_dim)
+        flags = _flags(q, window, softcap)
+        options = (seq_len, scale, softcap or 1.0, window or seq_len)
+
+        delta = new_output((batch * n_heads, seq_len), torch.float32, q.device)
+        _delta_kernel[(triton.cdiv(seq_len, 64), batch * n_heads)](
+            out, grad_out, delta, *_strides(out), *_strides(grad_out), n_heads, seq_len, BLOCK_M=64, HEAD_DIM=head_dim)
+
+        dk = new_output(k.shape, k.dtype, k.device)
+        dv = new_output(v.shape, v.dtype, v.device)
+        block_m, block_n, warps, stages = tiles["dkdv"]
+        _dkdv_kernel[(triton.cdiv(seq_len, block_n), batch * n_kv_heads)](
+            q, k, v, grad_out, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
+            *_strides(dk), *_strides(dv), n_kv_heads, groups, *options,
+            BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, **flags, num_warps=warps, num_stages=stages)
+
+        dq = new_output(q.shape, q.dtype, q.device)
+        block_m, block_n, warps, stages = tiles["dq"]
+        _dq_kernel[(triton.cdiv(seq_len, block_m), batch * n_heads)](
+            q, k, v, grad_out, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
+            *_strides(dq), n_heads, groups, *options,
+            BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, **flags, num_warps=warps, num_stages=stages)
+        return dq, dk, dv, None, None, None
+
+
+def _flags(q, window, softcap):
+    return dict(HAS_SOFTCAP=softcap is not None, HAS_WINDOW=window is not None,
+                PRECISION=dot_precision(q.dtype), UPCAST=q.device.type != "cuda")
+
+
+def flash_attention(q, k, v, scale: float, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Causal attention (B, Hq, T, D) with the module docstring's options; window None or < T, softcap None or > 0."""
+    if q.shape[1] % k.shape[1] or k.shape != v.shape or q.shape[2] != k.shape[2]:
+        raise ValueError(f"flash_attention: q {tuple(q.shape)} with k {tuple(k.shape)}, v {tuple(v.shape)}")
+    return _FlashAttention.apply(q, k, v, float(scale), window, softcap)
