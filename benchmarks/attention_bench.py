@@ -1,6 +1,7 @@
 """Our attention path on the GPU: correctness against a float32 reference, and forward + backward time.
 
     python benchmarks/attention_bench.py [--out results.json] [--quick]
+    python benchmarks/attention_bench.py --tune-flex | --tune-triton
 
 Correctness: bf16 inputs, causal_attention (the dispatched path) against the dense float32 reference
 of the same inputs (kernels/attention/core.py's reference), ||out - ref|| / ||ref|| for the output and
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -122,29 +124,84 @@ FLEX_CANDIDATES = [
 ]
 
 
+GEMMA2_GLOBAL = ("gemma2 global layer, soft-cap 50", (1, 16, 8, 8192, 256), dict(softcap=50.0))
+GEMMA2_SLIDING = ("gemma2 sliding layer, window 4096 + soft-cap 50", (1, 16, 8, 8192, 256),
+                  dict(softcap=50.0, window=4096))
+
+
+def visible_fraction(t, window=None):
+    """The share of the T x T square that causality and the window leave visible."""
+    w = t if window is None else min(window, t)
+    return (w * (w + 1) / 2 + (t - w) * w) / (t * t)
+
+
+def time_layer(case, shape, options, backend, **extra):
+    """One JSON line: forward alone and forward + backward of causal_attention on this layer."""
+    from triton.testing import do_bench
+
+    b, hq, hk, t, d = shape
+    attend = lambda q, k, v: core.causal_attention(q, k, v, backend=backend, **options)  # noqa: E731
+    entry = dict(case=case, shape=shape, backend=backend, **extra)
+    try:
+        entry["fwd_bwd_ms"], entry["first_call_s"] = fwd_bwd_ms(attend, shape)
+        q, k, v = make(b, hq, hk, t, d, torch.bfloat16)
+        with torch.no_grad():
+            entry["fwd_ms"] = do_bench(lambda: attend(q, k, v), warmup=20, rep=200, return_mode="median")
+        flops = attention_flops(b, hq, t, d, visible_fraction(t, options.get("window")))
+        entry["tflops"] = round(flops / entry["fwd_bwd_ms"] / 1e9)
+    except Exception as error:  # an option torch or Triton rejects (out of resources): say so and go on
+        entry["error"] = f"{type(error).__name__}: {error}"[:300]
+    print(json.dumps(entry), flush=True)
+
+
 def tune_flex():
     """Gemma 2's global layer (soft-cap 50, D 256) at 8192 x 1 under each of FLEX_CANDIDATES: forward alone and
     forward + backward, one JSON line each; the fastest forward's and backward's options together are what to
     put in core.FLEX_KERNEL_OPTIONS[256]."""
-    from triton.testing import do_bench
-
-    shape = (1, 16, 8, 8192, 256)
-    b, hq, hk, t, d = shape
-    for options in FLEX_CANDIDATES:
+    case, shape, options = GEMMA2_GLOBAL
+    d = shape[-1]
+    for candidate in FLEX_CANDIDATES:
         torch._dynamo.reset()
-        core.FLEX_KERNEL_OPTIONS[d] = options or {}
-        attend = lambda q, k, v: core.causal_attention(q, k, v, softcap=50.0)  # noqa: E731
-        entry = dict(case="gemma2 global layer, soft-cap 50", shape=shape, options=options)
-        try:
-            entry["fwd_bwd_ms"], entry["first_call_s"] = fwd_bwd_ms(attend, shape)
-            q, k, v = make(b, hq, hk, t, d, torch.bfloat16)
-            with torch.no_grad():
-                entry["fwd_ms"] = do_bench(lambda: attend(q, k, v), warmup=20, rep=200, return_mode="median")
-            entry["tflops"] = round(attention_flops(b, hq, t, d, 0.5) / entry["fwd_bwd_ms"] / 1e9)
-        except Exception as error:  # an option torch rejects: say so and go on
-            entry["error"] = f"{type(error).__name__}: {error}"[:300]
-        print(json.dumps(entry), flush=True)
+        core.FLEX_KERNEL_OPTIONS[d] = candidate or {}
+        time_layer(case, shape, options, "flex", options=candidate)
     core.FLEX_KERNEL_OPTIONS.pop(d, None)
+
+
+# Tiles of our Triton kernel (flash.TILES[256] overrides) to try on a D-256 layer: the defaults first, then one
+# kernel's tiles changed at a time. All fit the H200's 227 KiB of shared memory per block; the larger float32
+# accumulators (128 x 256 forward) may spill registers, which is what the timing tells.
+TRITON_CANDIDATES = [
+    None,
+    dict(fwd=(128, 64, 8, 2)),
+    dict(fwd=(64, 32, 4, 2)),
+    dict(fwd=(64, 64, 4, 2)),
+    dict(dkdv=(32, 32, 4, 2), dq=(32, 32, 4, 2)),
+    dict(dkdv=(64, 32, 4, 1), dq=(64, 32, 4, 1)),
+    dict(dkdv=(128, 32, 8, 1), dq=(64, 64, 8, 1)),
+]
+
+
+def tune_triton():
+    """backend="triton" against FlexAttention (its default tiles) on Gemma 2's global and sliding layers at 8192 x 1:
+    first the kernel's error against the float32 reference (bf16 and float32, D 256, soft-cap and window), then
+    one JSON line per layer for flex and per TRITON_CANDIDATES entry for triton. The fastest forward's and
+    backward kernels' tiles go in flash.TILES[256]; "auto" may pick triton once it beats flex on both layers."""
+    from lanner.kernels.attention import flash  # importable once core is (_import_lanner)
+
+    os.environ["LANNER_ATTENTION"] = "triton"  # check() dispatches (and labels) as "auto" would, triton forced
+    for dtype in (torch.bfloat16, torch.float32):
+        for name, options in (("softcap 50 + window 512", dict(softcap=50.0, window=512)),
+                              ("softcap 50", dict(softcap=50.0))):
+            print(json.dumps(check(f"triton {name}, d256", (1, 16, 8, 2048, 256), dtype, **options)), flush=True)
+    del os.environ["LANNER_ATTENTION"]
+    defaults = dict(flash.TILES[256])
+    for case, shape, options in (GEMMA2_GLOBAL, GEMMA2_SLIDING):
+        torch._dynamo.reset()
+        time_layer(case, shape, options, "flex")
+        for candidate in TRITON_CANDIDATES:
+            flash.TILES[256] = {**defaults, **(candidate or {})}
+            time_layer(case, shape, options, "triton", tiles=flash.TILES[256])
+    flash.TILES[256] = defaults
 
 
 def main():
@@ -155,9 +212,14 @@ def main():
     parser.add_argument("--cases", default=None, help="comma-separated indices of the timing cases to run")
     parser.add_argument("--tune-flex", action="store_true",
                         help="instead: FlexAttention's tiles on Gemma 2's global layer (tune_flex)")
+    parser.add_argument("--tune-triton", action="store_true",
+                        help="instead: our Triton kernel's error and tiles against flex on Gemma 2's layers (tune_triton)")
     args = parser.parse_args()
     if args.tune_flex:
         tune_flex()
+        return
+    if args.tune_triton:
+        tune_triton()
         return
     import transformers
     import triton

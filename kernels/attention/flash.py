@@ -22,7 +22,7 @@ loop bounds come from the block indices. Of the visited blocks only those the di
 edge or the sequence's end cross compute a mask (three loops: masked, unmasked, masked).
 
 OPT-IN until measured on the GPU: core dispatches here only for backend="triton" or
-LANNER_ATTENTION=triton; "auto" keeps FlexAttention (benchmarks/attention_bench.py --tune-flex compares).
+LANNER_ATTENTION=triton; "auto" keeps FlexAttention (benchmarks/attention_bench.py --tune-triton compares).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from ..ops._utils import new_output, tanh
 from ..ops.grouped_mm_lora import dot_precision, tile_dot
 
 # Tiles by head dimension, per kernel: (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). Not measured
-# yet (attention_bench.py --tune-flex times candidates). D 256 on Hopper, 227 KiB of shared memory a block:
+# yet (attention_bench.py --tune-triton times candidates). D 256 on Hopper, 227 KiB of shared memory a block:
 # the forward keeps a 64 x 256 query tile (32 KiB bf16) and stages 64-key K and V tiles (2 x 32 KiB a stage,
 # two stages: 160 KiB); its 64 x 256 float32 accumulator is 64 registers a thread at 8 warps. The backward
 # kernels hold two float32 accumulators of 32 x 256 (dK, dV) or one of 64 x 256 (dQ) plus resident tiles,
