@@ -30,8 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ops._utils import new_output, tanh
-from ..ops.grouped_mm_lora import dot_precision, tile_dot
+from ..ops._utils import dot_precision, new_output, tanh, tile_dot
 
 # Tiles by head dimension, per kernel: (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). Not measured
 # yet (attention_bench.py --tune-triton times candidates). D 256 on Hopper, 227 KiB of shared memory a block:

@@ -1,4 +1,4 @@
-"""Helpers shared by the kernels in this package (launch settings, output allocation, tanh)."""
+"""Helpers shared by the kernels in this package (launch settings, output allocation, tanh, dots)."""
 import math
 
 import torch
@@ -54,3 +54,19 @@ def tanh(x):
     e = tl.exp(-2.0 * tl.abs(x))
     t = (1.0 - e) / (1.0 + e)
     return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def tile_dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # UPCAST: Triton's CPU interpreter (3.9) computes bfloat16 dots wrongly; float32 operands give the
+    # same products (a bf16 x bf16 product is exact in float32) and float32 accumulation, as the GPU.
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return out
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    # float32 inputs: exact products (as torch's float32 matmul without TF32); others ignore it.
+    return "ieee" if dtype == torch.float32 else "tf32"

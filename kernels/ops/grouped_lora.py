@@ -24,14 +24,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._utils import new_output
+from ._utils import dot_precision, new_output, tile_dot
 from .grouped_mm_lora import (
     block_r,
-    dot_precision,
     grouped_mm_factors,
     grouped_mm_lora_forward,
     grouped_mm_lora_input_grad,
-    tile_dot,
     use_grouped_mm,
 )
 

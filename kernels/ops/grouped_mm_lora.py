@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._utils import dot_precision, tile_dot
+
 log = logging.getLogger("lanner.kernels")
 
 # None: torch._grouped_mm on CUDA devices where it reaches CUTLASS (compute capability 9.x or 10.x, bf16),
@@ -131,22 +133,6 @@ def grouped_mm_factors(lora_A: torch.Tensor | None, lora_B: torch.Tensor | None,
     b = lora_B.new_zeros((experts, lora_B.shape[1], padded), dtype=dtype)
     b[:, :, :rank] = lora_B
     return a, b
-
-
-@triton.jit
-def tile_dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    # UPCAST: Triton's CPU interpreter (3.9) computes bfloat16 dots wrongly; float32 operands give the
-    # same products (a bf16 x bf16 product is exact in float32) and float32 accumulation, as the GPU.
-    if UPCAST:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        out = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-    return out
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    # float32 inputs: exact products (as torch's float32 matmul without TF32); others ignore it.
-    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def block_r(r: int) -> int:
