@@ -85,17 +85,33 @@ def _key_block_bounds(m0, seq_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
+def _key_pointers(K, V, b, kv, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, dims,
+                  BLOCK_N: tl.constexpr):
+    """Pointers to the first BLOCK_N keys' K and V rows of one (batch, kv head); key block n is n * stride on."""
+    keys = tl.arange(0, BLOCK_N)[:, None]
+    return (K + b * stride_kb + kv * stride_kh + keys * stride_kt + dims[None, :],
+            V + b * stride_vb + kv * stride_vh + keys * stride_vt + dims[None, :])
+
+
+@triton.jit
+def _key_tiles(k_ptrs, v_ptrs, stride_kt, stride_vt, n, cols, seq_len, MASKED: tl.constexpr):
+    """The K and V tiles of the key block starting at n; MASKED: keys past the sequence read as zeros."""
+    if MASKED:
+        k = tl.load(k_ptrs + n * stride_kt, mask=(cols < seq_len)[:, None], other=0.0)
+        v = tl.load(v_ptrs + n * stride_vt, mask=(cols < seq_len)[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs + n * stride_kt)
+        v = tl.load(v_ptrs + n * stride_vt)
+    return k, v
+
+
+@triton.jit
 def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, start, end, seq_len,
                 scale, softcap, window, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     for n in range(start, end, BLOCK_N):
         cols = n + tl.arange(0, BLOCK_N)
-        if MASKED:
-            k = tl.load(k_ptrs + n * stride_kt, mask=(cols < seq_len)[:, None], other=0.0)
-            v = tl.load(v_ptrs + n * stride_vt, mask=(cols < seq_len)[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptrs + n * stride_kt)
-            v = tl.load(v_ptrs + n * stride_vt)
+        k, v = _key_tiles(k_ptrs, v_ptrs, stride_kt, stride_vt, n, cols, seq_len, MASKED)
         s, _ = _scores(tile_dot(q, tl.trans(k), None, PRECISION, UPCAST), scale, softcap, HAS_SOFTCAP)
         if MASKED:
             s = tl.where(_visible(rows, cols, seq_len, window, HAS_WINDOW), s, -1.0e30)
@@ -123,8 +139,8 @@ def _fwd_kernel(Q, K, V, O, LSE,
     dims = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + dims[None, :],
                 mask=(rows < seq_len)[:, None], other=0.0)
-    k_ptrs = K + b * stride_kb + kv * stride_kh + tl.arange(0, BLOCK_N)[:, None] * stride_kt + dims[None, :]
-    v_ptrs = V + b * stride_vb + kv * stride_vh + tl.arange(0, BLOCK_N)[:, None] * stride_vt + dims[None, :]
+    k_ptrs, v_ptrs = _key_pointers(K, V, b, kv, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+                                   dims, BLOCK_N)
 
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -245,12 +261,7 @@ def _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows
                HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     for n in range(start, end, BLOCK_N):
         cols = n + tl.arange(0, BLOCK_N)
-        if MASKED:
-            k = tl.load(k_ptrs + n * stride_kt, mask=(cols < seq_len)[:, None], other=0.0)
-            v = tl.load(v_ptrs + n * stride_vt, mask=(cols < seq_len)[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptrs + n * stride_kt)
-            v = tl.load(v_ptrs + n * stride_vt)
+        k, v = _key_tiles(k_ptrs, v_ptrs, stride_kt, stride_vt, n, cols, seq_len, MASKED)
         s, t = _scores(tile_dot(q, tl.trans(k), None, PRECISION, UPCAST), scale, softcap, HAS_SOFTCAP)
         p = tl.exp2(s - lse[:, None])
         if MASKED:
@@ -283,8 +294,8 @@ def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                  mask=inside[:, None], other=0.0)
     lse = tl.load(LSE + bh * seq_len + rows, mask=inside, other=0.0)
     delta = tl.load(DELTA + bh * seq_len + rows, mask=inside, other=0.0)
-    k_ptrs = K + b * stride_kb + kv * stride_kh + tl.arange(0, BLOCK_N)[:, None] * stride_kt + dims[None, :]
-    v_ptrs = V + b * stride_vb + kv * stride_vh + tl.arange(0, BLOCK_N)[:, None] * stride_vt + dims[None, :]
+    k_ptrs, v_ptrs = _key_pointers(K, V, b, kv, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+                                   dims, BLOCK_N)
 
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     lo, full, diag, hi = _key_block_bounds(m0, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
