@@ -163,7 +163,7 @@ def tune_flex():
     for candidate in FLEX_CANDIDATES:
         torch._dynamo.reset()
         core.FLEX_KERNEL_OPTIONS[d] = candidate or {}
-        time_layer(case, shape, options, "flex", options=candidate)
+        time_layer(case, shape, options, "flex", kernel_options=candidate)
     core.FLEX_KERNEL_OPTIONS.pop(d, None)
 
 
@@ -181,7 +181,7 @@ TRITON_CANDIDATES = [
 ]
 
 
-def tune_triton():
+def tune_triton(checks=True):
     """backend="triton" against FlexAttention (its default tiles) on Gemma 2's global and sliding layers at 8192 x 1:
     first the kernel's error against the float32 reference (bf16 and float32, D 256, soft-cap and window), then
     one JSON line per layer for flex and per TRITON_CANDIDATES entry for triton. The fastest forward's and
@@ -189,7 +189,7 @@ def tune_triton():
     from lanner.kernels.attention import flash  # importable once core is (_import_lanner)
 
     os.environ["LANNER_ATTENTION"] = "triton"  # check() dispatches (and labels) as "auto" would, triton forced
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in (torch.bfloat16, torch.float32) if checks else ():
         for name, options in (("softcap 50 + window 512", dict(softcap=50.0, window=512)),
                               ("softcap 50", dict(softcap=50.0))):
             print(json.dumps(check(f"triton {name}, d256", (1, 16, 8, 2048, 256), dtype, **options)), flush=True)
@@ -219,7 +219,7 @@ def main():
         tune_flex()
         return
     if args.tune_triton:
-        tune_triton()
+        tune_triton(checks=not args.timings_only)
         return
     import transformers
     import triton

@@ -21,8 +21,8 @@ Key (query) blocks entirely above the diagonal or entirely outside the window ar
 loop bounds come from the block indices. Of the visited blocks only those the diagonal, the window's
 edge or the sequence's end cross compute a mask (three loops: masked, unmasked, masked).
 
-OPT-IN until measured on the GPU: core dispatches here only for backend="triton" or
-LANNER_ATTENTION=triton; "auto" keeps FlexAttention (benchmarks/attention_bench.py --tune-triton compares).
+"auto" picks it on CUDA for the head dimensions in core.TRITON_HEAD_DIMS (measured faster than
+FlexAttention there); elsewhere backend="triton" or LANNER_ATTENTION=triton asks for it.
 """
 from __future__ import annotations
 
@@ -32,18 +32,18 @@ import triton.language as tl
 
 from ..ops._utils import dot_precision, new_output, tanh, tile_dot
 
-# Tiles by head dimension, per kernel: (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). Not measured
-# yet (attention_bench.py --tune-triton times candidates). D 256 on Hopper, 227 KiB of shared memory a block:
-# the forward keeps a 64 x 256 query tile (32 KiB bf16) and stages 64-key K and V tiles (2 x 32 KiB a stage,
-# two stages: 160 KiB); its 64 x 256 float32 accumulator is 64 registers a thread at 8 warps. The backward
-# kernels hold two float32 accumulators of 32 x 256 (dK, dV) or one of 64 x 256 (dQ) plus resident tiles,
-# so their key block is 32, with 64-query tiles staged twice (dK/dV: 2 x (Q + dO) = 128 KiB + K, V).
+# Tiles by head dimension, per kernel: (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). D 256 measured
+# on the H200 (attention_bench.py --tune-triton, docs/benchmarks.md sixteenth round): of the candidates, a
+# 64 x 32 forward at 4 warps (1.92 ms against 3.05 for 64 x 64 at 8 on Gemma 2's global layer at 8,192) and
+# backward kernels at 4 warps, one stage (10.8 ms against 12.2); the others are not measured. The backward
+# kernels hold two float32 accumulators of 32 x 256 (dK, dV) or one of 64 x 256 (dQ) beside their tiles, so
+# their key block is 32.
 TILES = {
     16: dict(fwd=(64, 64, 4, 3), dkdv=(64, 64, 4, 3), dq=(64, 64, 4, 3)),
     32: dict(fwd=(64, 64, 4, 3), dkdv=(64, 64, 4, 3), dq=(64, 64, 4, 3)),
     64: dict(fwd=(128, 64, 4, 3), dkdv=(32, 128, 4, 3), dq=(128, 32, 4, 3)),
     128: dict(fwd=(128, 64, 8, 3), dkdv=(32, 128, 8, 2), dq=(128, 32, 8, 2)),
-    256: dict(fwd=(64, 64, 8, 2), dkdv=(64, 32, 8, 2), dq=(64, 32, 8, 2)),
+    256: dict(fwd=(64, 32, 4, 2), dkdv=(64, 32, 4, 1), dq=(64, 32, 4, 1)),
 }
 
 

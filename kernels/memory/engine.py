@@ -24,6 +24,11 @@ from .offload import HostOffloader, OffloadedStash
 from .planner import GIB, LayerCosts, MemoryPlan, plan_memory
 
 logger = logging.getLogger("lanner.kernels")
+# torch's checkpoint, non-reentrant, without its check that the recompute saved tensors of the same shapes and
+# dtypes as the forward: the check compares every saved tensor's metadata in Python in every layer's backward
+# (~0.3 ms a layer on the H200's host, which the FP8 and MoE steps wait on), and a recompute that differed
+# would fail in the backward that reads it.
+_CHECKPOINT_OPTIONS = dict(use_reentrant=False, determinism_check="none")
 # Recomputed layers run their MLP over tiles of this many tokens when a batch has more: at 8,192
 # tokens the tiles' GEMMs are as efficient as whole ones, and the MLP's (tokens, intermediate)
 # tensors stop growing with the sequence (docs/memory-engine.md, "Long context"). A budget that
@@ -76,9 +81,9 @@ class MemoryEngine:
                        mlp_tile_rows=self.plan.mlp_tile_rows, mlp_dh_tile_rows=self.plan.dh_tile_rows,
                        after_mlp_backward=self.offloader.prefetch_last_stash if previous_up_offloaded else None)
         if not layer_plan.offload_input:
-            return checkpoint(forward, hidden_states, *args, use_reentrant=False, context_fn=run.contexts)
+            return checkpoint(forward, hidden_states, *args, **_CHECKPOINT_OPTIONS, context_fn=run.contexts)
         held = self.offloader.hold(hidden_states)
-        out = checkpoint(_forward_held, forward, held, *args, use_reentrant=False, context_fn=run.contexts)
+        out = checkpoint(_forward_held, forward, held, *args, **_CHECKPOINT_OPTIONS, context_fn=run.contexts)
         held.release()
         return out
 

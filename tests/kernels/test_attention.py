@@ -160,8 +160,14 @@ def test_triton_flash_matches_reference(case, dtype, device, monkeypatch, assert
         assert_close_scaled(g.float(), w, rtol)
 
 
-def test_triton_backend_is_opt_in_and_falls_back_on_padding(device, monkeypatch):
-    """"auto" never picks it; LANNER_ATTENTION=triton does; padding or segments run FlexAttention or the reference."""
+def test_triton_backend_choice_and_fallback_on_padding(device, monkeypatch):
+    """"auto" picks it on CUDA for the measured head dims only, never with padding or segments, never on the CPU;
+    LANNER_ATTENTION=triton forces it; padding or segments then run FlexAttention or the reference."""
+    d = next(iter(core.TRITON_HEAD_DIMS))
+    assert core.auto_backend(d, True, False) == "triton"
+    assert core.auto_backend(d, True, True) in ("flex", "reference")
+    assert core.auto_backend(d, False, False) == "reference"
+    assert core.auto_backend(128, True, False) in ("flex", "reference")
     q, k, v = (torch.randn(B, h, T, 16, device=device) for h in (HQ, HK, HK))
     assert choose_backend(q, 3, 5.0, None, None) in ("flex", "reference")
     monkeypatch.setenv("LANNER_ATTENTION", "triton")
