@@ -351,7 +351,7 @@ def main():
                          f"the profiled one: {overall_peak / 2**30:.3f} GiB\n{phases.report()}\n\nforward:\n"
                          f"{analyse(snapshot, baseline=baseline)}\n")
     extra = {}
-    if a.mode in ("lanner", "lanner8"):
+    if a.mode in ("lanner", "lanner4", "lanner8"):
         from lanner.kernels.memory import memory_engine_of
         engine = memory_engine_of(model)
         if engine is not None and engine.plan is not None:

@@ -5,6 +5,7 @@
     python benchmarks/run.py --models llama-8b --systems hf4 unsloth4 lanner4   # QLoRA (NF4) rows
     python benchmarks/run.py --models llama-8b --systems unsloth lanner \
         --lanner-variants offload=on budget=19.4,offload=on budget=60   # memory-engine rows
+    python benchmarks/run.py --models qwen3-8b --systems unsloth4 --lanner-variants budget=9 --variant-system lanner4
 
 Each (shape, system) runs `peer_bench.py MODE MODEL` in a fresh process (so no system's patches or
 allocator state leak into another's) and prints one JSON line; this script collects them, prints a
@@ -29,6 +30,9 @@ SYSTEMS = {"hf": "HF + PEFT", "liger": "HF + PEFT + Liger", "unsloth": "Unsloth"
 DEFAULT_SYSTEMS = list(SYSTEMS)
 SYSTEMS.update(QLORA_SYSTEMS)  # 4-bit rows, compared with lanner4
 SYSTEMS["lanner8"] = "Lanner, FP8 base"  # docs/fp8.md
+# The rows a Lanner variant is matched to, the first found of the same shape: Unsloth (4-bit for 4-bit Lanner),
+# else the peer issue 21 compares with where Unsloth cannot run (Liger; bitsandbytes in 4 bits).
+VARIANT_PEERS = {"lanner": ("unsloth", "liger"), "lanner4": ("unsloth4", "hf4"), "lanner8": ("unsloth",)}
 
 
 def lanner_import_root() -> Path:
@@ -108,18 +112,21 @@ def table(results: list[dict]) -> str:
 
 def variants_table(results: list[dict]) -> str:
     rows = ["| shape | Lanner variant | plan | tokens/s | step ms | peak GiB | predicted peak GiB | final loss "
-            "| tok/s vs Unsloth | memory vs Unsloth |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "| peer | tok/s vs peer | memory vs peer |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "variant" not in r or "error" in r:
             if "variant" in r:
-                rows.append(f"| {shape_label(r)} | {r['variant']} | failed: {r['error']} | | | | | | | |")
+                rows.append(f"| {shape_label(r)} | {r['variant']} | failed: {r['error']} | | | | | | | | |")
             continue
-        peer = next((p for p in results if p.get("mode") == "unsloth" and "error" not in p
-                     and shape_of(p) == shape_of(r)), None)
+        peers = (p for mode in VARIANT_PEERS[r.get("mode", "lanner")] for p in results
+                 if p.get("mode") == mode and "error" not in p and "variant" not in p and shape_of(p) == shape_of(r))
+        peer = next(peers, None)
+        name = SYSTEMS[peer["mode"]] if peer else "-"
         speed = f"{r['tok_s'] / peer['tok_s']:.2f}x" if peer else "-"
         memory = f"{r['peak_gib'] / peer['peak_gib']:.2f}x" if peer else "-"
         rows.append(f"| {shape_label(r)} | {r['variant']} | {r.get('plan', '-')} | {r['tok_s']:,} | {r['step_ms']} "
-                    f"| {r['peak_gib']} | {r.get('predicted_peak_gib', '-')} | {r['loss']} | {speed} | {memory} |")
+                    f"| {r['peak_gib']} | {r.get('predicted_peak_gib', '-')} | {r['loss']} | {name} | {speed} "
+                    f"| {memory} |")
     return "\n".join(rows)
 
 
@@ -141,12 +148,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="write every result as one JSON line here")
     parser.add_argument("--lanner-variants", nargs="*", default=[],
                         help="extra Lanner runs per shape, each e.g. budget=19.4,offload=on (memory engine)")
+    parser.add_argument("--variant-system", default="lanner", choices=list(VARIANT_PEERS),
+                        help="the Lanner mode the --lanner-variants run as (lanner4: QLoRA, lanner8: FP8 base)")
     args = parser.parse_args()
 
     env = environment()
     results = []
     for model in args.models:
-        runs = [(system, None) for system in args.systems] + [("lanner", v) for v in args.lanner_variants]
+        runs = [(system, None) for system in args.systems] + [(args.variant_system, v) for v in args.lanner_variants]
         for system, variant in runs:
             result = run_one(system, model, args, env, variant_args(variant) if variant else [])
             if variant:
