@@ -160,11 +160,12 @@ def tune_flex():
     put in core.FLEX_KERNEL_OPTIONS[256]."""
     case, shape, options = GEMMA2_GLOBAL
     d = shape[-1]
+    chosen = core.FLEX_KERNEL_OPTIONS.get(d)
     for candidate in FLEX_CANDIDATES:
         torch._dynamo.reset()
         core.FLEX_KERNEL_OPTIONS[d] = candidate or {}
         time_layer(case, shape, options, "flex", kernel_options=candidate)
-    core.FLEX_KERNEL_OPTIONS.pop(d, None)
+    core.FLEX_KERNEL_OPTIONS[d] = chosen
 
 
 # Tiles of our Triton kernel (flash.TILES[256] overrides) to try on a D-256 layer: the defaults first, then one

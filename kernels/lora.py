@@ -13,11 +13,13 @@ engine's checkpointing the MLP can skip work its recompute does not need (see Lo
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .ops.glu import GLU_ACTIVATIONS, glu, glu_backward_in_place
 
@@ -108,8 +110,46 @@ def _rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]).to(dtype)
 
 
+# LoRA factors (float32 parameters under PEFT's defaults) in the compute dtype, B times its scaling: made once
+# between optimizer steps and read by the forward, the checkpoint's recompute and the backward alike, instead
+# of ~40 cast kernels a decoder layer a step (their launches are host time that small models and the FP8 and
+# MoE steps wait on). Keyed by the factor's identity and checked against its version counter (load_state_dict,
+# init and other in-place writes bump it); emptied after every optimizer step, since fused optimizers write
+# the parameters without bumping it. Only made with gradients off (inside the autograd functions). The factor
+# is held weakly: a model that is dropped is not kept alive by its casts.
+_FACTOR_CASTS: dict[tuple[int, torch.dtype, float], tuple[weakref.ref, int, torch.Tensor]] = {}
+
+
+def factor_in(factor: torch.Tensor, dtype: torch.dtype, scaling: float = 1.0) -> torch.Tensor:
+    """factor * scaling in dtype, from the cache above when the factor has not changed since it was made."""
+    if factor.dtype == dtype and scaling == 1:
+        return factor
+    if torch.is_grad_enabled():
+        return (factor if scaling == 1 else factor * scaling).to(dtype)
+    key = (id(factor), dtype, scaling)
+    hit = _FACTOR_CASTS.get(key)
+    if hit is not None and hit[0]() is factor and hit[1] == factor._version:
+        return hit[2]
+    cast = (factor if scaling == 1 else factor * scaling).to(dtype)
+    _FACTOR_CASTS[key] = (weakref.ref(factor), factor._version, cast)
+    return cast
+
+
+def clear_factor_casts(*_args) -> None:
+    _FACTOR_CASTS.clear()
+
+
+register_optimizer_step_post_hook(clear_factor_casts)
+
+
 def _scaled_B(p: LoRAProjection, dtype: torch.dtype) -> torch.Tensor:
-    return p.lora_B.to(dtype) if p.scaling == 1 else (p.lora_B * p.scaling).to(dtype)
+    return factor_in(p.lora_B, dtype, p.scaling)
+
+
+def _factors_A(projections, dtype: torch.dtype) -> torch.Tensor:
+    """The A factors of projections stacked (r_1 + r_2 + ..., in) in dtype."""
+    factors = [factor_in(p.lora_A, dtype) for p in projections]
+    return factors[0] if len(factors) == 1 else torch.cat(factors)
 
 
 def _project(
@@ -129,14 +169,14 @@ def _project(
         if p.lora_A is None:
             return out, None
         if xa is None:
-            xa = x2 @ p.lora_A.to(dtype).t()
+            xa = x2 @ factor_in(p.lora_A, dtype).t()
         return out.addmm_(xa, _scaled_B(p, dtype).t()), xa
     weight = base_weight(p.base).to(dtype)
     if p.lora_A is None:
         out = x2 @ weight.t() if bias is None else torch.addmm(bias.to(dtype), x2, weight.t())
         return out, None
     if xa is None:
-        xa = x2 @ p.lora_A.to(dtype).t()
+        xa = x2 @ factor_in(p.lora_A, dtype).t()
     B = _scaled_B(p, dtype)
     out = xa @ B.t() if bias is None else torch.addmm(bias.to(dtype), xa, B.t())
     return out.addmm_(x2, weight.t()), xa
@@ -172,7 +212,7 @@ def _shared_input_backward(x2: torch.Tensor, douts, xas, projections) -> tuple[t
     if adapted:
         dBs, dxas = zip(*(_lora_backward(dout, xa, p) for dout, xa, p in adapted))
         dxa_all = torch.cat(dxas, dim=1)
-        A_all = torch.cat([p.lora_A for _, _, p in adapted])
+        A_all = _factors_A([p for _, _, p in adapted], dxa_all.dtype)
         dBs = iter(dBs)
         dAs = iter((dxa_all.t() @ x2).split([p.lora_A.shape[0] for _, _, p in adapted]))
     dx = _input_grad(zip(douts, projections), dxa_all, A_all)
@@ -219,7 +259,7 @@ class LoRAQKVFunction(torch.autograd.Function):
         x2 = _rows(x, dtype)
         ctx.fused = all(p.lora_A is not None for p in projections)
         if ctx.fused:
-            xa_all = x2 @ torch.cat([p.lora_A for p in projections]).to(dtype).t()
+            xa_all = x2 @ _factors_A(projections, dtype).t()
             ctx.ranks = [p.lora_A.shape[0] for p in projections]
             outs = [_project(x2, p, xa)[0] for p, xa in zip(projections, xa_all.split(ctx.ranks, dim=1))]
             ctx.save_for_backward(x2, xa_all)
@@ -263,7 +303,7 @@ class MLPStash:
 
 
 def _down_lora_input(h, down_p):
-    return None if down_p.lora_A is None else h @ down_p.lora_A.to(h.dtype).t()
+    return None if down_p.lora_A is None else h @ factor_in(down_p.lora_A, h.dtype).t()
 
 
 def _mlp_forward_rows(x2, projections, activation):
@@ -287,7 +327,7 @@ def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down
     down_input_grad = _base_input_grad_fn(down_p.base, dtype)
     dA_down = dB_down = None
     if adapted:
-        A_down = down_p.lora_A.to(dtype)
+        A_down = factor_in(down_p.lora_A, dtype)
         dha = dout2 @ _scaled_B(down_p, dtype)
         dA_down = torch.zeros(A_down.shape, dtype=torch.float32, device=dout2.device)
         recompute_ha = ha_down is None

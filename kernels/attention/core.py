@@ -43,15 +43,23 @@ except ImportError:  # pragma: no cover - older torch
     create_block_mask = flex_attention = None
 
 BACKENDS = ("auto", "sdpa", "flex", "reference", "triton")
-# FlexAttention's kernel_options (tile sizes, warps, stages) by head dimension, where measurement beat the
-# defaults of the torch in use (benchmarks/attention_bench.py --tune-flex); a head dimension not here keeps
-# torch's own choice.
-FLEX_KERNEL_OPTIONS: dict[int, dict] = {}
+# FlexAttention's kernel_options (tile sizes, warps, stages) on CUDA by head dimension, where measurement beat
+# the defaults of the torch in use (benchmarks/attention_bench.py --tune-flex); a head dimension not here keeps
+# torch's own choice. D 256 (flex runs it with padding or packed samples): a 128 x 64 forward at 8 warps, Gemma
+# 2's global layer at 8,192 tokens 15.6 ms forward + backward against 16.9 (forward 2.13 against 3.42); no
+# backward tiles tried beat torch's (docs/benchmarks.md, sixteenth round).
+FLEX_KERNEL_OPTIONS: dict[int, dict] = {256: dict(BLOCK_M=128, BLOCK_N=64, fwd_num_warps=8, fwd_num_stages=2)}
 # Head dimensions where "auto" runs our Triton kernel instead of FlexAttention: D 256 (Gemma 2 and 3) on the H200,
 # forward + backward at 8,192 tokens, Gemma 2's global layer 12.7 ms against 16.9 and its sliding layer (window
 # 4,096) 10.9 against 12.9, and ~6 s of first-call compile against ~58 (docs/benchmarks.md, sixteenth round).
 # D 128 is not measured yet.
 TRITON_HEAD_DIMS = frozenset({256})
+
+
+def _flex_kernel_options(q: torch.Tensor) -> dict | None:
+    """FLEX_KERNEL_OPTIONS for a 16-bit CUDA call (measured there; float32 tiles of this size would not fit the
+    shared memory), else None: torch's own choice."""
+    return FLEX_KERNEL_OPTIONS.get(q.shape[-1]) if q.is_cuda and q.element_size() == 2 else None
 
 
 def effective_window(window: int | None, length: int) -> int | None:
@@ -110,7 +118,7 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
         block_mask = _block_mask(q, window, padding, segments, block_mask_cache, compiled)
         attend = _compiled_flex() if compiled else flex_attention
         return attend(q, k, v, score_mod=_softcap_score_mod(softcap), block_mask=block_mask, scale=scale,
-                      enable_gqa=gqa, kernel_options=FLEX_KERNEL_OPTIONS.get(q.shape[-1]))
+                      enable_gqa=gqa, kernel_options=_flex_kernel_options(q))
     return _reference(q, k, v, scale, dense_mask(length, window, padding, segments, q.device), softcap)
 
 

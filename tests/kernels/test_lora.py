@@ -229,3 +229,43 @@ def test_base_weight_is_read_on_demand_in_forward_and_backward(device):
     ref.backward(torch.ones_like(ref))
     for actual, expected in ((out, ref), (x.grad, x_ref.grad), (A.grad, A_ref.grad), (B.grad, B_ref.grad)):
         _assert_close(actual.detach(), expected.detach(), TOL[torch.float32])
+
+
+def test_factor_casts_are_made_once_and_follow_every_update(device):
+    """bf16 compute over float32 factors: one cast a factor until the factor changes, whether by a fused
+    optimizer's step (which does not bump the version counter), by an in-place write (which does), or never."""
+    from lanner.kernels.lora import factor_in
+
+    layer = _peft_layer(LlamaConfig, LlamaForCausalLM, torch.float32, device, ["o_proj"]).self_attn.o_proj
+    A, B = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    with torch.no_grad():
+        B.normal_()  # PEFT starts B at zero
+        first = factor_in(A, torch.bfloat16)
+        assert factor_in(A, torch.bfloat16) is first and factor_in(B, torch.bfloat16, 2.0) is factor_in(B, torch.bfloat16, 2.0)
+        torch.testing.assert_close(factor_in(B, torch.bfloat16, 2.0), (B * 2).bfloat16(), rtol=0, atol=0)
+    assert factor_in(A, torch.float32) is A
+    assert torch.is_grad_enabled() and factor_in(A, torch.bfloat16) is not first  # gradients on: never cached
+
+    x = _input((2, 5, HIDDEN), torch.float32, device).bfloat16()
+
+    def output():
+        with torch.no_grad():
+            return lora_linear(x, lora_projection(layer))
+
+    def fresh():  # the same product from factors cast now, not from any cache
+        with torch.no_grad():
+            base = x @ layer.base_layer.weight.bfloat16().t()
+            return base + (x @ A.bfloat16().t()) @ (B * layer.scaling["default"]).bfloat16().t()
+
+    optimizer = torch.optim.AdamW([A, B], lr=0.1, fused=True)
+    before = output()
+    lora_linear(x.detach().requires_grad_(), lora_projection(layer)).float().square().sum().backward()
+    version = A._version
+    optimizer.step()
+    assert A._version == version  # the fused step leaves the counter: the cache is emptied by the step instead
+    after = output()
+    assert not torch.equal(after, before)
+    torch.testing.assert_close(after, fresh(), rtol=1e-2, atol=1e-2)
+    with torch.no_grad():
+        A.mul_(-1)  # an in-place write between steps: the version counter moves
+    torch.testing.assert_close(output(), fresh(), rtol=1e-2, atol=1e-2)
