@@ -183,10 +183,11 @@ TRITON_CANDIDATES = [
 
 
 def tune_triton(checks=True):
-    """backend="triton" against FlexAttention (its default tiles) on Gemma 2's global and sliding layers at 8192 x 1:
-    first the kernel's error against the float32 reference (bf16 and float32, D 256, soft-cap and window), then
-    one JSON line per layer for flex and per TRITON_CANDIDATES entry for triton. The fastest forward's and
-    backward kernels' tiles go in flash.TILES[256]; "auto" may pick triton once it beats flex on both layers."""
+    """backend="triton" against FlexAttention (with core.FLEX_KERNEL_OPTIONS) on Gemma 2's global and sliding layers
+    at 8192 x 1: first the kernel's error against the float32 reference (bf16 and float32, D 256, soft-cap and
+    window; checks=False skips it), then one JSON line per layer for flex and per TRITON_CANDIDATES entry for
+    triton. The fastest forward's and backward kernels' tiles go in flash.TILES[256]; core.TRITON_HEAD_DIMS says
+    where "auto" picks triton over flex."""
     from lanner.kernels.attention import flash  # importable once core is (_import_lanner)
 
     os.environ["LANNER_ATTENTION"] = "triton"  # check() dispatches (and labels) as "auto" would, triton forced

@@ -124,14 +124,14 @@ def factor_in(factor: torch.Tensor, dtype: torch.dtype, scaling: float = 1.0) ->
     """factor * scaling in dtype, from the cache above when the factor has not changed since it was made."""
     if factor.dtype == dtype and scaling == 1:
         return factor
-    if torch.is_grad_enabled():
-        return (factor if scaling == 1 else factor * scaling).to(dtype)
+    cached = not torch.is_grad_enabled()
     key = (id(factor), dtype, scaling)
-    hit = _FACTOR_CASTS.get(key)
+    hit = _FACTOR_CASTS.get(key) if cached else None
     if hit is not None and hit[0]() is factor and hit[1] == factor._version:
         return hit[2]
     cast = (factor if scaling == 1 else factor * scaling).to(dtype)
-    _FACTOR_CASTS[key] = (weakref.ref(factor), factor._version, cast)
+    if cached:
+        _FACTOR_CASTS[key] = (weakref.ref(factor), factor._version, cast)
     return cast
 
 

@@ -107,7 +107,7 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
     softcap = float(softcap) if softcap else None
     backend = backend or choose_backend(q, window, softcap, padding, segments)
     if backend == "triton" and (padding is not None or segments is not None):
-        backend = "flex" if flex_attention is not None and q.is_cuda else "reference"
+        backend = auto_backend(q.shape[-1], q.is_cuda, masked=True)  # no kernel of ours for these masks
     gqa = q.shape[1] != k.shape[1]
     if backend == "sdpa" and window is None and softcap is None and padding is None and segments is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)

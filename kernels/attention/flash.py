@@ -85,6 +85,28 @@ def _key_block_bounds(m0, seq_len, window, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
+def _row_pointers(X, b, h, stride_b, stride_h, stride_t, rows, dims):
+    """Pointers to the (rows x dims) tile of one (batch, head) of a (B, H, T, D) tensor."""
+    return X + b * stride_b + h * stride_h + rows[:, None] * stride_t + dims[None, :]
+
+
+@triton.jit
+def _load_rows(X, b, h, stride_b, stride_h, stride_t, rows, dims, seq_len):
+    """That tile, rows past the sequence read as zeros."""
+    return tl.load(_row_pointers(X, b, h, stride_b, stride_h, stride_t, rows, dims), mask=(rows < seq_len)[:, None],
+                   other=0.0)
+
+
+@triton.jit
+def _query_program(n_heads, groups, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """A program over one query block of one (batch, query head): (m0, bh, b, h, kv head, rows, dims)."""
+    m0 = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // n_heads, bh % n_heads
+    return m0, bh, b, h, h // groups, m0 + tl.arange(0, BLOCK_M), tl.arange(0, HEAD_DIM)
+
+
+@triton.jit
 def _key_pointers(K, V, b, kv, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, dims,
                   BLOCK_N: tl.constexpr):
     """Pointers to the first BLOCK_N keys' K and V rows of one (batch, kv head); key block n is n * stride on."""
@@ -131,14 +153,8 @@ def _fwd_kernel(Q, K, V, O, LSE,
                 n_heads, groups, seq_len, scale, softcap, window,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    m0 = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1).to(tl.int64)
-    b, h = bh // n_heads, bh % n_heads
-    kv = h // groups
-    rows = m0 + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + dims[None, :],
-                mask=(rows < seq_len)[:, None], other=0.0)
+    m0, bh, b, h, kv, rows, dims = _query_program(n_heads, groups, BLOCK_M, HEAD_DIM)
+    q = _load_rows(Q, b, h, stride_qb, stride_qh, stride_qt, rows, dims, seq_len)
     k_ptrs, v_ptrs = _key_pointers(K, V, b, kv, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
                                    dims, BLOCK_N)
 
@@ -157,20 +173,16 @@ def _fwd_kernel(Q, K, V, O, LSE,
     inside = rows < seq_len
     tl.store(LSE + bh * seq_len + rows, m_i + tl.log2(l_i), mask=inside)
     out = acc / l_i[:, None]
-    tl.store(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_ot + dims[None, :],
-             out.to(O.dtype.element_ty), mask=inside[:, None])
+    tl.store(_row_pointers(O, b, h, stride_ob, stride_oh, stride_ot, rows, dims), out.to(O.dtype.element_ty),
+             mask=inside[:, None])
 
 
 @triton.jit
 def _delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_ot, stride_db, stride_dh, stride_dt,
                   n_heads, seq_len, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
-    bh = tl.program_id(1).to(tl.int64)
-    b, h = bh // n_heads, bh % n_heads
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
-    inside = (rows < seq_len)[:, None]
-    o = tl.load(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_ot + dims[None, :], mask=inside, other=0.0)
-    do = tl.load(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dt + dims[None, :], mask=inside, other=0.0)
+    _, bh, b, h, _, rows, dims = _query_program(n_heads, 1, BLOCK_M, HEAD_DIM)
+    o = _load_rows(O, b, h, stride_ob, stride_oh, stride_ot, rows, dims, seq_len)
+    do = _load_rows(DO, b, h, stride_db, stride_dh, stride_dt, rows, dims, seq_len)
     tl.store(DELTA + bh * seq_len + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=rows < seq_len)
 
 
@@ -217,9 +229,8 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
     b, kv = bkv // n_kv_heads, bkv % n_kv_heads
     cols = n0 + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
-    key_inside = (cols < seq_len)[:, None]
-    k = tl.load(K + b * stride_kb + kv * stride_kh + cols[:, None] * stride_kt + dims[None, :], mask=key_inside, other=0.0)
-    v = tl.load(V + b * stride_vb + kv * stride_vh + cols[:, None] * stride_vt + dims[None, :], mask=key_inside, other=0.0)
+    k = _load_rows(K, b, kv, stride_kb, stride_kh, stride_kt, cols, dims, seq_len)
+    v = _load_rows(V, b, kv, stride_vb, stride_vh, stride_vt, cols, dims, seq_len)
 
     # Query blocks that see a key of this block: [lo, hi); [diag, full) need no mask (below the diagonal,
     # inside every window, inside the sequence).
@@ -249,9 +260,10 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                               seq_len, scale, softcap, window, BLOCK_M, False, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
         dk, dv = _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qt, stride_dt, cols, full, hi,
                               seq_len, scale, softcap, window, BLOCK_M, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
-    tl.store(DK + b * stride_dkb + kv * stride_dkh + cols[:, None] * stride_dkt + dims[None, :],
+    key_inside = (cols < seq_len)[:, None]
+    tl.store(_row_pointers(DK, b, kv, stride_dkb, stride_dkh, stride_dkt, cols, dims),
              (dk * scale).to(DK.dtype.element_ty), mask=key_inside)
-    tl.store(DV + b * stride_dvb + kv * stride_dvh + cols[:, None] * stride_dvt + dims[None, :],
+    tl.store(_row_pointers(DV, b, kv, stride_dvb, stride_dvh, stride_dvt, cols, dims),
              dv.to(DV.dtype.element_ty), mask=key_inside)
 
 
@@ -281,17 +293,10 @@ def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                n_heads, groups, seq_len, scale, softcap, window,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    m0 = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1).to(tl.int64)
-    b, h = bh // n_heads, bh % n_heads
-    kv = h // groups
-    rows = m0 + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
+    m0, bh, b, h, kv, rows, dims = _query_program(n_heads, groups, BLOCK_M, HEAD_DIM)
     inside = rows < seq_len
-    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + dims[None, :],
-                mask=inside[:, None], other=0.0)
-    do = tl.load(DO + b * stride_db + h * stride_dh + rows[:, None] * stride_dt + dims[None, :],
-                 mask=inside[:, None], other=0.0)
+    q = _load_rows(Q, b, h, stride_qb, stride_qh, stride_qt, rows, dims, seq_len)
+    do = _load_rows(DO, b, h, stride_db, stride_dh, stride_dt, rows, dims, seq_len)
     lse = tl.load(LSE + bh * seq_len + rows, mask=inside, other=0.0)
     delta = tl.load(DELTA + bh * seq_len + rows, mask=inside, other=0.0)
     k_ptrs, v_ptrs = _key_pointers(K, V, b, kv, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
@@ -305,7 +310,7 @@ def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                     scale, softcap, window, BLOCK_N, False, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
     dq = _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, diag, hi, seq_len,
                     scale, softcap, window, BLOCK_N, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqt + dims[None, :],
+    tl.store(_row_pointers(DQ, b, h, stride_dqb, stride_dqh, stride_dqt, rows, dims),
              (dq * scale).to(DQ.dtype.element_ty), mask=inside[:, None])
 
 
