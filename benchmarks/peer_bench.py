@@ -374,6 +374,7 @@ def write_kernel_profile(profiler, path, steps):
     import shutil
     import tempfile
 
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with tempfile.NamedTemporaryFile(suffix=".json") as trace:
         profiler.export_chrome_trace(trace.name)
         with open(trace.name, "rb") as plain, gzip.open(f"{path}.trace.json.gz", "wb") as packed:
