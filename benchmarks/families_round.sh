@@ -9,7 +9,8 @@
 # 60-77 s), each capped by what is left of BUDGET; what does not fit is written as skipped. A shape's saved weights (15-24 GB) are
 # deleted when it is done (/tmp holds 64 GiB). Ends with run.py's table of everything in results.jsonl.
 # METHOD=qlora runs the same grid in 4 bits: Unsloth 4-bit, Lanner 4-bit (its variants too) and, where Unsloth
-# fails, HF + PEFT + bitsandbytes instead of Liger.
+# fails, HF + PEFT + bitsandbytes instead of Liger. At each length, last, plain HF + PEFT (bitsandbytes in 4
+# bits) from the same weights: the reference the bar's losses compare with (REFERENCE=off leaves it out).
 # Usage, from the repository root, with .peers carried:
 #     OUT=dir [METHOD=lora|qlora] bash benchmarks/families_round.sh [BUDGET] [SHAPE...]
 # Default shapes, most decisive first: qwen2.5-7b qwen3-8b (plain causal attention: no compile, Unsloth's
@@ -19,8 +20,8 @@ budget=${1:-560}; out=${OUT:?}
 shapes=("${@:2}"); (( ${#shapes[@]} )) || shapes=(qwen2.5-7b qwen3-8b gemma2-9b phi-4-mini gemma3-12b)
 source benchmarks/round_common.sh
 case ${METHOD:-lora} in
-  lora) unsloth=unsloth lanner=lanner fallback=liger ;;
-  qlora) unsloth=unsloth4 lanner=lanner4 fallback=hf4 ;;
+  lora) unsloth=unsloth lanner=lanner fallback=liger reference=hf ;;
+  qlora) unsloth=unsloth4 lanner=lanner4 fallback=hf4 reference=hf4 ;;
   *) echo "METHOD must be lora or qlora, not $METHOD" >&2; exit 2 ;;
 esac
 matched_budget() {  # matched_budget PEER SHAPE SEQ BS: 1.09x the peak GiB of PEER's last row for it, empty if none
@@ -45,16 +46,17 @@ for shape in "${shapes[@]}"; do
   unsloth_runs=1
   for length in "2048 4" "8192 1"; do
     read -r seq bs <<< "$length"
+    peer=$unsloth
     if (( unsloth_runs )); then
       [[ -e /tmp/rand-$shape/tokenizer.json ]] || save_weights "$shape"
-      if one 240 --models "$shape" --systems "$unsloth" --seq "$seq" --bs "$bs"; then
-        lanner_rows "$unsloth" "$seq" "$bs"
-        continue
-      fi
-      unsloth_runs=0  # failed on this shape: Liger (bitsandbytes in 4 bits) instead, here and at the other length
+      one 240 --models "$shape" --systems "$unsloth" --seq "$seq" --bs "$bs" || unsloth_runs=0
     fi
-    one 150 --models "$shape" --systems "$fallback" --seq "$seq" --bs "$bs"
-    lanner_rows "$fallback" "$seq" "$bs"
+    if (( ! unsloth_runs )); then  # failed on this shape: Liger (bitsandbytes in 4 bits) instead, here and at the other length
+      peer=$fallback
+      one 150 --models "$shape" --systems "$fallback" --seq "$seq" --bs "$bs"
+    fi
+    lanner_rows "$peer" "$seq" "$bs"
+    [[ ${REFERENCE:-on} == off || $peer == "$reference" ]] || one 150 --models "$shape" --systems "$reference" --seq "$seq" --bs "$bs"
   done
   rm -rf "/tmp/rand-$shape"
 done
