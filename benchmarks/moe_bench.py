@@ -2,7 +2,7 @@
 
     python benchmarks/moe_bench.py layer [--shape qwen3-30b-a3b] [--tokens 8192]
     python benchmarks/moe_bench.py step MODE [--shape qwen3-30b-a3b] [--layers 48] [--seq 2048 --bs 4]
-    python benchmarks/moe_bench.py all [--shape ...] [--layers N]     # every step MODE, one process each
+    python benchmarks/moe_bench.py all [--shape ...] [--layers N] [--modes lanner unsloth]   # one process each
 
 layer: the routed experts of one layer (random routing from a random router, bf16, LoRA r16 on gate_up
 and down), forward + backward, triton.testing.do_bench medians: lanner.kernels' grouped path
@@ -267,7 +267,7 @@ def step_bench(args) -> dict:
 def run_all(args) -> None:
     lines = []
     unsloth_missing = subprocess.run([sys.executable, "-c", "import unsloth"], capture_output=True).returncode
-    for mode in STEP_MODES:
+    for mode in args.modes:
         if mode == "unsloth" and unsloth_missing:
             lines.append(dict(mode=mode, error="unsloth is not importable"))
             continue
@@ -305,6 +305,7 @@ def main():
                         help="step: gate_up adapted at rank r (fused, as Unsloth) or 2r (split: PEFT's rank r per projection)")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--modes", nargs="+", choices=STEP_MODES, default=list(STEP_MODES), help="all: the step modes to run")
     parser.add_argument("--kernel-profile-dir", default=None,
                         help="step, all: GPU time by kernel over the last two steps, a file per mode in this folder")
     parser.add_argument("--device", default="cuda", help="layer: cpu checks the errors only (TRITON_INTERPRET=1)")
