@@ -273,6 +273,11 @@ class TrainProcess(JobProcess):
         trainer.save_model(str(path))  # on every rank: FSDP gathers the shards for rank 0 to write
         if not is_main_process():
             return
+        # PEFT writes every adapter the model holds; the trained one is "default" (TRL's GRPO adds a frozen copy,
+        # "ref", for its KL term, which PEFT would write into a subfolder beside it).
+        for name in getattr(trainer.model, "peft_config", {}):
+            if name != "default":
+                shutil.rmtree(path / name, ignore_errors=True)
         tokenizer.save_pretrained(str(path))
         record = training_record(trainer.model, job, options, kind)
         (path / TRAINING_RECORD).write_text(json.dumps(record, indent=2) + "\n")

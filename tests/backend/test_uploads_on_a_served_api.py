@@ -4,7 +4,6 @@ way nothing is left behind and the API goes on serving."""
 from __future__ import annotations
 
 import json
-import os
 import resource
 import shutil
 import signal
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from support import free_port
+from support import free_port, process_env
 
 from backend_helpers import BACKEND_REDIS_URL, CHAT_ROWS, PASSWORD
 
@@ -33,7 +32,7 @@ class ServedApi:
         self.data_dir = tmp_path / "data"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {key: value for key, value in os.environ.items() if not key.startswith("LANNER_")}
+        env = process_env()
         env.update(LANNER_DATA_DIR=str(self.data_dir), LANNER_DATABASE_URL=f"sqlite:///{database}",
                    LANNER_REDIS_URL=BACKEND_REDIS_URL, LANNER_HUB_URL="http://127.0.0.1:9", LANNER_MIN_FREE_BYTES="0",
                    PYTHONDONTWRITEBYTECODE="1")

@@ -22,6 +22,13 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture(autouse=True)
+def without_triton_interpreter(monkeypatch):
+    """The studio's code here, in this process or in the processes it starts, as a worker on the CPU runs it:
+    without the Triton interpreter that tests/kernels turns on for the session (support.process_env)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
 @pytest.fixture(scope="session")
 def trained_adapter(smollm2_dir, tmp_path_factory) -> Path:
     return make_adapter(smollm2_dir, tmp_path_factory.mktemp("train") / "adapter")

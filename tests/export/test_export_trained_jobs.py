@@ -41,8 +41,7 @@ def train(settings, owner: int, method: str, spec: dict) -> int:
         session.add(job)
         session.commit()
         job_id = job.id
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env.update(CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
     done = subprocess.run([sys.executable, "-m", "lanner.worker.train_process", str(job_id)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

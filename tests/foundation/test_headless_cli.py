@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 
 import httpx
 
-from support import LANNER_BIN, TEST_CACHE
+from support import LANNER_BIN, TEST_CACHE, process_env
 
 SPEC = """\
 method: lora
@@ -37,7 +36,7 @@ def lanner(*args, env=None, cwd=None, timeout=300) -> subprocess.CompletedProces
 
 def test_lanner_train_writes_the_adapter_and_prints_the_events(tmp_path):
     spec, rows = files(tmp_path)
-    env = {key: value for key, value in os.environ.items() if not key.startswith("LANNER_")}
+    env = process_env()
     env.update(LANNER_DATA_DIR=str(TEST_CACHE), LANNER_REDIS_URL="redis://127.0.0.1:1/0")  # no Redis to reach
     # a studio's S3 store in the environment (nothing listens there): `lanner train` keeps to its run folder
     env.update(LANNER_STORE="s3", LANNER_S3_BUCKET="team", LANNER_S3_ENDPOINT_URL="http://127.0.0.1:9",
@@ -51,6 +50,7 @@ def test_lanner_train_writes_the_adapter_and_prints_the_events(tmp_path):
     assert "Training for 2 steps" in run.stderr and "checkpoint checkpoint-2 at step 2" in run.stderr
     assert "Adapter saved" in run.stderr and "2/2" in run.stderr  # the progress bar's end
     assert "Done: " in run.stdout
+    assert "lanner.kernels: not used" in run.stderr  # the CPU path a user's machine takes: plain PEFT
 
     again = lanner("train", spec, "--dataset", rows, "--out", tmp_path / "out", env=env)
     assert again.returncode != 0 and "is not empty" in again.stderr

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 
+from support import process_env
+
 SYSTEM_REDIS_URL = os.environ.get("LANNER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # A Redis database of the playground tests' own (backend 11, worker 15; 12-14 are used elsewhere).
 PLAYGROUND_REDIS_URL = SYSTEM_REDIS_URL.rsplit("/", 1)[0] + "/9"
@@ -48,7 +50,7 @@ def celery_worker(studio, name: str = "cpu0"):
         "lanner_worker_test_helpers", Path(__file__).resolve().parents[1] / "worker" / "worker_helpers.py")
     helpers = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
     spec.loader.exec_module(helpers)
-    env = {key: value for key, value in os.environ.items() if not key.startswith("LANNER_") and key != "TRITON_INTERPRET"}
+    env = process_env()
     env.update(studio.env(), CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     shim = SimpleNamespace(data_dir=studio.data_dir, env=env, redis=Redis.from_url(PLAYGROUND_REDIS_URL,
                                                                                     decode_responses=True))

@@ -41,7 +41,9 @@ def test_grpo_trains_an_adapter_and_streams_rewards_and_samples(studio):
     assert all(len(s["samples"]) == 2 and set(s["samples"][0]["rewards"]) == {"regex", "contains_answer"}
                for s in samples)
     assert "(LoRA)" in next(line for line in logs(studio, job_id) if line.startswith("Model "))
-    assert (studio.data_dir / "artifacts" / str(job_id) / "adapter" / "adapter_model.safetensors").is_file()
+    adapter = studio.data_dir / "artifacts" / str(job_id) / "adapter"
+    assert (adapter / "adapter_model.safetensors").is_file()
+    assert not (adapter / "ref").exists()  # TRL's frozen reference copy is not part of the download
 
 
 def test_a_failing_reward_function_fails_the_job_with_its_traceback(studio):

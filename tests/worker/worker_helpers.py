@@ -13,7 +13,7 @@ from pathlib import Path
 from redis import Redis
 
 from job_specs import BUILTIN, stored_spec
-from support import WORKER_REDIS_URL
+from support import WORKER_REDIS_URL, process_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,8 +50,7 @@ class Studio:
 
     @property
     def env(self) -> dict:
-        env = {key: value for key, value in os.environ.items()
-               if not key.startswith("LANNER_") and key != "TRITON_INTERPRET"}
+        env = process_env()
         env.update(LANNER_DATA_DIR=str(self.data_dir), LANNER_DATABASE_URL=self.database_url,
                    LANNER_REDIS_URL=self.redis_url, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1",
                    # One thread: the two cores are shared, and competing OpenMP threads cost 3x here.
