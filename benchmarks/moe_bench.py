@@ -304,7 +304,7 @@ def main():
     parser.add_argument("--gate-up", choices=("fused", "split"), default="fused",
                         help="step: gate_up adapted at rank r (fused, as Unsloth) or 2r (split: PEFT's rank r per projection)")
     parser.add_argument("--timeout", type=int, default=1800)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default=None, help="all: write every mode's JSON line here; step: append its line")
     parser.add_argument("--modes", nargs="+", choices=STEP_MODES, default=list(STEP_MODES), help="all: the step modes to run")
     parser.add_argument("--kernel-profile-dir", default=None,
                         help="step, all: GPU time by kernel over the last two steps, a file per mode in this folder")
@@ -316,7 +316,11 @@ def main():
     elif args.what == "step":
         if args.mode is None:
             parser.error("step needs a MODE")
-        print(json.dumps(step_bench(args)), flush=True)
+        line = json.dumps(step_bench(args))
+        print(line, flush=True)
+        if args.out:
+            with open(args.out, "a") as out:
+                out.write(line + "\n")
     else:
         run_all(args)
 
