@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .lora import compute_dtype
+from .lora import MLPStash, compute_dtype
 from .ops.glu import GLU_ACTIVATIONS, glu, glu_backward_in_place
 from .ops.grouped_mm_lora import grouped_mm_factors, use_grouped_mm
 from .ops.grouped_lora import (
@@ -40,6 +40,7 @@ from .ops.grouped_lora import (
     grouped_lora_factor_grads,
     grouped_lora_forward,
     grouped_lora_input_grad,
+    grouped_lora_rank_product,
 )
 from .ops.moe_combine import moe_combine, moe_weight_grad_
 
@@ -69,26 +70,41 @@ def sort_by_expert(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.T
 
 class LoRAMoEExpertsFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, top_k_weights, top_k_index, dtype, activation, gate_up, down, *lora_weights):
+    def forward(ctx, hidden, top_k_weights, top_k_index, dtype, activation, gate_up, down, stash, output_needed,
+                *lora_weights):
         tokens, k = top_k_index.shape
         x2 = hidden.reshape(tokens, -1).to(dtype)
-        order, inverse, groups = sort_by_expert(top_k_index, gate_up.weight.shape[0])
-        token_of_row = order // k
-        x_sorted = x2[token_of_row]
+        kept = (stash.take() if stash is not None else None) or {}
+        if "experts" in kept:  # the recompute of a keep_mlp layer: the routing and gate_up from its forward
+            groups, order, token_of_row, inverse, gu, xa_gu, ha = kept["experts"]
+        else:
+            order, inverse, groups = sort_by_expert(top_k_index, gate_up.weight.shape[0])
+            token_of_row = order // k
+            gu = xa_gu = ha = None
         # The GEMMs' path, for forward and backward alike: torch._grouped_mm where it reaches CUTLASS
-        # (Hopper/Blackwell, bf16, 16-byte-aligned dims), with the LoRA factors cast for it here once,
-        # else the Triton kernels (ops/grouped_mm_lora.py).
-        ctx.grouped_mm = use_grouped_mm(x_sorted, gate_up.weight, down.weight)
+        # (Hopper/Blackwell, bf16, 16-byte-aligned dims), with the LoRA factors cast for it (once per
+        # optimizer step), else the Triton kernels (ops/grouped_mm_lora.py).
+        ctx.grouped_mm = use_grouped_mm(x2, gate_up.weight, down.weight)
         factors_gu, factors_down = ([grouped_mm_factors(p.lora_A, p.lora_B, dtype) for p in (gate_up, down)]
                                     if ctx.grouped_mm else (None, None))
-        gu, xa_gu = grouped_lora_forward(x_sorted, groups, gate_up.weight, gate_up.lora_A, gate_up.lora_B,
-                                         gate_up.scaling, factors_gu)
-        del x_sorted
-        gate, up = gu.chunk(2, dim=-1)
-        h = glu(gate, up, activation)
-        y, ha = grouped_lora_forward(h, groups, down.weight, down.lora_A, down.lora_B, down.scaling, factors_down)
-        del h
-        out = moe_combine(y, inverse, k, top_k_weights, hidden.dtype)
+        if gu is None:
+            gu, xa_gu = grouped_lora_forward(x2[token_of_row], groups, gate_up.weight, gate_up.lora_A,
+                                             gate_up.lora_B, gate_up.scaling, factors_gu)
+        if output_needed:
+            gate, up = gu.chunk(2, dim=-1)
+            y, ha = grouped_lora_forward(glu(gate, up, activation), groups, down.weight, down.lora_A, down.lora_B,
+                                         down.scaling, factors_down)
+            out = moe_combine(y, inverse, k, top_k_weights, hidden.dtype)
+            del y
+        else:
+            # A checkpoint's recompute whose output nothing saves: backward needs the down projection's
+            # rank-r input product only, not its GEMM or the combine.
+            if ha is None and down.lora_A is not None:
+                gate, up = gu.chunk(2, dim=-1)
+                ha = grouped_lora_rank_product(glu(gate, up, activation), groups, down.lora_A, factors_down)
+            out = hidden.new_empty(hidden.shape)
+        if stash is not None and not kept and {"gate", "up"} <= set(stash.keep):
+            stash.store({"experts": (groups, order, token_of_row, inverse, gu, xa_gu, ha)})
         ctx.save_for_backward(x2, top_k_weights, order, token_of_row, inverse, gu, xa_gu, ha,
                               *(factors_gu or (None, None)), *(factors_down or (None, None)))
         # The groups on ctx (a few ints per expert), as GroupedLoRAFunction keeps them: the Triton path's row
@@ -130,7 +146,7 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
                                                       gate_up.lora_B, gate_up.scaling)
         dx = moe_combine(dx_sorted, inverse, k, out_dtype=ctx.hidden_dtype).view(ctx.hidden_shape)
         lora_grads = [g for g, p in zip((*grads_gate_up, *grads_down), _lora_inputs(gate_up, down)) if p is not None]
-        return (dx, d_top_k_weights, None, None, None, None, None, *lora_grads)
+        return (dx, d_top_k_weights, None, None, None, None, None, None, None, *lora_grads)
 
 
 def _lora_inputs(gate_up: ExpertProjection, down: ExpertProjection):
@@ -138,12 +154,18 @@ def _lora_inputs(gate_up: ExpertProjection, down: ExpertProjection):
 
 
 def lora_moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                     gate_up: ExpertProjection, down: ExpertProjection, activation: str) -> torch.Tensor:
+                     gate_up: ExpertProjection, down: ExpertProjection, activation: str,
+                     *, stash: MLPStash | None = None, output_needed: bool = True) -> torch.Tensor:
     """The routed experts' output [T, d] for hidden [T, d], top_k_index [T, k] (expert ids) and
     top_k_weights [T, k] (gradients flow to hidden, the routing weights and the LoRA factors).
-    gate_up: gate and up concatenated (gate first); activation: "silu", "gelu" or "gelu_tanh"."""
+    gate_up: gate and up concatenated (gate first); activation: "silu", "gelu" or "gelu_tanh".
+
+    stash and output_needed serve the memory engine's checkpoints as for the dense MLP (lora.lora_mlp):
+    a stash keeping gate and up carries the routing and the gate_up output from the forward to the
+    recompute, which then skips the sort, the gathers and the gate_up GEMMs; output_needed=False skips
+    the down GEMMs and the combine and returns an uninitialised tensor of the output's shape."""
     if activation not in GLU_ACTIVATIONS:
         raise ValueError(f"unknown GLU activation {activation!r}; expected one of {GLU_ACTIVATIONS}")
     lora_weights = [t for t in _lora_inputs(gate_up, down) if t is not None]
     return LoRAMoEExpertsFunction.apply(hidden, top_k_weights, top_k_index, compute_dtype(hidden), activation,
-                                        gate_up, down, *lora_weights)
+                                        gate_up, down, stash, output_needed, *lora_weights)

@@ -130,7 +130,7 @@ class MemoryEngine:
             forward(x, *args)
         stash = run.mlp_stash.take() or {}
         kept = [t for value in stash.values() for t in (value if isinstance(value, tuple) else (value,))]
-        mlp_bytes = sum(t.numel() * t.element_size() for t in kept if t is not None)
+        mlp_bytes = sum(t.numel() * t.element_size() for t in kept if isinstance(t, torch.Tensor))
         del stash, kept
         return LayerCosts(
             input_bytes=hidden_states.numel() * hidden_states.element_size(),
@@ -198,7 +198,10 @@ def _recompute_flops(config, hidden_states) -> dict:
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
-    intermediate = config.intermediate_size
+    # A mixture of experts runs each token through its top-k experts' MLPs (Qwen3-MoE's intermediate_size is
+    # that of its dense layers; its experts' is moe_intermediate_size).
+    experts_per_token = getattr(config, "num_experts_per_tok", None) or 1
+    intermediate = (getattr(config, "moe_intermediate_size", None) or config.intermediate_size) * experts_per_token
     projections = 2 * tokens * hidden * (heads + 2 * kv_heads) * head_dim + 2 * tokens * heads * head_dim * hidden
     attention = 2 * tokens * seq * heads * head_dim  # causal: half of 4 * T * S * H * D
     return dict(mlp_flops=2 * 2 * tokens * hidden * intermediate, rest_flops=projections + attention)

@@ -1,7 +1,7 @@
 """Which pass of a checkpointed decoder layer is running, for the kernels inside it.
 
 The memory engine runs each decoder layer's forward, and later its recompute in backward, inside a
-LayerRun's context (torch.utils.checkpoint's `context_fn`). The patched MLP reads
+LayerRun's context (torch.utils.checkpoint's `context_fn`). The patched MLP (and MoE experts) reads
 `current_layer_run()` to learn whether it may skip its down projection (recompute only) and where
 to keep its matmul outputs (a `keep_mlp` layer).
 """

@@ -30,6 +30,7 @@ from .grouped_mm_lora import (
     grouped_mm_factors,
     grouped_mm_lora_forward,
     grouped_mm_lora_input_grad,
+    grouped_mm_rank_product,
     use_grouped_mm,
 )
 
@@ -249,6 +250,14 @@ def grouped_lora_input_grad(dy, groups: ExpertGroups, weight, lora_A, lora_B, sc
     return _grouped_matmul(dy, groups, weight, w_strides, weight.shape[2],
                            lora_B, (lora_B.stride(0), lora_B.stride(2), lora_B.stride(1)),
                            lora_A, (lora_A.stride(0), lora_A.stride(2), lora_A.stride(1)), lora_A.shape[1], scaling)
+
+
+def grouped_lora_rank_product(x, groups: ExpertGroups, lora_A, mm_factors=None):
+    """XA = x_e A_e^T alone, grouped_lora_forward's second output, for a recompute that needs no Y."""
+    if mm_factors is not None:
+        return grouped_mm_rank_product(x, groups, mm_factors[0], _rank(lora_A))
+    return _grouped_matmul(x, groups, lora_A, (lora_A.stride(0), lora_A.stride(1), lora_A.stride(2)),
+                           lora_A.shape[1])[0]
 
 
 def _rank(lora_A) -> int:

@@ -212,9 +212,14 @@ def grouped_mm_lora_forward(x, groups, weight, factors, rank: int, scaling):
     a, b = factors
     if a is None:
         return y, None
-    xa = torch._grouped_mm(x, a.transpose(1, 2), offs=groups.ends)
+    xa = grouped_mm_rank_product(x, groups, a, rank)
     rank_accumulate_(y, xa, b, groups, rank, scaling)
-    return y, xa[:, :rank]
+    return y, xa
+
+
+def grouped_mm_rank_product(x, groups, a, rank: int):
+    """XA alone, as grouped_mm_lora_forward's second output, for a (grouped_mm_factors') of a rank-`rank` LoRA."""
+    return torch._grouped_mm(x, a.transpose(1, 2), offs=groups.ends)[:, :rank]
 
 
 def grouped_mm_lora_input_grad(dy, groups, weight, factors, rank: int, scaling):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from peft.tuners.lora.layer import ParamWrapper
 from torch import nn
 
+from ..memory.layer_run import current_layer_run
 from ..moe import ExpertProjection, lora_moe_experts
 from ..peft_projections import first_blocker
 from .binding import bind_forward, plain_forward
@@ -77,7 +78,11 @@ def _experts_forward(module: nn.Module, hidden_states, top_k_index, top_k_weight
     if first_blocker(wrappers.values()) is not None:  # disable_adapter(), merged
         return plain_forward(module)(hidden_states, top_k_index, top_k_weights)
     gate_up, down = (_projection(experts, name, wrappers.get(name)) for name in _EXPERT_WEIGHTS)
-    return lora_moe_experts(hidden_states, top_k_index, top_k_weights, gate_up, down, activation)
+    run = current_layer_run()
+    if run is None:
+        return lora_moe_experts(hidden_states, top_k_index, top_k_weights, gate_up, down, activation)
+    return lora_moe_experts(hidden_states, top_k_index, top_k_weights, gate_up, down, activation,
+                            stash=run.mlp_stash, output_needed=run.mlp_output_needed)
 
 
 def patch_moe_experts(module: nn.Module) -> str | None:

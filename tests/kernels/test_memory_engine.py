@@ -55,6 +55,22 @@ def _force_plan(model, modes, offload=(), mlp_tile_rows=None):
     ("gemma2", ["keep_mlp", "recompute", "keep"], (1,)),  # a norm after the MLP: no down skip
 ])
 def test_engine_gives_the_gradients_of_no_checkpointing(family, modes, offload, device):
+    _assert_engine_gives_the_gradients_of_no_checkpointing(family, modes, offload, device)
+
+
+@pytest.mark.parametrize("grouped_mm", [False, True])
+def test_moe_engine_gives_the_gradients_of_no_checkpointing(monkeypatch, grouped_mm, device):
+    """The experts' routing and gate_up kept (keep_mlp), the recompute without the down GEMMs, on the Triton
+    kernels and on torch._grouped_mm (forced on the CPU, as test_moe.py does)."""
+    from lanner.kernels.ops import grouped_mm_lora
+    monkeypatch.setattr(grouped_mm_lora, "ENABLED", grouped_mm or None)
+    calls, real = [], torch._grouped_mm
+    monkeypatch.setattr(torch, "_grouped_mm", lambda *args, **kwargs: (calls.append(1), real(*args, **kwargs))[1])
+    _assert_engine_gives_the_gradients_of_no_checkpointing("qwen3_moe", ["keep_mlp", "recompute", "keep"], (), device)
+    assert bool(calls) == (grouped_mm and device == "cpu")  # (float32 on CUDA stays on Triton)
+
+
+def _assert_engine_gives_the_gradients_of_no_checkpointing(family, modes, offload, device):
     reference = _model(family, device, layers=3, gradient_checkpointing=False)
     engined = _model(family, device, layers=3, gradient_checkpointing=True)
     engined.load_state_dict(reference.state_dict())
@@ -110,6 +126,27 @@ def test_recompute_skips_the_matmuls_backward_does_not_need(monkeypatch, mode, o
     reads = _count_weight_reads(monkeypatch, getattr(model.base_model.model.model.layers[1].mlp, projection))
     _step(model, token_batches(1, 1, 5, model.config.vocab_size, device=device)[0])
     assert len(reads) == reads_per_step
+
+
+@pytest.mark.parametrize("mode, gate_up_calls, down_calls", [
+    ("recompute", 2, 1),  # forward and recompute; the recompute's down GEMM and combine skipped
+    ("keep_mlp", 1, 1),  # the recompute reuses the forward's routing and gate_up output
+    ("keep", 1, 1),
+])
+def test_moe_recompute_skips_the_expert_gemms_backward_does_not_need(monkeypatch, mode, gate_up_calls, down_calls,
+                                                                     device):
+    """The grouped GEMMs over the experts' frozen weights (forward or recompute), per step, of one MoE layer."""
+    from lanner.kernels import moe
+    model = _model("qwen3_moe", device, layers=2)
+    _force_plan(model, [mode, mode])
+    experts = model.base_model.model.model.layers[1].mlp.experts.base_layer.base_layer
+    calls = []
+    real = moe.grouped_lora_forward
+    monkeypatch.setattr(moe, "grouped_lora_forward", lambda x, groups, weight, *args: (
+        calls.append(weight), real(x, groups, weight, *args))[1])
+    _step(model, token_batches(1, 1, 5, model.config.vocab_size, device=device)[0])
+    assert sum(w is experts.gate_up_proj for w in calls) == gate_up_calls
+    assert sum(w is experts.down_proj for w in calls) == down_calls
 
 
 def test_plain_checkpointing_recomputes_the_down_projection(monkeypatch, device):
