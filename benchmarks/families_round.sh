@@ -12,7 +12,8 @@
 # fails, HF + PEFT + bitsandbytes instead of Liger. At each length, last, plain HF + PEFT (bitsandbytes in 4
 # bits) from the same weights: the reference the bar's losses compare with (REFERENCE=off leaves it out).
 # Usage, from the repository root, with .peers carried:
-#     OUT=dir [METHOD=lora|qlora] bash benchmarks/families_round.sh [BUDGET] [SHAPE...]
+#     OUT=dir [METHOD=lora|qlora] [LENGTHS="2048x4 8192x1"] bash benchmarks/families_round.sh [BUDGET] [SHAPE...]
+# (LENGTHS: the seq x batch pairs, in order; one of them alone finishes a shape's missing row in a short call)
 # Default shapes, most decisive first: qwen2.5-7b qwen3-8b (plain causal attention: no compile, Unsloth's
 # own fast paths), gemma2-9b (soft-caps, windows), phi-4-mini, gemma3-12b (Unsloth's generic FastModel path).
 set -o pipefail
@@ -44,8 +45,8 @@ cd benchmarks
 versions torch triton transformers peft unsloth unsloth_zoo liger-kernel
 for shape in "${shapes[@]}"; do
   unsloth_runs=1
-  for length in "2048 4" "8192 1"; do
-    read -r seq bs <<< "$length"
+  for length in ${LENGTHS:-2048x4 8192x1}; do
+    IFS=x read -r seq bs <<< "$length"
     peer=$unsloth
     if (( unsloth_runs )); then
       [[ -e /tmp/rand-$shape/tokenizer.json ]] || save_weights "$shape"
