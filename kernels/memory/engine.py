@@ -137,6 +137,7 @@ class MemoryEngine:
             mlp_bytes=mlp_bytes,
             saved_bytes=sum(saved.values()),
             tokens=tokens,
+            dense_mlp=not run.moe_experts_ran,
             **_recompute_flops(self.model.config, hidden_states),
         )
 

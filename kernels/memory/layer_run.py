@@ -27,6 +27,8 @@ class LayerRun:
     stash (lora.LoRAMLPFunction): long sequences then hold one tile's intermediates at a time.
     mlp_dh_tile_rows: the MLP's backward builds its dh this many rows at a time.
     after_mlp_backward: called when the MLP's backward has let go of its tensors.
+    moe_experts_ran: set by a mixture of experts' experts, which take the stash and skip_mlp_output only
+    (no tiles, no up projection in host memory), so that the planner counts on nothing more.
     """
 
     def __init__(self, mlp_stash: MLPStash | None, skip_mlp_output: bool, mlp_tile_rows: int | None = None,
@@ -37,6 +39,7 @@ class LayerRun:
         self.mlp_dh_tile_rows = mlp_dh_tile_rows
         self.after_mlp_backward = after_mlp_backward
         self.recomputing = False
+        self.moe_experts_ran = False
 
     @property
     def mlp_output_needed(self) -> bool:

@@ -33,10 +33,13 @@ class LayerCosts:
     mlp_flops: float  # recompute FLOPs that keep_mlp saves (the gate and up GEMMs)
     rest_flops: float  # recompute FLOPs that keep saves beyond that (attention and its projections)
     tokens: int = 0  # rows of the measured batch (0: unknown, the MLP is never tiled)
+    # The MLP takes the dense MLP's options: row tiles, dh tiles, its up projection in host memory. A
+    # mixture of experts takes none of them (it keeps and skips GEMMs as the dense MLP does, nothing more).
+    dense_mlp: bool = True
 
     def tiled_by(self, mlp_tile_rows: int | None) -> bool:
         """Whether tiles of this many rows split the measured batch (None: no tiles)."""
-        return bool(mlp_tile_rows) and self.tokens > mlp_tile_rows
+        return self.dense_mlp and bool(mlp_tile_rows) and self.tokens > mlp_tile_rows
 
     def working_bytes(self, mlp_tile_rows: int | None = None, dh_tile_rows: int | None = None) -> int:
         # Backward of one layer, the larger of its two halves. The MLP's: all the layer saves
@@ -49,7 +52,7 @@ class LayerCosts:
         if self.tiled_by(mlp_tile_rows):
             saved = self.saved_bytes - self.mlp_bytes + self.mlp_bytes * mlp_tile_rows // self.tokens
             rows = mlp_tile_rows
-        if dh_tile_rows:
+        if dh_tile_rows and self.dense_mlp:
             rows = min(rows, dh_tile_rows)
         dh = self.up_bytes * rows // self.tokens if self.tokens else self.up_bytes  # tokens unknown: whole
         mlp_half = saved + dh + 2 * self.input_bytes
@@ -66,7 +69,7 @@ class LayerCosts:
         def scale(n):
             return n * tokens // self.tokens
         return LayerCosts(scale(self.input_bytes), scale(self.mlp_bytes), scale(self.saved_bytes), mlp_flops,
-                          rest_flops, tokens)
+                          rest_flops, tokens, self.dense_mlp)
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,8 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
 
     def layer_plan(i, mode, offload_inputs, tiled):
         offload_here = offload_inputs and i < n_layers - 1
-        return LayerPlan(mode, offload_here and mode != "keep", offload_here and mode == "recompute" and not tiled)
+        return LayerPlan(mode, offload_here and mode != "keep",
+                         offload_here and mode == "recompute" and not tiled and costs.dense_mlp)
 
     def plan_of(modes, offload_inputs, tile_rows):
         tiled = costs.tiled_by(tile_rows)
@@ -221,7 +225,7 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
                 - layer_plan(0, src, offload_inputs, plan.tiled).held_bytes(costs))
 
     # With the up projection in host memory, keeping the MLP on the GPU saves only the gate GEMM.
-    mlp_gain = costs.mlp_flops / 2 if offload_inputs and not plan.tiled else costs.mlp_flops
+    mlp_gain = costs.mlp_flops / 2 if offload_inputs and not plan.tiled and costs.dense_mlp else costs.mlp_flops
     mlp_rate = mlp_gain / max(bytes_to("recompute", "keep_mlp"), 1)
     rest_rate = costs.rest_flops / max(bytes_to("keep_mlp", "keep"), 1)
     passes = [("recompute", "keep_mlp"), ("keep_mlp", "keep")]

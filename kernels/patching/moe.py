@@ -81,6 +81,7 @@ def _experts_forward(module: nn.Module, hidden_states, top_k_index, top_k_weight
     run = current_layer_run()
     if run is None:
         return lora_moe_experts(hidden_states, top_k_index, top_k_weights, gate_up, down, activation)
+    run.moe_experts_ran = True
     return lora_moe_experts(hidden_states, top_k_index, top_k_weights, gate_up, down, activation,
                             stash=run.mlp_stash, output_needed=run.mlp_output_needed)
 

@@ -405,6 +405,29 @@ def test_a_budget_below_every_offloaded_plan_tiles_the_mlp():
     assert not plan_memory(32, costs, BASE, budget - int(0.1 * GIB), offload=True, mlp_tile_rows=8192).fits
 
 
+def test_moe_layers_are_planned_without_mlp_tiles_or_up_projections_in_host_memory():
+    """The experts take neither option: their plan offloads inputs only, and a long batch's MLP backward is
+    counted whole (the dense one's tiles would predict a peak the experts never keep to)."""
+    dense = dataclasses.replace(COSTS, tokens=8192)
+    moe = dataclasses.replace(dense, dense_mlp=False)
+    offloaded = plan_memory(32, moe, BASE, offload=True, mlp_tile_rows=8192)
+    assert sum(layer.offload_input for layer in offloaded.layers) == 31 and not any(
+        layer.offload_up for layer in offloaded.layers)
+    long_dense, long_moe = (costs.scaled_to(32768, COSTS.mlp_flops, COSTS.rest_flops) for costs in (dense, moe))
+    assert not long_moe.dense_mlp
+    tiled = plan_memory(32, long_dense, BASE, mlp_tile_rows=8192, dh_tile_rows=2048)
+    whole = plan_memory(32, long_moe, BASE, mlp_tile_rows=8192, dh_tile_rows=2048)
+    assert tiled.tiled and not whole.tiled
+    assert whole.predicted_peak_bytes == plan_memory(32, long_dense, BASE).predicted_peak_bytes
+
+
+@pytest.mark.parametrize("family, dense_mlp", [("llama", True), ("qwen3_moe", False)])
+def test_the_measured_costs_say_whether_the_mlp_takes_the_dense_options(family, dense_mlp, device):
+    model = _model(family, device, layers=2)
+    _step(model, token_batches(1, 1, 5, model.config.vocab_size, device=device)[0])
+    assert memory_engine_of(model).plan.costs.dense_mlp is dense_mlp
+
+
 def test_a_long_batch_peaks_in_the_attention_backward():
     """Once the MLP is tiled, its backward holds one tile's gate, up and dh; the attention backward,
     with its own buffers (in layer inputs, measured on the device), then sets the peak."""
