@@ -5,7 +5,8 @@ Deliberately simple (refine it against measured peaks on the GPU box):
   decoder's linear weights in NF4 (0.5 byte + one float32 absmax per 64 weights) and keeps the
   embeddings, lm_head and norms in 16 bits; lora_fp8 stores them in FP8 (1 byte a weight, a float32
   scale per output row) plus one shared buffer for the largest weight's transposed FP8 copy, which
-  each backward GEMM fills just before it runs (docs/fp8.md);
+  each backward GEMM fills just before it runs (docs/fp8.md); a mixture of experts' routed experts and
+  routers stay in 16 bits under both (quantize_model turns nn.Linear layers only);
 - LoRA: r × (in + out) per targeted projection per layer, trained in float32;
 - trainable parameters (the LoRA ones, or all for a full fine-tune) carry a gradient of their own
   dtype and Adam's two float32 moments (8 bytes);
@@ -111,11 +112,6 @@ def _mlp_projections(s: dict[str, int], intermediate: int) -> dict[str, tuple[in
     return {"gate_proj": (h, intermediate), "up_proj": (h, intermediate), "down_proj": (intermediate, h)}
 
 
-def _projections(s: dict[str, int]) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each projection of a dense decoder layer, under Llama's names."""
-    return {**_attention_projections(s), **_mlp_projections(s, s["intermediate"])}
-
-
 def count_parameters(model: dict[str, Any]) -> dict[str, int]:
     """Parameters of a Llama-style causal LM from its config: in the decoder's linear layers (a sparse
     layer's experts and router included), and elsewhere (embeddings, lm_head, norms)."""
@@ -127,16 +123,24 @@ def count_parameters(model: dict[str, Any]) -> dict[str, int]:
               + s["sparse_layers"] * s["experts"] * (expert + s["hidden"]))  # the router: hidden -> experts
     embeddings = s["vocab"] * s["hidden"] * (1 if s["tied"] else 2)
     norms = (2 * s["layers"] + 1) * s["hidden"]
-    return {"total": linear + embeddings + norms, "linear": linear, "other": embeddings + norms}
+    return {"total": linear + embeddings + norms, "linear": linear, "other": embeddings + norms,
+            "experts": s["sparse_layers"] * s["experts"] * (expert + s["hidden"])}  # of linear: never quantised
 
 
 def fp8_linear_bytes(model: dict[str, Any]) -> int:
-    """The decoder's linear weights in FP8: 1 byte a weight, a float32 scale per output row, and the one
-    transposed copy of the largest weight that backward fills before each GEMM."""
+    """The decoder's linear weights in FP8, a mixture of experts' routed experts and routers left out (they
+    stay in 16 bits): 1 byte a weight, a float32 scale per output row, and the one transposed copy of the
+    largest weight that backward fills before each GEMM."""
     s = _shape(model)
-    projections = _projections(s).values()
-    per_layer = sum(i * o * FP8_BYTES_PER_WEIGHT + o * FP8_SCALE_BYTES for i, o in projections)
-    return s["layers"] * per_layer + max(i * o for i, o in projections) * FP8_BYTES_PER_WEIGHT
+    attention = list(_attention_projections(s).values())
+    dense_layers = s["layers"] - s["sparse_layers"]
+    mlp = list(_mlp_projections(s, s["intermediate"]).values()) if dense_layers else []
+
+    def fp8(projections):
+        return sum(i * o * FP8_BYTES_PER_WEIGHT + o * FP8_SCALE_BYTES for i, o in projections)
+
+    largest = max(i * o for i, o in attention + mlp)
+    return s["layers"] * fp8(attention) + dense_layers * fp8(mlp) + largest * FP8_BYTES_PER_WEIGHT
 
 
 def lora_parameters(model: dict[str, Any], r: int, target_modules: list[str] | str = "all-linear") -> int:
@@ -202,14 +206,15 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
     act_bytes = weight_bytes
     if "hidden_size" not in model:
         total = int(model["parameters"])
-        parts = {"total": total, "linear": total, "other": 0}
+        parts = {"total": total, "linear": total, "other": 0, "experts": 0}
     else:
         parts = count_parameters(model)
+    dense = parts["other"] + parts["experts"]  # in 16 bits under a quantised base too
     if quantized_base(spec):
-        weights = int(parts["linear"] * NF4_BYTES_PER_WEIGHT + parts["other"] * 2)
+        weights = int((parts["linear"] - parts["experts"]) * NF4_BYTES_PER_WEIGHT + dense * 2)
     elif fp8_base(spec):
         linear = fp8_linear_bytes(model) if "hidden_size" in model else parts["linear"] * FP8_BYTES_PER_WEIGHT
-        weights = int(linear + parts["other"] * 2)
+        weights = int(linear + dense * 2)
     else:
         weights = parts["total"] * weight_bytes
 

@@ -10,6 +10,7 @@ weights instead (docs/fp8.md: the bound between the two).
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -20,6 +21,8 @@ from .fp8 import FP8Linear, fp8_alignable
 from .linear import NF4Linear
 from .nf4 import from_bnb_state
 from .quantised_linear import QuantisedLinear
+
+log = logging.getLogger("lanner.kernels")
 
 QUANT_TYPES = ("nf4", "fp8")
 
@@ -77,6 +80,11 @@ def quantize_model(model: nn.Module, device=None, skip_modules: Iterable[str] = 
             module.weight = None  # free the dense weight now, not when the loop ends
     if device is not None:
         model.to(device)
+    stacked = [p for p in model.parameters() if p.dim() == 3 and p.is_floating_point()]
+    if stacked:
+        log.warning("lanner.kernels: a mixture of experts' stacked expert weights (%.2f GiB) stay in %s: %s "
+                    "quantises linear layers only", sum(p.numel() * p.element_size() for p in stacked) / 2**30,
+                    stacked[0].dtype, quant_type.upper())
     return model
 
 

@@ -1,13 +1,14 @@
 """The memory estimate: exact parameter counts for SmolLM2, and parts that move the right way."""
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-from lanner.core.memory_estimate import default_budget_bytes, estimate_memory
+from lanner.core.memory_estimate import NF4_BYTES_PER_WEIGHT, default_budget_bytes, estimate_memory
 
 from job_specs import BUILTIN, unchecked_spec
 
@@ -184,6 +185,20 @@ def test_a_mixture_of_experts_is_counted_with_its_experts_and_their_adapters(fam
     shape = config.to_dict()
     estimate = estimate_memory(unchecked_spec(lora={"rank": 4, "target_modules": "all-linear"}), shape, "cpu")
     assert estimate["parameters"] == sum(p.numel() for p in model.parameters()) - qk_norms
+
+    # A quantised base (QLoRA's NF4, or FP8) turns the linear layers only: the experts and routers stay in 16
+    # bits, and the estimate counts them so.
+    from lanner.core.memory_estimate import count_parameters
+    from lanner.kernels.quant import quantize_model
+    for quant_type in ("nf4", "fp8"):
+        quantised = quantize_model(copy.deepcopy(model), quant_type=quant_type)
+        sixteen_bit = sum(p.numel() for name, p in quantised.named_parameters()
+                          if p.is_floating_point() and (".experts." in name or name.endswith(".mlp.gate.weight")))
+        assert count_parameters(shape)["experts"] == sixteen_bit > 0
+    parts = count_parameters(shape)
+    qlora = estimate_memory(unchecked_spec("qlora", lora={"rank": 4}), shape)
+    assert qlora["weights_bytes"] - qlora["lora_parameters"] * 4 == int(
+        (parts["linear"] - sixteen_bit) * NF4_BYTES_PER_WEIGHT + (sixteen_bit + parts["other"]) * 2)
 
     torch.manual_seed(0)
     adapted = get_lora_model(model, r=4, lora_alpha=4)

@@ -15,7 +15,7 @@ from lanner.kernels.ops import grouped_lora, grouped_mm_lora
 from lanner.kernels.ops.moe_combine import moe_combine, moe_weight_grad_
 from lanner.kernels.patching import patch_model
 from lanner.kernels.patching.moe import moe_experts_blocker
-from lora_twins import lora_grads, max_relative_error, token_batches, twins
+from lora_twins import lora_grads, max_relative_error, tiny_model, token_batches, twins
 from test_convergence import assert_same_training
 
 TOL = 2e-5  # float32 kernels against float64 references, relative to the largest element
@@ -430,3 +430,15 @@ def test_disabled_adapter_runs_the_base_experts(device):
     plain.eval()
     with fast.disable_adapter(), plain.disable_adapter(), torch.no_grad():
         torch.testing.assert_close(fast(input_ids=ids).logits, plain(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp8"])
+def test_a_quantised_base_leaves_the_experts_in_16_bits_in_words(quant_type, caplog):
+    """QLoRA's NF4 and the FP8 base turn linear layers only: the stacked experts stay as loaded, and say so."""
+    from lanner.kernels.quant import quantize_model
+    model = tiny_model("qwen3_moe", dtype=torch.bfloat16)
+    with caplog.at_level(logging.WARNING, logger="lanner.kernels"):
+        quantize_model(model, quant_type=quant_type)
+    experts = model.model.layers[0].mlp.experts
+    assert experts.gate_up_proj.dtype == experts.down_proj.dtype == torch.bfloat16
+    assert "stacked expert weights" in caplog.text and f"{quant_type.upper()} quantises linear layers only" in caplog.text
