@@ -23,6 +23,9 @@ the activation from gate_up (and writes it over the down gradient, as the dense 
 routing weights get their gradient as <dout[t], down_e(h)> = <dh_e, h>, from the activation gradient
 before it is weighted (one kernel takes the dot and weights dh in place), so the down output never
 has to exist in backward; the input gradient is the combine kernel's unweighted per-token sum.
+
+Under the memory engine's checkpoints (`lora_moe_experts`' stash and output_needed), the recompute skips
+the down GEMMs and the combine, and a keep_mlp layer's recompute reuses the forward's routing and gate_up.
 """
 from __future__ import annotations
 
@@ -82,8 +85,8 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
             token_of_row = order // k
             gu = xa_gu = ha = None
         # The GEMMs' path, for forward and backward alike: torch._grouped_mm where it reaches CUTLASS
-        # (Hopper/Blackwell, bf16, 16-byte-aligned dims), with the LoRA factors cast for it (once per
-        # optimizer step), else the Triton kernels (ops/grouped_mm_lora.py).
+        # (Hopper/Blackwell, bf16, 16-byte-aligned dims), with the LoRA factors cast for it here once,
+        # else the Triton kernels (ops/grouped_mm_lora.py).
         ctx.grouped_mm = use_grouped_mm(x2, gate_up.weight, down.weight)
         factors_gu, factors_down = ([grouped_mm_factors(p.lora_A, p.lora_B, dtype) for p in (gate_up, down)]
                                     if ctx.grouped_mm else (None, None))
