@@ -16,7 +16,9 @@ loop), lanner (get_lora_model), unsloth (FastLanguageModel, when unsloth is impo
 a saved random model, so every mode takes --layers alike when the full model does not fit the disk).
 LoRA r16 on q,k,v,o and the experts' gate/up/down; gradient checkpointing; fused AdamW; median of
 --steps steps after --warmup. One JSON line per mode: tokens/s, step ms, peak GiB, final loss and the
-count of LoRA parameters (so that a peer that silently skipped the experts shows it).
+count of LoRA parameters (so that a peer that silently skipped the experts shows it); lanner's also its memory
+plan. lanner takes the memory engine's --budget and --offload; `all --matched-budget` runs it again under
+MATCHED_BUDGET x Unsloth's measured peak (list unsloth first in --modes), the bar's memory bound.
 """
 from __future__ import annotations
 
