@@ -209,12 +209,12 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
         parts = {"total": total, "linear": total, "other": 0, "experts": 0}
     else:
         parts = count_parameters(model)
-    dense = parts["other"] + parts["experts"]  # in 16 bits under a quantised base too
+    unquantised = parts["other"] + parts["experts"]  # in 16 bits under a quantised base too
     if quantized_base(spec):
-        weights = int((parts["linear"] - parts["experts"]) * NF4_BYTES_PER_WEIGHT + dense * 2)
+        weights = int((parts["linear"] - parts["experts"]) * NF4_BYTES_PER_WEIGHT + unquantised * 2)
     elif fp8_base(spec):
         linear = fp8_linear_bytes(model) if "hidden_size" in model else parts["linear"] * FP8_BYTES_PER_WEIGHT
-        weights = int(linear + dense * 2)
+        weights = int(linear + unquantised * 2)
     else:
         weights = parts["total"] * weight_bytes
 

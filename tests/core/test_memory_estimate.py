@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lanner.core.memory_estimate import NF4_BYTES_PER_WEIGHT, default_budget_bytes, estimate_memory
+from lanner.core.memory_estimate import NF4_BYTES_PER_WEIGHT, count_parameters, default_budget_bytes, estimate_memory
 
 from job_specs import BUILTIN, unchecked_spec
 
@@ -159,8 +159,6 @@ def test_a_grpo_estimate_counts_generation_and_its_reward_models():
 
 
 def count_parameters_of(shape) -> int:
-    from lanner.core.memory_estimate import count_parameters
-
     return count_parameters(shape)["total"]
 
 
@@ -188,7 +186,6 @@ def test_a_mixture_of_experts_is_counted_with_its_experts_and_their_adapters(fam
 
     # A quantised base (QLoRA's NF4, or FP8) turns the linear layers only: the experts and routers stay in 16
     # bits, and the estimate counts them so.
-    from lanner.core.memory_estimate import count_parameters
     from lanner.kernels.quant import quantize_model
     for quant_type in ("nf4", "fp8"):
         quantised = quantize_model(copy.deepcopy(model), quant_type=quant_type)
