@@ -25,15 +25,15 @@ case ${METHOD:-lora} in
   qlora) unsloth=unsloth4 lanner=lanner4 fallback=hf4 reference=hf4 ;;
   *) echo "METHOD must be lora or qlora, not $METHOD" >&2; exit 2 ;;
 esac
-matched_budget() {  # matched_budget PEER SHAPE SEQ BS: 1.09x the peak GiB of PEER's last row for it, empty if none
-  # (the bar's bound is 1.1x; the engine's peak has come out up to 0.4% above its budget: gemma2-9b, round 16)
+matched_budget() {  # matched_budget PEER SHAPE SEQ BS: peer_bench.MATCHED_BUDGET x the peak GiB of PEER's last row for it, empty if none
   python3 - "$out/results.jsonl" "$@" <<'PY'
 import json, sys
+from peer_bench import MATCHED_BUDGET
 path, peer, model, seq, bs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 rows = [json.loads(line) for line in open(path) if line.startswith("{")]
 peaks = [r["peak_gib"] for r in rows if r.get("mode") == peer and "peak_gib" in r
          and (r.get("model"), r.get("seq"), r.get("bs")) == (model, seq, bs)]
-print(f"{1.09 * peaks[-1]:.2f}" if peaks else "")
+print(f"{MATCHED_BUDGET * peaks[-1]:.2f}" if peaks else "")
 PY
 }
 lanner_rows() {  # lanner_rows PEER SEQ BS: Lanner's default plan, and under the budget matched to PEER's peak
