@@ -421,6 +421,18 @@ def test_moe_layers_are_planned_without_mlp_tiles_or_up_projections_in_host_memo
     assert whole.predicted_peak_bytes == plan_memory(32, long_dense, BASE).predicted_peak_bytes
 
 
+def test_the_recompute_flops_count_a_token_s_top_k_experts():
+    """Mixtral's intermediate_size is one expert's; Qwen3-MoE's is its dense layers' (moe_intermediate_size the
+    experts'): a token runs through num_experts_per_tok of them."""
+    from lanner.kernels.memory.engine import _recompute_flops
+    hidden = torch.empty(2, 5, 64)
+    dense = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=80)
+    flops = {name: _recompute_flops(SimpleNamespace(**dense, **extra), hidden)["mlp_flops"] for name, extra in [
+        ("dense", {}), ("mixtral", dict(num_experts_per_tok=2)),
+        ("qwen3_moe", dict(num_experts_per_tok=2, moe_intermediate_size=24))]}
+    assert flops == {"dense": 4 * 10 * 64 * 80, "mixtral": 4 * 10 * 64 * 80 * 2, "qwen3_moe": 4 * 10 * 64 * 24 * 2}
+
+
 @pytest.mark.parametrize("family, dense_mlp", [("llama", True), ("qwen3_moe", False)])
 def test_the_measured_costs_say_whether_the_mlp_takes_the_dense_options(family, dense_mlp, device):
     model = _model(family, device, layers=2)
