@@ -14,7 +14,7 @@ from triton.testing import do_bench
 
 from lanner.kernels import LoRAProjection, lora_linear, lora_mlp, lora_qkv
 from lanner.kernels.ops.fused_linear_ce import fused_linear_cross_entropy
-from lanner.kernels.ops.glu import _SILU, _glu_backward
+from lanner.kernels.ops.glu import _glu_backward
 from lanner.kernels.ops.rmsnorm import _rms_norm_backward, rms_norm
 from lanner.kernels.ops.rope import _rope_launch
 
@@ -66,7 +66,7 @@ def memory_rows():
     dh = torch.randn_like(gate)
     from lanner.kernels.ops import swiglu
     yield "swiglu forward", median_ms(lambda: swiglu(gate, up)), 3 * gate.numel() * 2, None
-    yield ("swiglu backward (in place)", median_ms(lambda: _glu_backward(dh, gate, up, _SILU)),
+    yield ("swiglu backward (in place)", median_ms(lambda: _glu_backward(dh, gate, up, "silu")),
            5 * gate.numel() * 2, None)
 
 

@@ -40,6 +40,11 @@ SHAPES = {
                                         num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
                                         head_dim=128, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
                                         vocab_size=151936, max_position_embeddings=8192, rope_theta=1e6)),
+    # gpt-oss-20b: 32 experts, top-4, expert MLP 2880, biases, interleaved gate/up, clamped SwiGLU; attention
+    # with sinks, sliding (128) and full layers alternating (on transformers' attention: sinks).
+    "gpt-oss-20b": ("gpt_oss", dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+                                    num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32,
+                                    num_experts_per_tok=4, sliding_window=128, vocab_size=201088)),
     # A smoke-test shape (runs on the CPU with --device cpu; no timing there).
     "tiny": ("qwen3_moe", dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
@@ -76,13 +81,15 @@ def config_of(shape: str, layers: int | None):
     import transformers
     family, values = SHAPES[shape]
     values = {**values, **({"num_hidden_layers": layers} if layers else {})}
-    config_cls = {"qwen3_moe": transformers.Qwen3MoeConfig, "mixtral": transformers.MixtralConfig}[family]
+    config_cls = {"qwen3_moe": transformers.Qwen3MoeConfig, "mixtral": transformers.MixtralConfig,
+                  "gpt_oss": transformers.GptOssConfig}[family]
     return config_cls(**values, dtype="bfloat16")
 
 
 def model_class(shape: str):
     import transformers
-    return {"qwen3_moe": transformers.Qwen3MoeForCausalLM, "mixtral": transformers.MixtralForCausalLM}[SHAPES[shape][0]]
+    return {"qwen3_moe": transformers.Qwen3MoeForCausalLM, "mixtral": transformers.MixtralForCausalLM,
+            "gpt_oss": transformers.GptOssForCausalLM}[SHAPES[shape][0]]
 
 
 # --- one layer's experts ---------------------------------------------------------------------------
@@ -97,8 +104,7 @@ def layer_bench(args) -> dict:
     from peft import LoraConfig, get_peft_model
 
     import_lanner()
-    from lanner.kernels.moe import lora_moe_experts
-    from lanner.kernels.patching.moe import _projection, _unwrap
+    from lanner.kernels.patching.moe import _unwrap, lora_experts
 
     config = config_of(args.shape, 1)
     modeling = sys.modules[model_class(args.shape).__module__]
@@ -134,9 +140,7 @@ def layer_bench(args) -> dict:
         return x.detach().to(dtype).requires_grad_(), top_k_weights.detach().to(dtype).requires_grad_()
 
     def ours(module, h, w):
-        experts, wrappers = _unwrap(module)
-        gate_up, down = (_projection(experts, name, wrappers.get(name)) for name in ("gate_up_proj", "down_proj"))
-        return lora_moe_experts(h, top_k_index, w, gate_up, down, "silu")
+        return lora_experts(module, h, top_k_index, w)
 
     def peft(implementation):
         def run(module, h, w):

@@ -24,6 +24,11 @@ routing weights get their gradient as <dout[t], down_e(h)> = <dh_e, h>, from the
 before it is weighted (one kernel takes the dot and weights dh in place), so the down output never
 has to exist in backward; the input gradient is the combine kernel's unweighted per-token sum.
 
+gpt-oss's experts (ops/glu.py's ClampedSwiGLU) differ in four ways, all on the same path: weights stored
+[E, in, out] (read through transposed views), gate and up interleaved (the even and odd columns of gate_up;
+`interleaved=True`), a frozen bias per expert on each projection (added to its sorted rows; the down
+projection's bias also reaches the routing weights' gradient as <dout[t], b_e>), and the clamped GLU.
+
 Under the memory engine's checkpoints (`lora_moe_experts`' stash and output_needed), the recompute skips
 the down GEMMs and the combine, and a keep_mlp layer's recompute reuses the forward's routing and gate_up.
 """
@@ -34,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from .lora import MLPStash, compute_dtype
-from .ops.glu import GLU_ACTIVATIONS, glu, glu_backward_in_place
+from .ops.glu import GLU_ACTIVATIONS, glu, glu_backward_in_place, is_glu_activation
 from .ops.grouped_mm_lora import grouped_mm_factors, use_grouped_mm
 from .ops.grouped_lora import (
     ExpertGroups,
@@ -51,12 +56,24 @@ from .ops.moe_combine import moe_combine, moe_weight_grad_
 @dataclass(frozen=True, eq=False)
 class ExpertProjection:
     """One projection of every expert: a frozen weight [E, out, in] and, when adapted, LoRA factors
-    lora_A [E, r, in] and lora_B [E, out, r] (any strides: views of PEFT's 2D weights)."""
+    lora_A [E, r, in] and lora_B [E, out, r] (any strides: views of PEFT's 2D weights); bias: a frozen
+    [E, out] (gpt-oss), or None."""
 
     weight: torch.Tensor
     lora_A: torch.Tensor | None = None
     lora_B: torch.Tensor | None = None
     scaling: float = 1.0
+    bias: torch.Tensor | None = None
+
+
+def _halves(gate_up: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate, up) as views of the gate_up rows: the two halves, or the even and odd columns."""
+    return (gate_up[:, 0::2], gate_up[:, 1::2]) if interleaved else gate_up.chunk(2, dim=-1)
+
+
+def _add_bias_(rows: torch.Tensor, bias: torch.Tensor | None, row_experts: torch.Tensor) -> None:
+    if bias is not None:
+        rows += bias.index_select(0, row_experts)
 
 
 def sort_by_expert(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, ExpertGroups]:
@@ -73,8 +90,8 @@ def sort_by_expert(top_k_index: torch.Tensor, num_experts: int) -> tuple[torch.T
 
 class LoRAMoEExpertsFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, top_k_weights, top_k_index, dtype, activation, gate_up, down, stash, output_needed,
-                *lora_weights):
+    def forward(ctx, hidden, top_k_weights, top_k_index, dtype, activation, interleaved, gate_up, down, stash,
+                output_needed, *lora_weights):
         tokens, k = top_k_index.shape
         x2 = hidden.reshape(tokens, -1).to(dtype)
         kept = (stash.take() if stash is not None else None) or {}
@@ -90,35 +107,40 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         ctx.grouped_mm = use_grouped_mm(x2, gate_up.weight, down.weight)
         factors_gu, factors_down = ([grouped_mm_factors(p.lora_A, p.lora_B, dtype) for p in (gate_up, down)]
                                     if ctx.grouped_mm else (None, None))
+        # Each sorted row's expert, for the biases' rows
+        row_experts = top_k_index.reshape(-1)[order] if gate_up.bias is not None or down.bias is not None else None
         if gu is None:
             gu, xa_gu = grouped_lora_forward(x2[token_of_row], groups, gate_up.weight, gate_up.lora_A,
                                              gate_up.lora_B, gate_up.scaling, factors_gu)
+            _add_bias_(gu, gate_up.bias, row_experts)
         if output_needed:
-            gate, up = gu.chunk(2, dim=-1)
+            gate, up = _halves(gu, interleaved)
             y, ha = grouped_lora_forward(glu(gate, up, activation), groups, down.weight, down.lora_A, down.lora_B,
                                          down.scaling, factors_down)
+            _add_bias_(y, down.bias, row_experts)
             out = moe_combine(y, inverse, k, top_k_weights, hidden.dtype)
             del y
         else:
             # A checkpoint's recompute whose output nothing saves: backward needs the down projection's
             # rank-r input product only, not its GEMM or the combine.
             if ha is None and down.lora_A is not None:
-                gate, up = gu.chunk(2, dim=-1)
+                gate, up = _halves(gu, interleaved)
                 ha = grouped_lora_rank_product(glu(gate, up, activation), groups, down.lora_A, factors_down)
             out = hidden.new_empty(hidden.shape)
         if stash is not None and not kept and {"gate", "up"} <= set(stash.keep):
             stash.store({"experts": (groups, order, token_of_row, inverse, gu, xa_gu, ha)})
-        ctx.save_for_backward(x2, top_k_weights, order, token_of_row, inverse, gu, xa_gu, ha,
+        ctx.save_for_backward(x2, top_k_weights, top_k_index if down.bias is not None else None, order,
+                              token_of_row, inverse, gu, xa_gu, ha,
                               *(factors_gu or (None, None)), *(factors_down or (None, None)))
         # The groups on ctx (a few ints per expert), as GroupedLoRAFunction keeps them: the Triton path's row
         # tiles, made in forward, serve backward too.
-        ctx.groups, ctx.activation, ctx.projections = groups, activation, (gate_up, down)
+        ctx.groups, ctx.activation, ctx.interleaved, ctx.projections = groups, activation, interleaved, (gate_up, down)
         ctx.hidden_shape, ctx.hidden_dtype = hidden.shape, hidden.dtype
         return out.view(hidden.shape)
 
     @staticmethod
     def backward(ctx, dout):
-        x2, top_k_weights, order, token_of_row, inverse, gu, xa_gu, ha, *factors = ctx.saved_tensors
+        x2, top_k_weights, top_k_index, order, token_of_row, inverse, gu, xa_gu, ha, *factors = ctx.saved_tensors
         factors_gu, factors_down = (factors[:2], factors[2:]) if ctx.grouped_mm else (None, None)
         groups = ctx.groups
         gate_up, down = ctx.projections
@@ -127,9 +149,12 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         # dh before the routing weight (linear in dout), whose dot with h is the weight's gradient.
         dh, dyb = grouped_lora_input_grad(dout_sorted, groups, down.weight, down.lora_A, down.lora_B, down.scaling,
                                           factors_down)
-        gate, up = gu.chunk(2, dim=-1)
+        gate, up = _halves(gu, ctx.interleaved)
         h = glu(gate, up, ctx.activation)
         d_top_k_weights = moe_weight_grad_(dh, h, order, top_k_weights)  # and dh now weighted
+        if down.bias is not None:  # + <dout[t], b_e>, for every token and expert in one small GEMM
+            bias_dot = dout.reshape(tokens, -1).float() @ down.bias.float().t()
+            d_top_k_weights = (d_top_k_weights.float() + bias_dot.gather(1, top_k_index)).to(top_k_weights.dtype)
         grads_down = (None, None)
         if down.lora_A is not None:
             # The weighted dy = w * dout never exists: dA = s (dy B)^T h = s (w dout B)^T h and
@@ -149,7 +174,7 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
                                                       gate_up.lora_B, gate_up.scaling)
         dx = moe_combine(dx_sorted, inverse, k, out_dtype=ctx.hidden_dtype).view(ctx.hidden_shape)
         lora_grads = [g for g, p in zip((*grads_gate_up, *grads_down), _lora_inputs(gate_up, down)) if p is not None]
-        return (dx, d_top_k_weights, None, None, None, None, None, None, None, *lora_grads)
+        return (dx, d_top_k_weights, None, None, None, None, None, None, None, None, *lora_grads)
 
 
 def _lora_inputs(gate_up: ExpertProjection, down: ExpertProjection):
@@ -157,18 +182,20 @@ def _lora_inputs(gate_up: ExpertProjection, down: ExpertProjection):
 
 
 def lora_moe_experts(hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                     gate_up: ExpertProjection, down: ExpertProjection, activation: str,
-                     *, stash: MLPStash | None = None, output_needed: bool = True) -> torch.Tensor:
+                     gate_up: ExpertProjection, down: ExpertProjection, activation,
+                     *, interleaved: bool = False, stash: MLPStash | None = None,
+                     output_needed: bool = True) -> torch.Tensor:
     """The routed experts' output [T, d] for hidden [T, d], top_k_index [T, k] (expert ids) and
     top_k_weights [T, k] (gradients flow to hidden, the routing weights and the LoRA factors).
-    gate_up: gate and up concatenated (gate first); activation: "silu", "gelu" or "gelu_tanh".
+    gate_up: gate and up concatenated (gate first), or interleaved (gate in the even columns);
+    activation: "silu", "gelu", "gelu_tanh" or a ClampedSwiGLU (ops/glu.py).
 
     stash and output_needed serve the memory engine's checkpoints as for the dense MLP (lora.lora_mlp):
     a stash keeping gate and up carries the routing and the gate_up output from the forward to the
     recompute, which then skips the sort, the gathers and the gate_up GEMMs; output_needed=False skips
     the down GEMMs and the combine and returns an uninitialised tensor of the output's shape."""
-    if activation not in GLU_ACTIVATIONS:
-        raise ValueError(f"unknown GLU activation {activation!r}; expected one of {GLU_ACTIVATIONS}")
+    if not is_glu_activation(activation):
+        raise ValueError(f"unknown GLU activation {activation!r}; expected a ClampedSwiGLU or one of {GLU_ACTIVATIONS}")
     lora_weights = [t for t in _lora_inputs(gate_up, down) if t is not None]
     return LoRAMoEExpertsFunction.apply(hidden, top_k_weights, top_k_index, compute_dtype(hidden), activation,
-                                        gate_up, down, stash, output_needed, *lora_weights)
+                                        interleaved, gate_up, down, stash, output_needed, *lora_weights)

@@ -72,21 +72,25 @@ def patch_model(model: nn.Module) -> PatchReport:
         return PatchReport(fallback_reason=reason)
 
     report = PatchReport(family=family.name)
-    moe_fallbacks = set()
+    fallbacks = set()
     for module in base.modules():
         if is_rms_norm(module):
-            patch_rms_norm(module, family.gemma_norm)
+            patch_rms_norm(module, family.norm_offset, family.norm_cast_before_weight)
             report.patched["rms_norm"] += 1
     for layer in getattr(base, base.base_model_prefix).layers:
-        if hasattr(layer, "self_attn") and patch_attention(layer.self_attn):
-            report.patched["attention"] += 1
+        if hasattr(layer, "self_attn"):
+            reason = patch_attention(layer.self_attn)
+            if reason is None:
+                report.patched["attention"] += 1
+            else:
+                fallbacks.add(f"attention runs on transformers' forward and attention ({reason})")
         mlp = getattr(layer, "mlp", None)
         if mlp is not None and hasattr(mlp, "experts"):
             reason = patch_moe_experts(mlp.experts)
             if reason is None:
                 report.patched["moe_experts"] += 1
             else:
-                moe_fallbacks.add(reason)
+                fallbacks.add(f"MoE experts run on transformers' forward ({reason})")
         elif mlp is not None and patch_mlp(mlp):
             report.patched["mlp"] += 1
     if patch_causal_lm_loss(base):
@@ -98,8 +102,8 @@ def patch_model(model: nn.Module) -> PatchReport:
             logger.warning("lanner.kernels: attention implementation %r kept (ours replaces %s)",
                            base.config._attn_implementation, "sdpa, eager, flex and flash")
 
-    for reason in sorted(moe_fallbacks):
-        logger.warning("lanner.kernels: MoE experts run on transformers' forward (%s)", reason)
+    for fallback in sorted(fallbacks):
+        logger.warning("lanner.kernels: %s", fallback)
     blocker = _projection_blocker(base)
     if blocker is not None:
         logger.warning("lanner.kernels: LoRA projections run on PEFT's forward (%s); norms, RoPE and loss run on kernels", blocker)

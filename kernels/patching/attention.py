@@ -103,12 +103,15 @@ def _fused_qkv_attention_forward(attention: nn.Module, hidden_states, *args, **k
     return out, weights
 
 
-def patch_attention(attention: nn.Module) -> bool:
-    """Patches a family attention module; False when its layout is not one this forward knows."""
+def patch_attention(attention: nn.Module) -> str | None:
+    """Patches a family attention module; returns why not, in words, when it cannot."""
+    if getattr(attention, "sinks", None) is not None:
+        # gpt-oss: a learned logit per head in every softmax's denominator, which our attention path lacks
+        return f"{type(attention).__name__} has attention sinks"
     if all(hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")):
         bind_forward(attention, _attention_forward)
-        return True
+        return None
     if hasattr(attention, "qkv_proj") and hasattr(attention, "o_proj"):
         bind_forward(attention, _fused_qkv_attention_forward)
-        return True
-    return False
+        return None
+    return f"{type(attention).__name__} has neither q/k/v/o nor qkv/o projections"

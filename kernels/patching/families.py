@@ -8,8 +8,10 @@ from torch import nn
 @dataclass(frozen=True)
 class Family:
     name: str
-    # Gemma's RMSNorm scales by (1 + w) and rounds once, after the weight.
-    gemma_norm: bool = False
+    # RMSNorm: Gemma's scales by (1 + w) (offset 1); Gemma's and gpt-oss's round once, after the weight,
+    # where Llama's rounds the normalised input before it.
+    norm_offset: float = 0.0
+    norm_cast_before_weight: bool = True
     # Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj.
     fused_projections: bool = False
     # Mixture of experts: each expert's gate/up and down are slices of stacked 3D weights, which PEFT
@@ -26,9 +28,10 @@ FAMILIES = {
         Family("qwen3"),
         Family("qwen3_moe", moe=True),
         Family("mixtral", moe=True),
-        Family("gemma", gemma_norm=True),
-        Family("gemma2", gemma_norm=True),
-        Family("gemma3_text", gemma_norm=True),
+        Family("gpt_oss", norm_cast_before_weight=False, moe=True),
+        Family("gemma", norm_offset=1.0, norm_cast_before_weight=False),
+        Family("gemma2", norm_offset=1.0, norm_cast_before_weight=False),
+        Family("gemma3_text", norm_offset=1.0, norm_cast_before_weight=False),
         Family("phi3", fused_projections=True),
     )
 }

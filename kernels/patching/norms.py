@@ -14,10 +14,7 @@ def is_rms_norm(module: nn.Module) -> bool:
     return type(module).__name__.endswith("RMSNorm") and has_eps and isinstance(getattr(module, "weight", None), nn.Parameter)
 
 
-def patch_rms_norm(module: nn.Module, gemma_norm: bool) -> None:
+def patch_rms_norm(module: nn.Module, offset: float, cast_before_weight: bool) -> None:
     eps = module.variance_epsilon if hasattr(module, "variance_epsilon") else module.eps
     object.__setattr__(module, "_lanner_eps", float(eps))
-    if gemma_norm:
-        bind_forward(module, _rms_norm_forward, offset=1.0, cast_before_weight=False)
-    else:
-        bind_forward(module, _rms_norm_forward, offset=0.0, cast_before_weight=True)
+    bind_forward(module, _rms_norm_forward, offset=offset, cast_before_weight=cast_before_weight)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -15,6 +16,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run", "--disable-quic"]
 VIEWPORT = {"width": 1280, "height": 800}
 ADMIN = {"email": "ada@lanner.test", "display_name": "Ada Admin", "password": "correct horse 42"}
+# A launch's answer: the server checks the spec against the database, the machines and the memory estimate
+# before it queues; on a 2-core machine busy training, that once took over Playwright's default 5 s.
+LAUNCH_TIMEOUT_MS = 30_000
 
 
 def launch(playwright) -> Browser:
@@ -89,3 +93,12 @@ def fill_lr_sweep(page: Page, url: str, dataset_id: int, values: str) -> None:
     expect(page.get_by_test_id("sweep-runs")).to_have_text("2 runs")
     page.get_by_role("button", name="Review").click()
     expect(page.get_by_test_id("job-summary")).to_contain_text("2 runs (grid), ranked by loss")
+
+
+def launch_from_review(page: Page, button: str = "Launch") -> int:
+    """Clicks the review step's launch button and waits for the new job's page (the sweep's, for "Launch
+    sweep"): its id."""
+    page.get_by_role("button", name=button, exact=True).click()
+    kind = "sweeps" if button == "Launch sweep" else "jobs"
+    expect(page).to_have_url(re.compile(rf"/{kind}/\d+$"), timeout=LAUNCH_TIMEOUT_MS)
+    return int(page.url.rsplit("/", 1)[1])

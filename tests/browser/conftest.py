@@ -3,12 +3,10 @@ it), and one sweep of two short LoRA runs that the sweep page's test watches and
 export tests use, so that those runs are trained once."""
 from __future__ import annotations
 
-import re
-
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from browser_helpers import fill_lr_sweep, jsonl, launch, qa_rows, shot, sign_in_context
+from browser_helpers import fill_lr_sweep, jsonl, launch, launch_from_review, qa_rows, shot, sign_in_context
 
 
 @pytest.fixture(scope="session")
@@ -31,11 +29,9 @@ def lr_sweep(stack, chromium):
     assert dataset.ok, dataset.text()
     dataset_id = dataset.json()["id"]
     fill_lr_sweep(page, stack.url, dataset_id, "1e-4, 1e-3")
-    page.get_by_role("button", name="Launch sweep").click()
-    expect(page).to_have_url(re.compile(r"/sweeps/\d+$"))
+    sweep_id = launch_from_review(page, "Launch sweep")
     expect(page.get_by_test_id("sweep-ranking").get_by_role("row")).to_have_count(3)  # the header and two runs
     shot(page, "sweep-started", full_page=True)
-    sweep_id = int(page.url.rsplit("/", 1)[1])
     job_ids = context.request.get(f"{stack.url}/api/sweeps/{sweep_id}").json()["job_ids"]
     context.close()
     return {"id": sweep_id, "dataset_id": dataset_id, "jobs": job_ids}

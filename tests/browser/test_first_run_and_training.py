@@ -11,7 +11,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from browser_helpers import (ADMIN, VIEWPORT, chart_points, expect_heading, jsonl, qa_rows, shot,
+from browser_helpers import (ADMIN, VIEWPORT, chart_points, expect_heading, jsonl, launch_from_review, qa_rows, shot,
                              wait_until)
 
 TRAINING_TIMEOUT = 600  # seconds: the first job imports SmolLM2 from its GGUF, then trains on 2 shared cores
@@ -120,9 +120,7 @@ def test_upload_launch_watch_reload_and_download(stack, page, tmp_path):
     expect(summary).to_contain_text("builtin/SmolLM2-135M-Instruct")
     expect(summary).to_contain_text("LoRA")
     shot(page, "new-job-summary", full_page=True)
-    page.get_by_role("button", name="Launch").click()
-    expect(page).to_have_url(re.compile(r"/jobs/\d+$"))
-    job_id = int(page.url.rsplit("/", 1)[1])
+    job_id = launch_from_review(page)
 
     # Live: the loss and tokens/s charts grow while the job runs.
     wait_until(lambda: chart_points(page, "chart-loss") >= 2, TRAINING_TIMEOUT, "two loss points")

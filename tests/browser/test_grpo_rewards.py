@@ -9,7 +9,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from browser_helpers import chart_points, expect_heading, jsonl, shot, signed_in_page, wait_until
+from browser_helpers import chart_points, expect_heading, jsonl, launch_from_review, shot, signed_in_page, wait_until
 
 TRAINING_TIMEOUT = 600  # seconds: the built-in model's import on first use, then two tiny CPU steps
 PROMPTS = [{"prompt": f"What is {i} plus {i}?", "answer": str(2 * i)} for i in range(6)]
@@ -58,8 +58,7 @@ def test_write_a_reward_function_test_it_and_watch_the_reward_chart(stack, page)
     shot(page, "grpo-rewards-tested", full_page=True)
 
     page.get_by_role("button", name="Review").click()
-    page.get_by_role("button", name="Launch", exact=True).click()
-    expect(page).to_have_url(re.compile(r"/jobs/\d+$"))
+    launch_from_review(page)
     job_url = f"{stack.url}/api{page.url.removeprefix(stack.url)}"
 
     def reward_points() -> int:

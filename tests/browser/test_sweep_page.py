@@ -9,7 +9,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from browser_helpers import chart_points, fill_lr_sweep, shot, signed_in_page, wait_until
+from browser_helpers import LAUNCH_TIMEOUT_MS, chart_points, fill_lr_sweep, shot, signed_in_page, wait_until
 
 TRAINING_TIMEOUT = 1500  # seconds: importing SmolLM2 on first use, then two 2-step CPU runs on shared cores
 
@@ -26,7 +26,7 @@ def test_start_a_sweep_and_open_its_page(stack, page, lr_sweep):
     page.get_by_role("button", name="Launch sweep").click()
     panel = page.get_by_test_id("sweep-panel")
     expect(panel.get_by_role("alert")).to_contain_text("hyperparameters.learning_rate = 5: Input should be less than "
-                                                       "or equal to 1")
+                                                       "or equal to 1", timeout=LAUNCH_TIMEOUT_MS)
 
     page.goto(f"{stack.url}/sweeps/{lr_sweep['id']}")
     ranking = page.get_by_test_id("sweep-ranking")

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from playwright.sync_api import expect
 
-from browser_helpers import expect_heading, jsonl, qa_rows, shot, signed_in_page
+from browser_helpers import expect_heading, jsonl, launch_from_review, qa_rows, shot, signed_in_page
 from support import WebhookReceiver
 
 MODEL = "builtin/SmolLM2-135M-Instruct"
@@ -57,8 +57,7 @@ def test_download_a_jobs_yaml_upload_it_changed_and_launch(stack, page, tmp_path
     page.get_by_role("button", name="Review").click()
     expect(page.get_by_test_id("job-summary")).to_contain_text("0.0007")
     shot(page, "yaml-uploaded-summary", full_page=True)
-    page.get_by_role("button", name="Launch").click()
-    expect(page).to_have_url(re.compile(r"/jobs/\d+$"))
+    launch_from_review(page)
     launched = int(page.url.rsplit("/", 1)[1])
     assert launched != job_id
     job = request.get(f"{stack.url}/api/jobs/{launched}").json()

@@ -34,13 +34,18 @@ FAMILIES = {
     "phi3_partial": (tf.Phi3Config, tf.Phi3ForCausalLM, dict(partial_rotary_factor=0.5)),
 }
 # Mixtures of experts (test_moe.py), apart so that the per-family tests of the dense families do not
-# run them again: 4 experts, top-2; the load-balancing loss on, so the patched loss must keep it.
+# run them again: 4 experts, top-2; the load-balancing loss on, so the patched loss must keep it. gpt-oss:
+# its expert biases, interleaved gate/up and clamped SwiGLU (a limit the tiny model's values cross), a
+# sliding layer then a global one, attention sinks.
 MOE_FAMILIES = {
     "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM,
                   dict(head_dim=16, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
                        norm_topk_prob=True, output_router_logits=True)),
     "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM,
                 dict(num_local_experts=4, num_experts_per_tok=2, output_router_logits=True)),
+    "gpt_oss": (tf.GptOssConfig, tf.GptOssForCausalLM,
+                dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, output_router_logits=True,
+                     sliding_window=4, layer_types=["sliding_attention", "full_attention"], swiglu_limit=0.15)),
 }
 
 
@@ -49,9 +54,9 @@ def tiny_model(family: str, dtype=torch.float32, device="cpu", seed=0, **overrid
     torch.manual_seed(seed)
     # eager attention: transformers' reference (its sdpa path drops Gemma 2's attention soft-capping)
     model = model_cls(config_cls(**{**TINY, **extra, **overrides}, attn_implementation="eager"))
-    with torch.no_grad():  # norms start at 1 (or 0 for Gemma's 1 + w): perturb them so they matter
-        for name, param in model.named_parameters():
-            if "norm" in name:
+    with torch.no_grad():  # norms start at 1 (or 0 for Gemma's 1 + w), gpt-oss's expert biases and sinks at 0:
+        for name, param in model.named_parameters():  # perturb them so they matter
+            if "norm" in name or "_bias" in name or "sinks" in name:
                 param.add_(torch.randn_like(param) * 0.1)
     return model.to(device=device, dtype=dtype)
 

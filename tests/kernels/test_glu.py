@@ -1,7 +1,10 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
+from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
 from lanner.kernels.ops import geglu, swiglu
 from lanner.kernels.ops import glu as glu_module
@@ -118,3 +121,28 @@ def test_backward_in_place_gives_the_output_and_gradients_in_the_callers_buffers
     torch.testing.assert_close(h, out.detach(), rtol=0, atol=0)
     torch.testing.assert_close(d_gate, ref_gate, rtol=0, atol=0)
     torch.testing.assert_close(d_up, ref_up, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_clamped_swiglu_on_interleaved_columns_matches_gpt_oss(dtype, device, assert_close_scaled):
+    """gpt-oss's GLU (GptOssExperts._apply_gate, the reference, in float64) with gate and up the even and
+    odd columns of one buffer, values on both sides of the clamps; autograd and the in-place backward,
+    which writes d_gate and d_up back into those columns."""
+    activation = glu_module.ClampedSwiGLU(alpha=1.702, limit=2.0)
+    leaf = (torch.randn(5, 2 * 37, device=device) * 3).to(dtype).requires_grad_()
+    gate_up = leaf * 1
+    out = glu_module.glu(gate_up[:, ::2], gate_up[:, 1::2], activation)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    leaf64 = leaf.detach().double().requires_grad_()
+    ref = GptOssExperts._apply_gate(SimpleNamespace(alpha=activation.alpha, limit=activation.limit), leaf64)
+    ref.backward(dout.double())
+    assert (leaf64.grad == 0).any() and (leaf64.grad != 0).any()  # some values clamped, some not
+    tol = TOL[dtype]
+    assert_close_scaled(out, ref, tol)
+    assert_close_scaled(leaf.grad, leaf64.grad, tol)
+
+    dh, buffer = dout.clone(), leaf.detach().clone()
+    glu_module.glu_backward_in_place(dh, buffer[:, ::2], buffer[:, 1::2], activation)
+    assert_close_scaled(dh, ref, tol)
+    assert_close_scaled(buffer, leaf64.grad, tol)

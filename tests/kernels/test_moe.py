@@ -14,7 +14,7 @@ from lanner.kernels.moe import ExpertProjection, lora_moe_experts
 from lanner.kernels.ops import grouped_lora, grouped_mm_lora
 from lanner.kernels.ops.moe_combine import moe_combine, moe_weight_grad_
 from lanner.kernels.patching import patch_model
-from lanner.kernels.patching.moe import moe_experts_blocker
+from lanner.kernels.patching.moe import lora_experts, moe_experts_blocker
 from lora_twins import lora_grads, max_relative_error, tiny_model, token_batches, twins
 from test_convergence import assert_same_training
 
@@ -376,11 +376,13 @@ def test_a_grouped_mm_that_fails_its_check_leaves_the_experts_on_triton(monkeypa
     assert "grouped gemm is not supported here" in caplog.text and "wrong results" in caplog.text
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "gpt_oss"])
 def test_tiny_moe_model_matches_plain_peft(family, caplog, device):
     with caplog.at_level(logging.INFO, logger="lanner.kernels"):
         plain, fast = twins(family, device=device)
     assert "'moe_experts': 2" in caplog.text
+    # gpt-oss's attention sinks are not on our attention path: its attention stays transformers', in words
+    assert ("GptOssAttention has attention sinks" in caplog.text) == (family == "gpt_oss")
     ids = token_batches(1, 2, 8, plain.config.vocab_size, device=device)[0]
     out_plain, out_fast = plain(input_ids=ids, labels=ids), fast(input_ids=ids, labels=ids)
     assert out_plain.aux_loss is not None  # the load-balancing loss is part of both losses
@@ -393,26 +395,79 @@ def test_tiny_moe_model_matches_plain_peft(family, caplog, device):
     assert max_relative_error(grads, lora_grads(plain)) < 1e-4
 
 
-def test_tiny_qwen3_moe_trains_like_plain_peft(device):
-    plain, fast = twins("qwen3_moe", device=device, gradient_checkpointing=True)
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_tiny_moe_model_trains_like_plain_peft(family, device):
+    plain, fast = twins(family, device=device, gradient_checkpointing=True)
     # One batch three times (the interpreter is slow): the loss still falls by more than 0.05.
     batches = token_batches(1, 1, 6, plain.config.vocab_size, device=device) * 3
     assert_same_training(plain, fast, batches, lr=1e-2)
 
 
-def test_gpt_oss_experts_fall_back_in_words():
-    config = tf.GptOssConfig(hidden_size=16, intermediate_size=8, num_local_experts=4, num_experts_per_tok=2,
-                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+def _gpt_oss_experts(dtype, device, limit=1.0, trained_biases=False):
+    """A PEFT-adapted GptOssExperts (transformers' module, its eager loop the reference) with random biases
+    and its LoRA B nonzero; limit 1 clamps about a third of its gate_up values."""
+    config = tf.GptOssConfig(hidden_size=32, intermediate_size=24, num_local_experts=8, num_experts_per_tok=2,
+                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                             swiglu_limit=limit)
+    config._experts_implementation = "eager"
+    torch.manual_seed(0)
     experts = tf.models.gpt_oss.modeling_gpt_oss.GptOssExperts(config)
+    with torch.no_grad():
+        for param in experts.parameters():
+            param.normal_(std=0.3)
 
     class Holder(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.experts = experts
 
-    holder = get_peft_model(Holder(), LoraConfig(r=2, target_parameters=["experts.gate_up_proj"]))
-    reason = moe_experts_blocker(holder.base_model.model.experts)
-    assert "transposed weights" in reason and "expert biases" in reason and "interleaved gate/up" in reason
+    holder = get_peft_model(Holder(), LoraConfig(r=4, lora_alpha=8, target_parameters=[
+        "experts.gate_up_proj", "experts.down_proj"])).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        for name, param in holder.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn_like(param) * 0.1)
+            if name.endswith("_bias"):
+                param.requires_grad_(trained_biases)
+    return holder.base_model.model.experts
+
+
+# bf16 with a limit no value reaches: a value that bf16 rounding moves across the clamp changes its gradient
+# by a whole term (the clamps are held to float32 here, and to float64 in test_glu.py).
+@pytest.mark.parametrize("dtype, path, limit", [(torch.float32, "triton", 1.0), (torch.float32, "grouped_mm", 1.0),
+                                                (torch.bfloat16, "grouped_mm", 100.0)])
+def test_gpt_oss_experts_match_transformers(dtype, path, limit, grouped_mm_calls, device):
+    """gpt-oss's experts (weights [E, in, out], gate/up interleaved, biases, clamped SwiGLU) on the grouped
+    kernels against transformers' own eager loop with PEFT's LoRA, skewed to one expert taking every token:
+    outputs and the gradients of the input, the routing weights and the LoRA factors."""
+    grouped_mm_lora.ENABLED = path == "grouped_mm"
+    module = _gpt_oss_experts(dtype, device, limit)
+    assert moe_experts_blocker(module) is None
+    index, weights = _routing(24, 8, 2, "all", device)
+    x = torch.randn(24, 32, device=device).to(dtype)
+    dout = torch.randn(24, 32, device=device).to(dtype)
+    lora = [p for p in module.parameters() if p.requires_grad]
+
+    def run(forward):
+        leaves = [x.clone().requires_grad_(), weights.detach().to(dtype).requires_grad_()]
+        for p in lora:
+            p.grad = None
+        out = forward(module, *leaves[:1], index, leaves[1])
+        out.backward(dout)
+        return out.detach(), [leaf.grad for leaf in leaves] + [p.grad.clone() for p in lora]
+
+    expected, expected_grads = run(lambda m, h, i, w: m(h, i, w))
+    out, grads = run(lora_experts)
+    assert bool(grouped_mm_calls) == (path == "grouped_mm" and _grouped_mm_expected(dtype, device))
+    tol = TOL if dtype == torch.float32 else 3e-2
+    _close(out, expected.double(), tol)
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        _close(grad, expected_grad.double(), tol)
+
+
+def test_gpt_oss_experts_with_trained_biases_fall_back_in_words(device):
+    module = _gpt_oss_experts(torch.float32, device, trained_biases=True)
+    assert moe_experts_blocker(module) == "GptOssExperts has trained expert biases"
 
 
 def test_unadapted_experts_stay_on_transformers_with_a_log_line(caplog, device):
