@@ -73,6 +73,10 @@ def tiny_model(kind: str, smollm2_dir, out_dir, *, tokenizer_dir=None, vocab_siz
         "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**common, head_dim=32, moe_intermediate_size=96, num_experts=4,
                                                          num_experts_per_tok=2, norm_topk_prob=True),
         "mixtral": lambda: transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2),
+        # Experts stored [E, in, out] with biases, gate/up interleaved; attention sinks; a sliding layer.
+        "gpt_oss": lambda: transformers.GptOssConfig(**common, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                                     sliding_window=4,
+                                                     layer_types=["sliding_attention", "full_attention"]),
     }
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(configs[kind]())

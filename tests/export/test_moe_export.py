@@ -186,3 +186,21 @@ def test_a_qlora_adapter_on_the_experts_is_refused_in_words(moe_export, tmp_path
     with pytest.raises(ExportError, match="stacked expert weights"):
         export_merged(moe_export["base"], moe_export["adapter"], tmp_path / "merged", quantization=Quantization())
     assert not (tmp_path / "merged").exists()
+
+
+def test_gpt_oss_exports_its_adapter_and_a_merged_model_checked_by_logits(smollm2_dir, tmp_path):
+    """gpt-oss (experts stored [E, in, out] with biases, attention sinks): the adapter and the merged bf16
+    model, checked as a dense export is; its GGUF is refused in words (the test above)."""
+    from lanner.worker.export import ExportRequest, run_export
+
+    base = tiny_model("gpt_oss", smollm2_dir, tmp_path / "base", initializer_range=0.05)
+    # B larger than the others' (0.03): the adapter's effect well past what one bf16 cast of the base moves
+    adapter = make_adapter(base, tmp_path / "trained", target_modules=ATTENTION, target_parameters=EXPERTS,
+                           lora_b_std=0.2)
+    manifest = run_export(ExportRequest(base_model_dir=base, adapter_dir=adapter, out_dir=tmp_path / "export",
+                                        name="gpt-oss", merged_dtype="bfloat16", gguf_types=()))
+    assert manifest["failed"] == {}
+    assert {a["kind"] for a in manifest["artifacts"]} >= {"adapter", "merged"}
+    merged = manifest["verification"]["merged"]
+    assert merged["passed"] and merged["max_abs_logit_diff"] <= merged["noise_floor_max_abs_logit_diff"] + 1e-4
+    assert merged["adapter_effect_max_abs_logit_diff"] > 5 * merged["bound_max_abs_logit_diff"]

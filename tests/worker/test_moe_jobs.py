@@ -2,6 +2,8 @@
 targets choice adapts what it names, and every logged step carries the routers' load balance."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import transformers
@@ -78,3 +80,54 @@ def test_each_step_of_an_moe_job_carries_its_routers_load_balance(studio, smollm
     for metric in skewed:
         assert metric["router_aux_loss"] == pytest.approx(EXPERTS / TOP_K, rel=1e-3)
         assert metric["router_max_load"] == pytest.approx(EXPERTS / TOP_K)
+
+
+def test_a_gpt_oss_shipped_in_mxfp4_loads_dequantised_for_lora(studio, smollm2_dir):
+    """gpt-oss's experts as its checkpoints ship them (MXFP4 blocks and scales, hidden 64 and 2I 128 so that
+    a transposed read shows): loaded for LoRA as 32-bit stacked weights equal to transformers' own
+    dequantisation, adapted through target_parameters, with no quantization config left. The explicit
+    request (base_load_kwargs) is what keeps them off MXFP4 where transformers' MXFP4 kernels are
+    installed; on this CPU transformers would dequantise on its own."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from lanner.worker.checkpoints import base_load_kwargs
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_dir)
+    torch.manual_seed(0)
+    model = transformers.GptOssForCausalLM(transformers.GptOssConfig(
+        hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, vocab_size=len(tokenizer),
+        max_position_embeddings=128, sliding_window=4, layer_types=["sliding_attention", "full_attention"]))
+    folder = studio.data_dir / "models" / "tiny" / "gpt-oss-mxfp4"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert base_load_kwargs(folder) == {}
+    state = load_file(folder / "model.safetensors")
+    generator = torch.Generator().manual_seed(1)
+    for name in [name for name in state if name.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, n_in, n_out = state.pop(name).shape  # stored [E, in, out]; MXFP4 blocks [E, out, in / 32, 16]
+        state[f"{name}_blocks"] = torch.randint(0, 256, (experts, n_out, n_in // 32, 16), dtype=torch.uint8,
+                                                generator=generator)
+        state[f"{name}_scales"] = torch.randint(124, 130, (experts, n_out, n_in // 32), dtype=torch.uint8,
+                                                generator=generator)
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert base_load_kwargs(folder)["quantization_config"].dequantize
+
+    events = JobEvents(1, studio.redis, session_factory(studio.database_url))
+    loaded = load_model(str(folder), training_options_of("lora", {"hyperparameters": {"precision": "fp32"}}), events)
+    base = loaded.get_base_model()
+    assert getattr(base.config, "quantization_config", None) is None
+    for layer in range(2):
+        experts = base.model.layers[layer].mlp.experts.base_layer.base_layer  # under PEFT's two ParamWrappers
+        for name in ("gate_up_proj", "down_proj"):
+            prefix = f"model.layers.{layer}.mlp.experts.{name}"
+            expected = convert_moe_packed_tensors(state[f"{prefix}_blocks"], state[f"{prefix}_scales"],
+                                                  dtype=torch.float32)
+            assert getattr(experts, name).dtype == torch.float32
+            assert torch.equal(getattr(experts, name).detach(), expected)
+    assert any("experts.lora_A" in name for name, _ in loaded.named_parameters())

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from lanner.core.export_spec import MERGED_DTYPES
+from lanner.worker.checkpoints import base_load_kwargs
 
 from .dequantize import Quantization, quantised_linears, round_trip
 from .files import ExportError, ProgressFn, atomic_dir, ensure_free_space, no_progress, tree_size
@@ -119,7 +120,8 @@ def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dty
     # on load, the sum again), which moves the logits about twice as far as the one rounding that
     # saving in 16 bits must cost (docs/export.md, "The merged model's bound").
     load_dtype = torch.float32 if quantization is None else quantization.source_dtype(base_model_dir)
-    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=load_dtype, device_map=device)
+    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=load_dtype, device_map=device,
+                                                **base_load_kwargs(base_model_dir))
     progress("merge", 0.3)
     if quantization is None:
         model = PeftModel.from_pretrained(base, adapter_dir)

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lanner.worker.checkpoints import base_load_kwargs
+
 MERGED_NOISE_FACTOR = 1.25  # a right merge sits at 1.0; a second rounding at 1.5-2 (docs/export.md)
 MERGED_ABS_SLACK = 1e-3
 F16_KL_BOUND = 1e-3        # nats per position
@@ -116,7 +118,8 @@ def verify_merged(base_model_dir: Path, adapter_dir: Path, merged_dir: Path, *, 
 
     tokenizer = AutoTokenizer.from_pretrained(merged_dir)
     ids = prompt_ids(tokenizer, texts)
-    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32, device_map=device)
+    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32, device_map=device,
+                                                **base_load_kwargs(base_model_dir))
     if quantization is not None:
         from .dequantize import dequantise_base_
 
@@ -170,7 +173,8 @@ def verify_against_fp8_trained(base_model_dir: Path, adapter_dir: Path, merged: 
 
     from lanner.kernels.quant import quantize_model
 
-    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32, device_map=device)
+    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32, device_map=device,
+                                                **base_load_kwargs(base_model_dir))
     base.eval()
     base16 = _logits(base, merged["ids"])
     model = PeftModel.from_pretrained(quantize_model(base, quant_type="fp8"), adapter_dir)

@@ -12,6 +12,7 @@ from lanner.core.settings import Settings
 from lanner.core.default_model import DEFAULT_MODEL_ID, imported_model_dir
 from lanner.core.memory_estimate import default_budget_bytes
 from lanner.core.spec import MEMORY_ENGINE_METHODS, REWARD_MODEL_METHODS
+from lanner.worker.checkpoints import base_load_kwargs
 from lanner.worker.events import JobEvents
 from lanner.worker.job_process import JobFailed
 from lanner.worker.training.options import TrainingOptions
@@ -80,7 +81,7 @@ def load_model(path: str, options: TrainingOptions, events: JobEvents, base=None
 
 def _load(path: str, options: TrainingOptions):
     # On the device before patching: the kernels check the device the weights are on.
-    return AutoModelForCausalLM.from_pretrained(path, dtype=training_dtype(options)).to(device())
+    return AutoModelForCausalLM.from_pretrained(path, dtype=training_dtype(options), **base_load_kwargs(path)).to(device())
 
 
 def _load_scorer(path: str, options: TrainingOptions):
@@ -124,7 +125,8 @@ def _nf4_lora_model(path: str, options: TrainingOptions):
     """QLoRA through lanner.kernels: every linear layer but the head stored in 4-bit NF4 (bitsandbytes'
     format, double-quantised statistics), quantised on load on this process's device and dequantised
     on use in the training dtype; LoRA trained over it."""
-    return _lora_model(path, options, load_in_4bit=True, model_kwargs={"dtype": training_dtype(options)})
+    return _lora_model(path, options, load_in_4bit=True,
+                       model_kwargs={"dtype": training_dtype(options), **base_load_kwargs(path)})
 
 
 def _fp8_lora_model(path: str, options: TrainingOptions):
@@ -135,7 +137,8 @@ def _fp8_lora_model(path: str, options: TrainingOptions):
     from lanner.kernels.ops.fp8_matmul import FP8Unsupported
 
     try:
-        return _lora_model(path, options, load_in_fp8=True, model_kwargs={"dtype": training_dtype(options)})
+        return _lora_model(path, options, load_in_fp8=True,
+                           model_kwargs={"dtype": training_dtype(options), **base_load_kwargs(path)})
     except FP8Unsupported as error:
         raise JobFailed(str(error)) from None
 
