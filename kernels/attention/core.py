@@ -1,6 +1,6 @@
 """Causal self-attention for training: one entry point that picks the cheapest kernel computing exactly it.
 
-    out = causal_attention(q, k, v, scale=..., window=None, softcap=None, padding=None, segments=None)
+    out = causal_attention(q, k, v, scale=..., window=None, softcap=None, padding=None, segments=None, sinks=None)
 
 q is (B, Hq, T, D), k and v (B, Hk, T, D) with Hq a multiple of Hk (GQA: k and v are never expanded).
 Key j is visible to query i when all of these hold (Hugging Face's mask semantics):
@@ -8,7 +8,10 @@ Key j is visible to query i when all of these hold (Hugging Face's mask semantic
     i - j < window                          a sliding window (a window >= T is no window)
     segments[b, i] == segments[b, j]        packed samples (padding-free batches), ids per token
     padding[b, j]                           a 2D padding mask (True = a real token)
-and with softcap the scores s = scale * q.k become softcap * tanh(s / softcap) before the softmax.
+and with softcap the scores s = scale * q.k become softcap * tanh(s / softcap) before the softmax. With
+sinks (gpt-oss: one logit per query head) every row's softmax denominator also holds exp(sink), a key whose
+value is zero; they run on our Triton kernel (CUDA, no padding or packed samples) or the reference (an
+extra score column, dropped after the softmax), SDPA and FlexAttention having no sink here.
 
 Dispatch, first match wins:
   1. nothing but causality: torch SDPA with is_causal=True (flash / cuDNN / efficient kernels), no mask
@@ -35,7 +38,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from .flash import flash_attention
+from .flash import TILES, flash_attention
 
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -90,10 +93,17 @@ def auto_backend(head_dim: int, on_cuda: bool, masked: bool) -> str:
     return "flex" if flex_attention is not None else "reference"
 
 
+def _sinks_backend(q: torch.Tensor, requested: str, masked: bool) -> str:
+    """The path for a call with sinks: our Triton kernel (CUDA under "auto", or asked for), else the reference."""
+    if masked or q.shape[-1] not in TILES:
+        return "reference"
+    return "triton" if requested == "triton" or (requested == "auto" and q.is_cuda) else "reference"
+
+
 def causal_attention(q, k, v, *, scale: float | None = None, window: int | None = None,
                      softcap: float | None = None, padding: torch.Tensor | None = None,
-                     segments: torch.Tensor | None = None, block_mask_cache: dict | None = None,
-                     backend: str | None = None) -> torch.Tensor:
+                     segments: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                     block_mask_cache: dict | None = None, backend: str | None = None) -> torch.Tensor:
     """Causal attention with the module docstring's options; returns (B, Hq, T, D) like SDPA.
 
     block_mask_cache: where FlexAttention block masks built from padding/segments are kept, so that every
@@ -105,6 +115,9 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     window = effective_window(window, length)
     softcap = float(softcap) if softcap else None
+    if sinks is not None:
+        backend = _sinks_backend(q, backend or os.environ.get("LANNER_ATTENTION", "auto"),
+                                 padding is not None or segments is not None)
     backend = backend or choose_backend(q, window, softcap, padding, segments)
     if backend == "triton" and (padding is not None or segments is not None):
         backend = auto_backend(q.shape[-1], q.is_cuda, masked=True)  # no kernel of ours for these masks
@@ -112,14 +125,14 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
     if backend == "sdpa" and window is None and softcap is None and padding is None and segments is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     if backend == "triton":
-        return flash_attention(q, k, v, scale, window, softcap)
+        return flash_attention(q, k, v, scale, window, softcap, sinks)
     if backend == "flex":
         compiled = q.is_cuda
         block_mask = _block_mask(q, window, padding, segments, block_mask_cache, compiled)
         attend = _compiled_flex() if compiled else flex_attention
         return attend(q, k, v, score_mod=_softcap_score_mod(softcap), block_mask=block_mask, scale=scale,
                       enable_gqa=gqa, kernel_options=_flex_kernel_options(q))
-    return _reference(q, k, v, scale, dense_mask(length, window, padding, segments, q.device), softcap)
+    return _reference(q, k, v, scale, dense_mask(length, window, padding, segments, q.device), softcap, sinks)
 
 
 def dense_mask(length: int, window, padding, segments, device) -> torch.Tensor:
@@ -137,19 +150,24 @@ def dense_mask(length: int, window, padding, segments, device) -> torch.Tensor:
     return mask
 
 
-def _reference(q, k, v, scale, mask, softcap):
+def _reference(q, k, v, scale, mask, softcap, sinks=None):
     gqa = q.shape[1] != k.shape[1]
-    if softcap is None:
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
     if gqa:
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     seen = mask.any(dim=-1, keepdim=True)  # rows without a visible key: zeros, as SDPA and FlexAttention give
     scores = scores.masked_fill(~(mask | ~seen), float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(probs, v) * seen
+    if sinks is not None:  # the sink's column, dropped after the softmax
+        sink_column = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    return torch.matmul(probs.to(q.dtype), v) * seen
 
 
 # FlexAttention ---------------------------------------------------------------------------------------

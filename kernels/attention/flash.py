@@ -1,6 +1,6 @@
-"""Our Triton flash attention: causal, with an optional tanh soft-cap and an optional sliding window.
+"""Our Triton flash attention: causal, with an optional tanh soft-cap, sliding window and attention sinks.
 
-    out = flash_attention(q, k, v, scale, window=None, softcap=None)     # (B, Hq, T, D) like SDPA
+    out = flash_attention(q, k, v, scale, window=None, softcap=None, sinks=None)     # (B, Hq, T, D) like SDPA
 
 The masks and the soft-cap are those of core's module docstring (key j visible from query i when j <= i
 and i - j < window; s = softcap * tanh(scale * q.k / softcap) before the softmax); no padding, no packed
@@ -17,6 +17,10 @@ The FlashAttention-2 scheme:
   dK and dV over the query heads of its group and the query blocks that see it; one program per
   (query block, batch x query head) accumulates dQ. No atomics, so deterministic. With the soft-cap,
   t = tanh(x / c) for x = scale * q.k and ds/dx = 1 - t^2, so dS = P * (dP - delta) * (1 - t^2).
+Sinks (gpt-oss): a learned logit per query head added to every row's softmax denominator, a key whose value
+is zero. The forward starts each row's online softmax from it (running max = the sink, sum = 1), so the
+saved log-sum-exp holds it and backward's P and delta need no change (the sink's value is zero, so it adds
+nothing to dO . O); the sinks' own gradient is -sum over rows of P_sink * delta, from the saved LSE.
 Key (query) blocks entirely above the diagonal or entirely outside the window are never visited: the
 loop bounds come from the block indices. Of the visited blocks only those the diagonal, the window's
 edge or the sequence's end cross compute a mask (three loops: masked, unmasked, masked).
@@ -147,12 +151,13 @@ def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, st
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, O, LSE,
+def _fwd_kernel(Q, K, V, O, LSE, SINKS,
                 stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                 stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
                 n_heads, groups, seq_len, scale, softcap, window,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
+                PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     m0, bh, b, h, kv, rows, dims = _query_program(n_heads, groups, BLOCK_M, HEAD_DIM)
     q = _load_rows(Q, b, h, stride_qb, stride_qh, stride_qt, rows, dims, seq_len)
     k_ptrs, v_ptrs = _key_pointers(K, V, b, kv, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
@@ -163,6 +168,9 @@ def _fwd_kernel(Q, K, V, O, LSE,
     # -1e30, a finite stand-in for -inf (also on masked scores): a row whose first visited block is all masked
     # gets finite weights there, which the next block's rescaling (exp2(-1e30 - max) = 0) wipes, not inf - inf.
     m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) - 1.0e30
+    if HAS_SINKS:  # the sink as the row's first key: its base-2 logit the running max, its weight 1 the sum
+        m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
+        l_i = l_i + 1.0
     lo, full, diag, hi = _key_block_bounds(m0, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
     acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, lo, full, seq_len,
                                 scale, softcap, window, BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
@@ -330,7 +338,7 @@ def _tiles(head_dim):
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, window, softcap):
+    def forward(ctx, q, k, v, sinks, scale, window, softcap):
         q, k, v = (_inner_contiguous(x) for x in (q, k, v))
         batch, n_heads, seq_len, head_dim = q.shape
         groups = n_heads // k.shape[1]
@@ -339,16 +347,17 @@ class _FlashAttention(torch.autograd.Function):
         lse = new_output((batch * n_heads, seq_len), torch.float32, q.device)
         flags = _flags(q, window, softcap)
         _fwd_kernel[(triton.cdiv(seq_len, block_m), batch * n_heads)](
-            q, k, v, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-            n_heads, groups, seq_len, scale, softcap or 1.0, window or seq_len,
-            BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, **flags, num_warps=warps, num_stages=stages)
-        ctx.save_for_backward(q, k, v, out, lse)
+            q, k, v, out, lse, sinks if sinks is not None else lse, *_strides(q), *_strides(k), *_strides(v),
+            *_strides(out), n_heads, groups, seq_len, scale, softcap or 1.0, window or seq_len,
+            BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, **flags, HAS_SINKS=sinks is not None,
+            num_warps=warps, num_stages=stages)
+        ctx.save_for_backward(q, k, v, out, lse, sinks)
         ctx.options = (scale, window, softcap)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, sinks = ctx.saved_tensors
         scale, window, softcap = ctx.options
         grad_out = _inner_contiguous(grad_out)
         batch, n_heads, seq_len, head_dim = q.shape
@@ -376,7 +385,12 @@ class _FlashAttention(torch.autograd.Function):
             q, k, v, grad_out, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
             *_strides(dq), n_heads, groups, *options,
             BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, **flags, num_warps=warps, num_stages=stages)
-        return dq, dk, dv, None, None, None
+        d_sinks = None
+        if sinks is not None and ctx.needs_input_grad[3]:
+            # d sink_h = -sum over the head's rows of P_sink * delta, P_sink = 2^(sink log2 e - lse)
+            p_sink = torch.exp2(sinks.float().repeat(batch)[:, None] * 1.4426950408889634 - lse)
+            d_sinks = -(p_sink * delta).view(batch, n_heads, seq_len).sum((0, 2)).to(sinks.dtype)
+        return dq, dk, dv, d_sinks, None, None, None
 
 
 def _flags(q, window, softcap):
@@ -384,8 +398,12 @@ def _flags(q, window, softcap):
                 PRECISION=dot_precision(q.dtype), UPCAST=q.device.type != "cuda")
 
 
-def flash_attention(q, k, v, scale: float, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
-    """Causal attention (B, Hq, T, D) with the module docstring's options; window None or < T, softcap None or > 0."""
+def flash_attention(q, k, v, scale: float, window: int | None = None, softcap: float | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention (B, Hq, T, D) with the module docstring's options; window None or < T, softcap None or > 0,
+    sinks None or (Hq,) logits."""
     if q.shape[1] % k.shape[1] or k.shape != v.shape or q.shape[2] != k.shape[2]:
         raise ValueError(f"flash_attention: q {tuple(q.shape)} with k {tuple(k.shape)}, v {tuple(v.shape)}")
-    return _FlashAttention.apply(q, k, v, float(scale), window, softcap)
+    if sinks is not None and sinks.shape != (q.shape[1],):
+        raise ValueError(f"flash_attention: sinks {tuple(sinks.shape)} for {q.shape[1]} query heads")
+    return _FlashAttention.apply(q, k, v, None if sinks is None else sinks.contiguous(), float(scale), window, softcap)

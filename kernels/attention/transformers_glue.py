@@ -11,7 +11,7 @@ patch_model sets a patched model's implementation to "lanner" (unpatch_model res
   self-attention over the whole sequence (training, or a prefill without a cache), and otherwise
   (generation with a KV cache, attention dropout, output_attentions, a mask function it does not
   recognise) builds transformers' own dense mask from the same arguments and runs transformers' sdpa,
-  or eager when soft-capping, exactly as transformers would.
+  or the module's eager when soft-capping or with sinks, exactly as transformers would.
 """
 from __future__ import annotations
 
@@ -127,14 +127,15 @@ def lanner_attention_forward(module, query, key, value, attention_mask, dropout=
                              sliding_window=None, softcap=None, **kwargs):
     """The "lanner" attention function: transformers' calling convention, output (B, T, H, D)."""
     layout = attention_mask if isinstance(attention_mask, AttentionLayout) else None
+    sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks
     if (layout is not None and layout.whole_sequence and dropout == 0.0 and not kwargs.get("output_attentions")
             and query.shape[2] == key.shape[2] == layout.q_length and getattr(module, "is_causal", True)):
         out = causal_attention(query, key, value, scale=scaling, window=layout.window, softcap=softcap,
-                               padding=layout.padding, segments=layout.segments,
+                               padding=layout.padding, segments=layout.segments, sinks=sinks,
                                block_mask_cache=layout.block_masks)
         return out.transpose(1, 2).contiguous(), None
     eager = _eager_forward(module)
-    if (softcap is not None or kwargs.get("output_attentions")) and eager is not None:
+    if (softcap is not None or sinks is not None or kwargs.get("output_attentions")) and eager is not None:
         mask = layout.dense("eager", query.dtype) if layout is not None else attention_mask
         return eager(module, query, key, value, mask, dropout=dropout, scaling=scaling,
                      sliding_window=sliding_window, softcap=softcap, **kwargs)

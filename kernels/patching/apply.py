@@ -79,7 +79,7 @@ def patch_model(model: nn.Module) -> PatchReport:
             report.patched["rms_norm"] += 1
     for layer in getattr(base, base.base_model_prefix).layers:
         if hasattr(layer, "self_attn"):
-            reason = patch_attention(layer.self_attn)
+            reason = patch_attention(layer.self_attn, family.rope_pair_tables)
             if reason is None:
                 report.patched["attention"] += 1
             else:

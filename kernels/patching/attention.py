@@ -1,6 +1,6 @@
 """Attention blocks: q/k/v and output projections on the LoRA functions, RoPE on the in-place kernel.
 
-Mirrors the families' own attention forward (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3). The
+Mirrors the families' own attention forward (Llama, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, gpt-oss). The
 attention itself is the model's attention implementation, which patch_model sets to ours ("lanner",
 kernels/attention: causal SDPA without a mask, FlexAttention for windows, soft-capping, packed and
 padded batches). With a KV cache (generation), or arguments this forward does not expect, the
@@ -8,6 +8,7 @@ model's own forward runs (and still calls that implementation).
 """
 import sys
 
+import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -31,7 +32,9 @@ def _project(x, projection_modules):
     return tuple(m(x) for m in projection_modules)
 
 
-def _rotate(attention: nn.Module, q, k, cos, sin):
+def _rotate(attention: nn.Module, q, k, cos, sin, pair_tables: bool):
+    if pair_tables:  # gpt-oss: one cos/sin per pair (i, i + D/2), the kernel's tables repeat them
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
     # Partial rotary (Phi-4-mini's partial_rotary_factor): cos/sin cover the first dims of each head only,
     # which the kernel rotates in place, leaving the rest.
     if cos.shape[-1] <= q.shape[-1] and cos.shape[-1] % 2 == 0:
@@ -39,14 +42,15 @@ def _rotate(attention: nn.Module, q, k, cos, sin):
     return _modeling_module(attention).apply_rotary_pos_emb(q, k, cos, sin)
 
 
-def _attend(attention: nn.Module, q, k, v, input_shape, position_embeddings, attention_mask, kwargs):
+def _attend(attention: nn.Module, q, k, v, input_shape, position_embeddings, attention_mask, kwargs,
+            pair_tables=False):
     hidden_shape = (*input_shape, -1, attention.head_dim)
     q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
     if hasattr(attention, "q_norm"):  # Qwen3, Gemma 3: per-head RMSNorm before RoPE
         q, k = attention.q_norm(q), attention.k_norm(k)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     cos, sin = position_embeddings
-    q, k = _rotate(attention, q, k, cos, sin)
+    q, k = _rotate(attention, q, k, cos, sin, pair_tables)
 
     config = attention.config
     if hasattr(attention, "sliding_window"):
@@ -55,6 +59,8 @@ def _attend(attention: nn.Module, q, k, v, input_shape, position_embeddings, att
         kwargs["sliding_window"] = config.sliding_window
     if hasattr(attention, "attn_logit_softcapping"):
         kwargs["softcap"] = attention.attn_logit_softcapping
+    if getattr(attention, "sinks", None) is not None:
+        kwargs["s_aux"] = attention.sinks
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(
         config._attn_implementation, _modeling_module(attention).eager_attention_forward
     )
@@ -77,12 +83,13 @@ def _split_kwargs(kwargs):
     return kwargs["position_embeddings"], kwargs.get("attention_mask"), rest
 
 
-def _attention_forward(attention: nn.Module, hidden_states, *args, **kwargs):
+def _attention_forward(attention: nn.Module, hidden_states, *args, pair_tables=False, **kwargs):
     if not _can_run(args, kwargs):
         return plain_forward(attention)(hidden_states, *args, **kwargs)
     position_embeddings, attention_mask, rest = _split_kwargs(kwargs)
     q, k, v = _project(hidden_states, (attention.q_proj, attention.k_proj, attention.v_proj))
-    out, weights = _attend(attention, q, k, v, hidden_states.shape[:-1], position_embeddings, attention_mask, rest)
+    out, weights = _attend(attention, q, k, v, hidden_states.shape[:-1], position_embeddings, attention_mask, rest,
+                           pair_tables)
     (out,) = _project(out, (attention.o_proj,))
     return out, weights
 
@@ -103,13 +110,11 @@ def _fused_qkv_attention_forward(attention: nn.Module, hidden_states, *args, **k
     return out, weights
 
 
-def patch_attention(attention: nn.Module) -> str | None:
-    """Patches a family attention module; returns why not, in words, when it cannot."""
-    if getattr(attention, "sinks", None) is not None:
-        # gpt-oss: a learned logit per head in every softmax's denominator, which our attention path lacks
-        return f"{type(attention).__name__} has attention sinks"
+def patch_attention(attention: nn.Module, pair_tables: bool = False) -> str | None:
+    """Patches a family attention module; returns why not, in words, when it cannot. pair_tables: the
+    family's RoPE tables are gpt-oss's (Family.rope_pair_tables)."""
     if all(hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")):
-        bind_forward(attention, _attention_forward)
+        bind_forward(attention, _attention_forward, pair_tables=pair_tables)
         return None
     if hasattr(attention, "qkv_proj") and hasattr(attention, "o_proj"):
         bind_forward(attention, _fused_qkv_attention_forward)

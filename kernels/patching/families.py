@@ -14,6 +14,9 @@ class Family:
     norm_cast_before_weight: bool = True
     # Phi-3 stores q/k/v as one qkv_proj and gate/up as one gate_up_proj.
     fused_projections: bool = False
+    # gpt-oss's RoPE tables hold one cos/sin per rotated pair (head_dim / 2 wide), pairing dim i with
+    # i + head_dim / 2; the others' repeat them over both halves.
+    rope_pair_tables: bool = False
     # Mixture of experts: each expert's gate/up and down are slices of stacked 3D weights, which PEFT
     # adapts through target_parameters.
     moe: bool = False
@@ -28,7 +31,7 @@ FAMILIES = {
         Family("qwen3"),
         Family("qwen3_moe", moe=True),
         Family("mixtral", moe=True),
-        Family("gpt_oss", norm_cast_before_weight=False, moe=True),
+        Family("gpt_oss", norm_cast_before_weight=False, rope_pair_tables=True, moe=True),
         Family("gemma", norm_offset=1.0, norm_cast_before_weight=False),
         Family("gemma2", norm_offset=1.0, norm_cast_before_weight=False),
         Family("gemma3_text", norm_offset=1.0, norm_cast_before_weight=False),

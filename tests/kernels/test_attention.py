@@ -170,9 +170,70 @@ def test_triton_backend_choice_and_fallback_on_padding(device, monkeypatch):
     assert core.auto_backend(128, True, False) in ("flex", "reference")
     q, k, v = (torch.randn(B, h, T, 16, device=device) for h in (HQ, HK, HK))
     assert choose_backend(q, 3, 5.0, None, None) in ("flex", "reference")
+    # Sinks: our kernel on CUDA ("auto") or asked for, never with padding or segments; else the reference
+    assert core._sinks_backend(q, "auto", False) == ("triton" if q.is_cuda else "reference")
+    assert core._sinks_backend(q, "triton", False) == "triton" and core._sinks_backend(q, "flex", False) == "reference"
+    assert core._sinks_backend(q, "triton", True) == "reference"
     monkeypatch.setenv("LANNER_ATTENTION", "triton")
     assert choose_backend(q, 3, 5.0, None, None) == "triton"
     padding = PADDING.to(device)
     out = causal_attention(q, k, v, window=3, softcap=5.0, padding=padding)
     reference = causal_attention(q, k, v, window=3, softcap=5.0, padding=padding, backend="reference")
     torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-4)
+
+
+class _SinkHeads(nn.Module):
+    """What gpt-oss's eager attention reads from its module: the sinks and the GQA group size."""
+
+    num_key_value_groups = HQ // HK
+
+    def __init__(self, sinks):
+        super().__init__()
+        self.sinks = sinks
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_sinks_match_gpt_oss_eager_forward_and_backward(window, device):
+    """The reference path with sinks against gpt-oss's own eager attention (float32): output and the
+    gradients of q, k, v and the sinks, with and without a sliding window."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward as gpt_oss_eager
+
+    q, k, v = (torch.randn(B, h, T, D, device=device, requires_grad=True) for h in (HQ, HK, HK))
+    sinks = (torch.randn(HQ, device=device) * 2).requires_grad_()
+    out = causal_attention(q, k, v, scale=D ** -0.5, window=window, sinks=sinks)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v, sinks), grad)
+
+    mask = masking_utils.eager_mask(batch_size=B, q_length=T, kv_length=T, mask_function=_mask_function(window, None),
+                                    attention_mask=None, dtype=q.dtype, device=q.device)
+    expected, _ = gpt_oss_eager(_SinkHeads(sinks), q, k, v, mask, scaling=D ** -0.5)
+    expected = expected.transpose(1, 2)
+    want = torch.autograd.grad(expected, (q, k, v, sinks), grad)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for name, g, w in zip(("dq", "dk", "dv", "d_sinks"), got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("case, dtype", [("causal_mha", torch.float32), ("window_gqa", torch.float32),
+                                         ("window_gqa", torch.bfloat16)])
+def test_triton_flash_with_sinks_matches_reference(case, dtype, device, monkeypatch, assert_close_scaled):
+    """Sinks on our Triton kernel (small tiles) against the reference path's: output, dq, dk, dv and the
+    sinks' gradient (large sinks, so that they take a real share of each row)."""
+    from lanner.kernels.attention import flash
+
+    hq, hk, t, d, window, softcap = FLASH_CASES[case]
+    monkeypatch.setitem(flash.TILES, d, FLASH_SMALL_TILES)
+    q, k, v = (torch.randn(1, h, t, d, device=device, dtype=dtype).requires_grad_() for h in (hq, hk, hk))
+    sinks = (torch.randn(hq, device=device) * 3).to(dtype).requires_grad_()
+    out = causal_attention(q, k, v, scale=d ** -0.5, window=window, softcap=softcap, sinks=sinks, backend="triton")
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v, sinks), grad)
+
+    leaves = [x.detach().float().requires_grad_() for x in (q, k, v, sinks)]
+    expected = causal_attention(*leaves[:3], scale=d ** -0.5, window=window, softcap=softcap, sinks=leaves[3],
+                                backend="reference")
+    want = torch.autograd.grad(expected, leaves, grad.float())
+    rtol = 1e-4 if dtype == torch.float32 else 3e-2
+    for name, g, w in zip(("out", "dq", "dk", "dv", "d_sinks"), (out, *got), (expected, *want)):
+        assert g.dtype == dtype and not torch.isnan(g).any(), name
+        assert_close_scaled(g.float(), w, rtol)

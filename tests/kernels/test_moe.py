@@ -380,9 +380,7 @@ def test_a_grouped_mm_that_fails_its_check_leaves_the_experts_on_triton(monkeypa
 def test_tiny_moe_model_matches_plain_peft(family, caplog, device):
     with caplog.at_level(logging.INFO, logger="lanner.kernels"):
         plain, fast = twins(family, device=device)
-    assert "'moe_experts': 2" in caplog.text
-    # gpt-oss's attention sinks are not on our attention path: its attention stays transformers', in words
-    assert ("GptOssAttention has attention sinks" in caplog.text) == (family == "gpt_oss")
+    assert "'attention': 2, 'moe_experts': 2" in caplog.text  # gpt-oss's too: its sinks on our attention path
     ids = token_batches(1, 2, 8, plain.config.vocab_size, device=device)[0]
     out_plain, out_fast = plain(input_ids=ids, labels=ids), fast(input_ids=ids, labels=ids)
     assert out_plain.aux_loss is not None  # the load-balancing loss is part of both losses
