@@ -205,6 +205,26 @@ def test_a_mixture_of_experts_is_counted_with_its_experts_and_their_adapters(fam
                                                          + (64 + 2 * (64 // 4 if family == "mixtral" else 16)))
 
 
+def test_gpt_oss_is_counted_with_its_experts_and_their_adapters():
+    """gpt-oss: experts stored [E, in, out] (PEFT's factors take the same count); every parameter counted but
+    the biases and sinks (as Qwen2's attention biases are not); its LoRA parameters exact."""
+    import torch
+    import transformers
+
+    from lanner.kernels import get_lora_model
+
+    config = transformers.GptOssConfig(hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                       vocab_size=96, layer_types=["sliding_attention", "full_attention"])
+    model = transformers.GptOssForCausalLM(config)
+    estimate = estimate_memory(unchecked_spec(lora={"rank": 4, "target_modules": "all-linear"}), config.to_dict(), "cpu")
+    unbiased = sum(p.numel() for name, p in model.named_parameters() if not name.endswith(("bias", "sinks")))
+    assert estimate["parameters"] == unbiased
+    torch.manual_seed(0)
+    adapted = get_lora_model(model, r=4, lora_alpha=4)
+    assert estimate["lora_parameters"] == sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+
+
 def test_the_qwen3_30b_a3b_shape_has_the_lora_parameters_peft_made_on_the_gpu():
     import transformers
 
