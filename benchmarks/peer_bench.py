@@ -96,6 +96,17 @@ CONFIGS = {
                        max_position_embeddings=131072, original_max_position_embeddings=4096,
                        sliding_window=262144, rms_norm_eps=1e-5, tie_word_embeddings=True, pad_token_id=199999,
                        bos_token_id=199999, eos_token_id=199999),
+    # google/gemma-7b (Gemma 1): head_dim 256, full multi-head attention (16 kv heads), no soft-caps, no window,
+    # (1 + w) norms, tanh-GeGLU, tied 256k vocabulary.
+    "gemma-7b": dict(arch="gemma", hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
+                     num_attention_heads=16, num_key_value_heads=16, head_dim=256, vocab_size=256000,
+                     hidden_activation="gelu_pytorch_tanh", rope_theta=10000.0, tie_word_embeddings=True,
+                     max_position_embeddings=8192),
+    # google/gemma-2b (Gemma 1): one key/value head.
+    "gemma-2b": dict(arch="gemma", hidden_size=2048, intermediate_size=16384, num_hidden_layers=18,
+                     num_attention_heads=8, num_key_value_heads=1, head_dim=256, vocab_size=256000,
+                     hidden_activation="gelu_pytorch_tanh", rope_theta=10000.0, tie_word_embeddings=True,
+                     max_position_embeddings=8192),
     # google/gemma-3-1b-pt (gemma3_text): head_dim 256, one key/value head, five sliding layers (window 512,
     # RoPE base 10k) to one global (base 1M), q_norm/k_norm, query_pre_attn_scalar 256, no soft-caps.
     "gemma3-1b": dict(arch="gemma3_text", hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
@@ -117,7 +128,7 @@ CONFIGS = {
 ARCHES = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
           "mistral": ("MistralConfig", "MistralForCausalLM"), "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
           "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "phi3": ("Phi3Config", "Phi3ForCausalLM"),
-          "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
+          "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"), "gemma": ("GemmaConfig", "GemmaForCausalLM")}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
