@@ -12,10 +12,15 @@ from typing import Any
 
 
 def base_load_kwargs(path: str | os.PathLike) -> dict[str, Any]:
-    """from_pretrained's extra arguments for the checkpoint at `path` (a folder or a hub id)."""
+    """from_pretrained's extra arguments for the checkpoint at `path` (a folder or a hub id); none where its
+    config cannot be read (from_pretrained then says why, or a check before it fails the job first)."""
     from transformers import AutoConfig, Mxfp4Config
 
-    quantization = getattr(AutoConfig.from_pretrained(path), "quantization_config", None)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):
+        return {}
+    quantization = getattr(config, "quantization_config", None)
     method = (quantization.get("quant_method") if isinstance(quantization, dict)
               else getattr(quantization, "quant_method", None))
     return {"quantization_config": Mxfp4Config(dequantize=True)} if method == "mxfp4" else {}
