@@ -72,11 +72,17 @@ def effective_window(window: int | None, length: int) -> int | None:
     return int(window)
 
 
-def choose_backend(q: torch.Tensor, window, softcap, padding, segments) -> str:
-    """Which path runs this call (module docstring); LANNER_ATTENTION=reference|flex|triton forces one."""
+def forced_backend() -> str:
+    """LANNER_ATTENTION's path, or "auto"."""
     forced = os.environ.get("LANNER_ATTENTION", "auto")
     if forced not in BACKENDS:
         raise ValueError(f"LANNER_ATTENTION must be one of {BACKENDS}, got {forced!r}")
+    return forced
+
+
+def choose_backend(q: torch.Tensor, window, softcap, padding, segments) -> str:
+    """Which path runs this call (module docstring); LANNER_ATTENTION=reference|flex|triton forces one."""
+    forced = forced_backend()
     if window is None and softcap is None and padding is None and segments is None:
         return "sdpa"
     if forced != "auto":
@@ -116,7 +122,7 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
     window = effective_window(window, length)
     softcap = float(softcap) if softcap else None
     if sinks is not None:
-        backend = _sinks_backend(q, backend or os.environ.get("LANNER_ATTENTION", "auto"),
+        backend = _sinks_backend(q, backend or forced_backend(),
                                  padding is not None or segments is not None)
     backend = backend or choose_backend(q, window, softcap, padding, segments)
     if backend == "triton" and (padding is not None or segments is not None):
