@@ -57,9 +57,14 @@ def _activation_and_derivative(g, ACTIVATION: tl.constexpr, alpha, limit):
 @triton.jit
 def _up_and_derivative(u, ACTIVATION: tl.constexpr, limit):
     # The factor the activation multiplies, and its derivative in u: u itself, or gpt-oss's clamp(u) + 1.
+    # (one return of one type: Triton 3.6 refuses a scalar derivative in one constexpr branch, a tensor in the other)
     if ACTIVATION == 3:
-        return tl.minimum(tl.maximum(u, -limit), limit) + 1.0, tl.where((u >= -limit) & (u <= limit), 1.0, 0.0)
-    return u, 1.0
+        up = tl.minimum(tl.maximum(u, -limit), limit) + 1.0
+        dup = tl.where((u >= -limit) & (u <= limit), 1.0, 0.0)
+    else:
+        up = u
+        dup = tl.full(u.shape, 1.0, tl.float32)
+    return up, dup
 
 
 @triton.jit

@@ -11,7 +11,24 @@ import pytest  # noqa: E402
 
 from lanner.kernels.ops import _utils  # noqa: E402
 
+import hopper_compile  # noqa: E402
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kernels_build_for_hopper():
+    """Every kernel launch these tests made under the interpreter also builds for an H100/H200 (hopper_compile):
+    checked once, at the end of the session."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        yield
+        return
+    launches = set()
+    with pytest.MonkeyPatch.context() as patch:
+        hopper_compile.record(launches, patch)
+        yield
+    errors = hopper_compile.front_end_errors(launches)
+    assert not errors, f"{len(errors)} of {len(launches)} kernel launches do not build for sm_90:\n" + "\n".join(errors)
 
 
 @pytest.fixture(autouse=True)
