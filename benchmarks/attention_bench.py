@@ -64,20 +64,31 @@ def check(name, shape, dtype, **options):
     padding = options.get("padding")
     if padding is not None:  # padding queries' outputs are never read
         grad = grad * padding[:, None, :, None]
-    got = torch.autograd.grad(out, (q, k, v), grad)
-    q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
+    sinks = options.get("sinks")
+    inputs = (q, k, v) if sinks is None else (q, k, v, sinks)
+    got = torch.autograd.grad(out, inputs, grad)
+    inputs32 = [x.detach().float().requires_grad_() for x in inputs]
     window = core.effective_window(options.get("window"), t)
     mask = core.dense_mask(t, window, padding, options.get("segments"), "cuda")
-    ref = core._reference(q32, k32, v32, scale, mask, options.get("softcap"))
-    want = torch.autograd.grad(ref, (q32, k32, v32), grad.float())
+    ref = core._reference(*inputs32[:3], scale, mask, options.get("softcap"), *inputs32[3:])
+    want = torch.autograd.grad(ref, inputs32, grad.float())
     rows = padding[:, None, :, None].expand_as(out) if padding is not None else torch.ones_like(out, dtype=torch.bool)
-    backend = core.choose_backend(q, window, options.get("softcap"), padding, options.get("segments"))
-    result = dict(check=name, dtype=str(dtype).split(".")[-1], shape=shape, backend=backend,
-                  out=rel(out[rows], ref[rows]), dq=rel(got[0], want[0]), dk=rel(got[1], want[1]),
-                  dv=rel(got[2], want[2]), nan=any(torch.isnan(x).any().item() for x in (out, *got)))
+    if sinks is None:
+        backend = core.choose_backend(q, window, options.get("softcap"), padding, options.get("segments"))
+    else:
+        backend = core._sinks_backend(q, core.forced_backend(), padding is not None or "segments" in options)
+    names = ("dq", "dk", "dv", "d_sinks")[:len(inputs)]
+    result = dict(check=name, dtype=str(dtype).split(".")[-1], shape=shape, backend=backend, out=rel(out[rows], ref[rows]),
+                  **{key: rel(g, w) for key, g, w in zip(names, got, want)},
+                  nan=any(torch.isnan(x).any().item() for x in (out, *got)))
     limit = 2e-2 if dtype == torch.bfloat16 else 1e-4
-    result["ok"] = not result["nan"] and max(result[key] for key in ("out", "dq", "dk", "dv")) < limit
+    result["ok"] = not result["nan"] and max(result[key] for key in ("out", *names)) < limit
     return result
+
+
+def gpt_oss_sinks(dtype=torch.bfloat16):
+    """gpt-oss's 64 learned sink logits (one per query head), at a scale that takes a real share of each row."""
+    return (torch.randn(64, device="cuda") * 2).to(dtype).requires_grad_()
 
 
 def fwd_bwd_ms(fn, shape, dtype=torch.bfloat16):
@@ -227,7 +238,7 @@ def main():
     import triton
     results = dict(versions=dict(torch=torch.__version__, triton=triton.__version__, transformers=transformers.__version__,
                                  gpu=torch.cuda.get_device_name()), checks=[], timings=[])
-    mistral, gemma = (2, 32, 8, 2048, 128), (1, 16, 8, 2048, 256)
+    mistral, gemma, gpt_oss = (2, 32, 8, 2048, 128), (1, 16, 8, 2048, 256), (2, 64, 8, 2048, 64)
     checks = [
         ("causal (sdpa)", mistral, {}),
         ("window 512", mistral, dict(window=512)),
@@ -237,9 +248,12 @@ def main():
         ("packed 4 x 512", mistral, dict(segments=segments_for(2, 2048, 512))),
         ("packed 4 x 512 + window 256", mistral, dict(segments=segments_for(2, 2048, 512), window=256)),
         ("left padding 300", mistral, dict(padding=left_padding(2, 2048, 300))),
+        ("gpt-oss sinks + window 128, d64", gpt_oss, dict(window=128, sinks=gpt_oss_sinks)),
+        ("gpt-oss sinks global, d64", gpt_oss, dict(sinks=gpt_oss_sinks)),
     ]
     for dtype in (() if args.timings_only else (torch.bfloat16, torch.float32)):
         for name, shape, options in checks:
+            options = {key: value(dtype) if callable(value) else value for key, value in options.items()}
             try:
                 r = check(name, shape, dtype, **options)
             except Exception as error:  # keep going: one failure must not hide the others
@@ -265,6 +279,10 @@ def main():
              dict(segments=segments_for(1, 8192, 1024)),
              {"transformers: SDPA + dense block-diagonal mask": dense_window_sdpa(None, 8192, segments_for(1, 8192, 1024)),
               "causal SDPA over the row (not the same math)": causal_sdpa}),
+            ("gpt-oss-20b T2048 B4 sliding layer: window 128 + sinks, d64", (4, 64, 8, 2048, 64),
+             dict(window=128, sinks=gpt_oss_sinks()), {"causal SDPA, no window, no sinks (not the same math)": causal_sdpa}),
+            ("gpt-oss-20b T2048 B4 global layer: sinks, d64", (4, 64, 8, 2048, 64), dict(sinks=gpt_oss_sinks()),
+             {"causal SDPA, no sinks (not the same math)": causal_sdpa}),
         ]
         if args.cases:
             timings = [timings[int(i)] for i in args.cases.split(",")]

@@ -94,6 +94,12 @@ def model_class(shape: str):
 
 # --- one layer's experts ---------------------------------------------------------------------------
 
+def hf_attention(shape: str) -> str:
+    """transformers' attention for the hf modes (lanner replaces it): SDPA, or eager where the family has no SDPA
+    path (gpt-oss: its sinks)."""
+    return "eager" if SHAPES[shape][0] == "gpt_oss" else "sdpa"
+
+
 def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -218,7 +224,8 @@ def build(args):
     implementation = "eager" if args.mode == "hf_eager" else "grouped_mm"
     with torch.device("cuda"):
         model = model_class(args.shape)._from_config(config_of(args.shape, args.layers), dtype=torch.bfloat16,
-                                                     attn_implementation="sdpa", experts_implementation=implementation)
+                                                     attn_implementation=hf_attention(args.shape),
+                                                     experts_implementation=implementation)
     if args.mode == "lanner":
         import_lanner()
         from lanner.kernels import get_lora_model
