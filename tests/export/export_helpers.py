@@ -84,7 +84,7 @@ def tiny_model(kind: str, smollm2_dir, out_dir, *, tokenizer_dir=None, vocab_siz
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.copy_(1 + 0.2 * torch.randn_like(param))
-            elif name.endswith(".bias"):
+            elif name.endswith((".bias", "_bias", "sinks")):  # gpt-oss: experts.*_proj_bias, self_attn.sinks
                 param.copy_(0.3 * torch.randn_like(param))
     model.to(torch.float16).save_pretrained(out_dir)  # f16 weights: the f16 GGUF holds them exactly
     source = Path(tokenizer_dir or smollm2_dir)

@@ -167,7 +167,9 @@ def test_a_checkpoint_with_stacked_experts_converts_to_the_same_gguf(moe_export,
 @pytest.mark.parametrize("model_type, changes, words", [
     ("qwen3_moe", {"norm_topk_prob": False}, "always does"),
     ("qwen3_moe", {"mlp_only_layers": [0]}, "dense MLP layers"),
-    ("gpt_oss", {}, "MXFP4"),
+    ("gpt_oss", {"swiglu_limit": 5.0}, "fixes it at 7.0"),
+    ("gpt_oss", {"num_hidden_layers": 2, "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]},
+     "every other layer"),
 ])
 def test_what_llama_cpp_cannot_run_is_refused_in_words(model_type, changes, words):
     from lanner.worker.export import ExportError
@@ -188,9 +190,10 @@ def test_a_qlora_adapter_on_the_experts_is_refused_in_words(moe_export, tmp_path
     assert not (tmp_path / "merged").exists()
 
 
-def test_gpt_oss_exports_its_adapter_and_a_merged_model_checked_by_logits(smollm2_dir, tmp_path):
-    """gpt-oss (experts stored [E, in, out] with biases, attention sinks): the adapter and the merged bf16
-    model, checked as a dense export is; its GGUF is refused in words (the test above)."""
+def test_gpt_oss_exports_its_adapter_a_merged_model_and_gguf_checked_by_logits(smollm2_dir, tmp_path):
+    """gpt-oss (experts stored [E, in, out] with biases, gate/up interleaved, attention sinks, sliding and global
+    layers, YaRN): the adapter, the merged bf16 model and f16/q8_0 GGUFs, each checked as a dense export is (the
+    GGUFs by real llama.cpp's logits)."""
     from lanner.worker.export import ExportRequest, run_export
 
     base = tiny_model("gpt_oss", smollm2_dir, tmp_path / "base", initializer_range=0.05)
@@ -198,9 +201,16 @@ def test_gpt_oss_exports_its_adapter_and_a_merged_model_checked_by_logits(smollm
     adapter = make_adapter(base, tmp_path / "trained", target_modules=ATTENTION, target_parameters=EXPERTS,
                            lora_b_std=0.2)
     manifest = run_export(ExportRequest(base_model_dir=base, adapter_dir=adapter, out_dir=tmp_path / "export",
-                                        name="gpt-oss", merged_dtype="bfloat16", gguf_types=()))
+                                        name="gpt-oss", merged_dtype="bfloat16", gguf_types=("f16", "q8_0")))
+    checks = manifest["verification"]
+    print("\ngpt-oss:", json.dumps({name: {k: v for k, v in check.items() if k != "generated"}
+                                   for name, check in [("merged", checks["merged"]), *checks["gguf"].items()]}, indent=1))
     assert manifest["failed"] == {}
-    assert {a["kind"] for a in manifest["artifacts"]} >= {"adapter", "merged"}
-    merged = manifest["verification"]["merged"]
+    assert {(a["kind"], a.get("type")) for a in manifest["artifacts"]} >= {("adapter", None), ("merged", None),
+                                                                           ("gguf", "f16"), ("gguf", "q8_0")}
+    merged = checks["merged"]
     assert merged["passed"] and merged["max_abs_logit_diff"] <= merged["noise_floor_max_abs_logit_diff"] + 1e-4
     assert merged["adapter_effect_max_abs_logit_diff"] > 5 * merged["bound_max_abs_logit_diff"]
+    f16, q8_0 = checks["gguf"]["f16"], checks["gguf"]["q8_0"]
+    assert f16["passed"] and f16["top1_agreement"] == 1.0 and f16["mean_kl"] < f16["kl_bound"]
+    assert q8_0["passed"] and q8_0["mean_kl"] < q8_0["kl_bound"]

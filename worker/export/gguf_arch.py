@@ -56,6 +56,9 @@ class ArchSpec:
     query_scale_tensor: str = ""
     # Why llama.cpp's graph cannot run this model's config (None: it can), checked before anything is written.
     unsupported: Callable[[dict], str | None] | None = None
+    # Stacked experts saved [experts, in, out] with gate and up in alternate columns of gate_up_proj, and
+    # per-expert biases beside them (gpt-oss), where the others save [experts, out, in], gate rows before up.
+    experts_in_out_interleaved: bool = False
     notes: str = ""
 
     @property
@@ -94,13 +97,17 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "mixtral": ArchSpec(gguf.MODEL_ARCH.LLAMA, permute_qk=True,
                         extra_metadata=lambda writer, config: _moe_metadata(writer, config),
                         notes="llama.cpp runs Mixtral as LLAMA with experts; sliding-window attention is not applied"),
+    # gpt-oss: attention sinks and biases, experts with biases and a clamped SwiGLU, sliding-window layers
+    # alternating with global ones, YaRN RoPE. The experts are written in 16 bits (or q8_0), not the MXFP4
+    # OpenAI ships: llama.cpp reads either.
+    "gpt_oss": ArchSpec(gguf.MODEL_ARCH.GPT_OSS, permute_qk=False, experts_in_out_interleaved=True,
+                        extra_metadata=lambda writer, config: _gpt_oss_metadata(writer, config),
+                        unsupported=lambda config: _gpt_oss_unsupported(config)),
 }
 
 REFUSED = {
     "gemma3": "GGUF export supports Gemma 3 text models (gemma3_text, Gemma3ForCausalLM); this one is the "
               "multimodal Gemma3ForConditionalGeneration.",
-    "gpt_oss": "GGUF export does not support gpt-oss: llama.cpp's gpt-oss GGUF holds the experts in MXFP4, with "
-               "biases and its own gating, which this converter does not write. Export the adapter instead.",
 }
 
 
@@ -124,6 +131,29 @@ def _qwen3_moe_unsupported(config: dict) -> str | None:
         return ("its router does not renormalise the top-k expert weights (norm_topk_prob false); llama.cpp's "
                 "qwen3moe graph always does, so the GGUF would weigh the experts differently.")
     return None
+
+
+# What llama.cpp's gpt-oss graph fixes where transformers reads the config: the SwiGLU's alpha and clamp
+# (ggml_swiglu_oai's arguments), and sliding-window attention on the even layers (its swa pattern of 2).
+GPT_OSS_SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
+
+
+def _gpt_oss_unsupported(config: dict) -> str | None:
+    for key, fixed in GPT_OSS_SWIGLU.items():
+        if key in config and not math.isclose(float(config[key]), fixed):
+            return f"its {key} is {config[key]}; llama.cpp's gpt-oss graph fixes it at {fixed}."
+    alternating = [i % 2 == 0 for i in range(config["num_hidden_layers"])]
+    if not config.get("sliding_window") or sliding_layers(config, 2) != alternating:
+        return ("its sliding-window layers are not every other layer from the first; llama.cpp's gpt-oss graph "
+                "fixes that pattern.")
+    return None
+
+
+def _gpt_oss_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
+    writer.add_expert_count(expert_count(config))
+    writer.add_expert_used_count(int(config["num_experts_per_tok"]))
+    writer.add_expert_feed_forward_length(int(config["intermediate_size"]))
+    writer.add_sliding_window(int(config["sliding_window"]))
 
 
 def gemma_query_scale(config: dict, *, layers_27b: int) -> float:

@@ -43,18 +43,21 @@ class PlannedTensor:
     data: np.ndarray | None = None  # a tensor the converter makes (not read from the checkpoint)
     # Experts saved one tensor each: (hf_name, file) per expert, in expert order, stacked on a new first axis.
     experts: tuple[tuple[str, Path], ...] = ()
-    rows: tuple[int, int] | None = None  # a range of the second-to-last axis (gate or up of a stacked gate_up_proj)
+    transpose: bool = False  # the last two axes swapped (experts saved [experts, in, out])
+    part: tuple[int, slice] | None = None  # (axis, slice) taken after that: gate or up of a stacked gate_up_proj
 
 
 # One expert's projection as save_pretrained writes it (Qwen: mlp.experts.3.gate_proj; Mixtral:
-# block_sparse_moe.experts.3.w1), and transformers 5's stacked in-memory weights, should a checkpoint hold them.
+# block_sparse_moe.experts.3.w1), and transformers 5's stacked in-memory weights, should a checkpoint hold them
+# (gpt-oss's checkpoints do, with their biases: experts.gate_up_proj_bias, experts.down_proj_bias).
 EXPERT_TENSOR = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight$")
 STACKED_GATE_UP = ".experts.gate_up_proj"
 STACKED_DOWN = ".experts.down_proj"
+BIAS = "_bias"
 
 
 def _tensor_type(gguf_name: str, shape: tuple[int, ...], wanted: QT) -> QT:
-    if len(shape) < 2 or gguf_name.endswith("ffn_gate_inp.weight"):
+    if len(shape) < 2 or gguf_name.endswith(("ffn_gate_inp.weight", ".bias")):
         return QT.F32  # norms, biases and the router stay float32, as llama.cpp's converter keeps them
     if wanted == QT.Q8_0 and shape[-1] % 32:
         return QT.F16  # Q8_0 needs rows in blocks of 32
@@ -105,6 +108,25 @@ def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) ->
         planned.append(PlannedTensor(hf_name, file, gguf_name, shape, _tensor_type(gguf_name, shape, out_type),
                                      heads, add=add, scale=scale, **source))
 
+    def plan_gate_up(hf_name: str, file: Path, shape: tuple[int, ...]) -> None:
+        """A stacked gate_up_proj as two GGUF tensors, gate and up: saved [experts, 2 x intermediate, hidden]
+        with gate rows first; or (experts_in_out_interleaved) [experts, hidden, 2 x intermediate], transposed,
+        with gate and up in alternate rows, and the same for its bias [experts, 2 x intermediate]."""
+        bias = hf_name.endswith(BIAS)
+        prefix = hf_name.removesuffix(BIAS)[: -len("gate_up_proj")]
+        suffix = ".bias" if bias else ".weight"
+        transpose = spec.experts_in_out_interleaved and not bias
+        shape = (*shape[:-2], shape[-1], shape[-2]) if transpose else shape
+        axis = -1 if bias else -2
+        rows = shape[axis]
+        half = (*shape[:axis], rows // 2, *shape[axis:][1:])
+        if spec.experts_in_out_interleaved:
+            gate, up = slice(0, rows, 2), slice(1, rows, 2)
+        else:
+            gate, up = slice(0, rows // 2), slice(rows // 2, rows)
+        plan(hf_name, file, half, prefix + "gate_proj" + suffix, transpose=transpose, part=(axis, gate))
+        plan(hf_name, file, half, prefix + "up_proj" + suffix, transpose=transpose, part=(axis, up))
+
     experts: dict[tuple[str, str], dict[int, tuple[str, Path, tuple[int, ...]]]] = {}
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
@@ -121,17 +143,16 @@ def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) ->
                 if expert:
                     group = experts.setdefault((expert["prefix"], expert["proj"]), {})
                     group[int(expert["expert"])] = (hf_name, file, shape)
-                elif hf_name.endswith(STACKED_GATE_UP):
-                    # transformers 5's [experts, 2 x intermediate, hidden]: gate rows first, then up
-                    n_experts, rows, hidden = shape
-                    half = rows // 2
-                    prefix = hf_name[: -len("gate_up_proj")]
-                    plan(hf_name, file, (n_experts, half, hidden), prefix + "gate_proj.weight", rows=(0, half))
-                    plan(hf_name, file, (n_experts, half, hidden), prefix + "up_proj.weight", rows=(half, rows))
-                elif hf_name.endswith(STACKED_DOWN):  # [experts, hidden, intermediate]
-                    plan(hf_name, file, shape, hf_name + ".weight")
-                else:
-                    plan(hf_name, file, shape)
+                elif hf_name.endswith((STACKED_GATE_UP, STACKED_GATE_UP + BIAS)):
+                    plan_gate_up(hf_name, file, shape)
+                elif hf_name.endswith(STACKED_DOWN):  # [experts, hidden, intermediate] ([.., in, out]: transposed)
+                    transpose = spec.experts_in_out_interleaved
+                    plan(hf_name, file, (*shape[:-2], shape[-1], shape[-2]) if transpose else shape,
+                         hf_name + ".weight", transpose=transpose)
+                elif hf_name.endswith(STACKED_DOWN + BIAS):  # [experts, hidden]
+                    plan(hf_name, file, shape, hf_name.removesuffix(BIAS) + ".bias")
+                else:  # a bare parameter (gpt-oss's self_attn.sinks) is a .weight to llama.cpp
+                    plan(hf_name, file, shape, None if hf_name.endswith((".weight", ".bias")) else hf_name + ".weight")
     for (prefix, proj), group in experts.items():
         if sorted(group) != list(range(expert_count(config))):
             raise ExportError(f"{prefix}.*.{proj} holds experts {sorted(group)}, not all "
@@ -154,7 +175,12 @@ def _read(t: PlannedTensor, handle) -> np.ndarray:
     if t.experts:
         return np.stack([handle(file).get_tensor(name).float().numpy() for name, file in t.experts])
     data = handle(t.file).get_tensor(t.hf_name).float().numpy()
-    return data if t.rows is None else data[..., t.rows[0]:t.rows[1], :]
+    if t.transpose:
+        data = data.swapaxes(-1, -2)
+    if t.part is not None:
+        axis, part = t.part
+        data = data[(slice(None),) * (axis % data.ndim) + (part,)]
+    return np.ascontiguousarray(data)
 
 
 def expected_gguf_bytes(model_dir: Path, out_type: str = "f16") -> int:
