@@ -1,6 +1,6 @@
 """Tokenizer -> GGUF metadata, from a Hugging Face tokenizer.json, in one of llama.cpp's two forms:
 
-- byte-level BPE ("gpt2" in llama.cpp's terms: SmolLM, Llama 3, Qwen2/2.5/3, Mistral's Tekken).
+- byte-level BPE ("gpt2" in llama.cpp's terms: SmolLM, Llama 3, Qwen2/2.5/3, gpt-oss's o200k, Mistral's Tekken).
   llama.cpp chooses its pre-tokenizer (the regex that splits text before BPE) by the name in
   `tokenizer.ggml.pre`. We derive it from the tokenizer's own pre-tokenizer regex, table-driven; an
   unknown regex is refused rather than guessed, because a wrong one tokenizes differently.
@@ -29,7 +29,18 @@ LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-SPLIT_REGEX_PRE = {LLAMA3_REGEX: "llama-bpe", QWEN2_REGEX: "qwen2"}
+# OpenAI's o200k (GPT-4o; gpt-oss's o200k_harmony): upper-case runs split from the lower-case words they start,
+# contractions kept on their word, "/" and line breaks kept after punctuation.
+GPT4O_REGEX = "|".join((
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"\p{N}{1,3}", r" ?[^\s\p{L}\p{N}]+[\r\n/]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+"))
+# Mistral's Tekken (Mistral NeMo, Mistral Small 3): o200k's cases without the contractions, one digit a piece.
+TEKKEN_REGEX = "|".join((
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*",
+    r"\p{N}", r" ?[^\s\p{L}\p{N}]+[\r\n/]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+"))
+SPLIT_REGEX_PRE = {LLAMA3_REGEX: "llama-bpe", QWEN2_REGEX: "qwen2", GPT4O_REGEX: "gpt-4o", TEKKEN_REGEX: "tekken"}
 
 
 @dataclass
