@@ -43,6 +43,12 @@ CURATED: list[tuple[str, str, float, bool]] = [
     ("microsoft/Phi-3-medium-4k-instruct", "Phi-3", 14.0, False),
     ("microsoft/Phi-4-mini-instruct", "Phi-4", 3.84, False),
     ("microsoft/phi-4", "Phi-4", 14.7, False),
+    # Mixtures of experts (the parameters are all the experts'; a token uses a few of them).
+    ("Qwen/Qwen3-30B-A3B", "Qwen 3 MoE", 30.5, False),
+    ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen 3 MoE", 30.5, False),
+    ("openai/gpt-oss-20b", "gpt-oss", 20.9, False),
+    ("openai/gpt-oss-120b", "gpt-oss", 116.8, False),
+    ("mistralai/Mixtral-8x7B-Instruct-v0.1", "Mixtral", 46.7, True),
 ]
 
 

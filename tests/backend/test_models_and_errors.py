@@ -15,7 +15,7 @@ def test_the_catalog_has_the_default_the_curated_bases_and_local_models(team):
     assert catalog["default"]["id"] == DEFAULT_MODEL_ID == "builtin/SmolLM2-135M-Instruct"
     families = {model["family"] for model in catalog["curated"]}
     assert {"Llama 3.2", "Llama 3.1", "Qwen 2.5", "Qwen 3", "Mistral", "Gemma 2", "Gemma 3", "Phi-3", "Phi-4",
-            "SmolLM2"} <= families
+            "SmolLM2", "Qwen 3 MoE", "gpt-oss", "Mixtral"} <= families
     assert all(model["parameters"] > 10**8 for model in catalog["curated"])
     assert catalog["local"] == [{"id": str(folder), "name": "my-finetune", "family": None, "parameters": None,
                                  "gated": False, "source": "local", "downloaded": False}]
