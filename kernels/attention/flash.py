@@ -42,6 +42,8 @@ from ..ops._utils import dot_precision, new_output, tanh, tile_dot
 # backward kernels at 4 warps, one stage (10.8 ms against 12.2); the others are not measured. The backward
 # kernels hold two float32 accumulators of 32 x 256 (dK, dV) or one of 64 x 256 (dQ) beside their tiles, so
 # their key block is 32.
+LOG2_E = tl.constexpr(1.4426950408889634)  # scores are kept in base 2: exp(x) = exp2(x * log2(e))
+
 TILES = {
     16: dict(fwd=(64, 64, 4, 3), dkdv=(64, 64, 4, 3), dq=(64, 64, 4, 3)),
     32: dict(fwd=(64, 64, 4, 3), dkdv=(64, 64, 4, 3), dq=(64, 64, 4, 3)),
@@ -60,7 +62,7 @@ def _scores(qk, scale, softcap, HAS_SOFTCAP: tl.constexpr):
         x = softcap * t
     else:
         t = x
-    return x * 1.4426950408889634, t
+    return x * LOG2_E, t
 
 
 @triton.jit
@@ -169,7 +171,7 @@ def _fwd_kernel(Q, K, V, O, LSE, SINKS,
     # gets finite weights there, which the next block's rescaling (exp2(-1e30 - max) = 0) wipes, not inf - inf.
     m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) - 1.0e30
     if HAS_SINKS:  # the sink as the row's first key: its base-2 logit the running max, its weight 1 the sum
-        m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634
+        m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.load(SINKS + h).to(tl.float32) * LOG2_E
         l_i = l_i + 1.0
     lo, full, diag, hi = _key_block_bounds(m0, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
     acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, lo, full, seq_len,
@@ -388,7 +390,7 @@ class _FlashAttention(torch.autograd.Function):
         d_sinks = None
         if sinks is not None and ctx.needs_input_grad[3]:
             # d sink_h = -sum over the head's rows of P_sink * delta, P_sink = 2^(sink log2 e - lse)
-            p_sink = torch.exp2(sinks.float().repeat(batch)[:, None] * 1.4426950408889634 - lse)
+            p_sink = torch.exp2(sinks.float().repeat(batch)[:, None] * LOG2_E.value - lse)
             d_sinks = -(p_sink * delta).view(batch, n_heads, seq_len).sum((0, 2)).to(sinks.dtype)
         return dq, dk, dv, d_sinks, None, None, None
 
