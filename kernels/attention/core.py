@@ -100,7 +100,8 @@ def auto_backend(head_dim: int, on_cuda: bool, masked: bool) -> str:
 
 
 def _sinks_backend(q: torch.Tensor, requested: str, masked: bool) -> str:
-    """The path for a call with sinks: our Triton kernel (CUDA under "auto", or asked for), else the reference."""
+    """The path for a call with sinks: our Triton kernel (CUDA under "auto", or asked for; packed samples too),
+    else the reference (padding: masked)."""
     if masked or q.shape[-1] not in TILES:
         return "reference"
     return "triton" if requested == "triton" or (requested == "auto" and q.is_cuda) else "reference"
@@ -122,16 +123,15 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
     window = effective_window(window, length)
     softcap = float(softcap) if softcap else None
     if sinks is not None:
-        backend = _sinks_backend(q, backend or forced_backend(),
-                                 padding is not None or segments is not None)
+        backend = _sinks_backend(q, backend or forced_backend(), padding is not None)
     backend = backend or choose_backend(q, window, softcap, padding, segments)
-    if backend == "triton" and (padding is not None or segments is not None):
-        backend = auto_backend(q.shape[-1], q.is_cuda, masked=True)  # no kernel of ours for these masks
+    if backend == "triton" and padding is not None:
+        backend = auto_backend(q.shape[-1], q.is_cuda, masked=True)  # no kernel of ours for padding
     gqa = q.shape[1] != k.shape[1]
     if backend == "sdpa" and window is None and softcap is None and padding is None and segments is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     if backend == "triton":
-        return flash_attention(q, k, v, scale, window, softcap, sinks)
+        return flash_attention(q, k, v, scale, window, softcap, sinks, segments)
     if backend == "flex":
         compiled = q.is_cuda
         block_mask = _block_mask(q, window, padding, segments, block_mask_cache, compiled)

@@ -1,10 +1,12 @@
 """Our Triton flash attention: causal, with an optional tanh soft-cap, sliding window and attention sinks.
 
-    out = flash_attention(q, k, v, scale, window=None, softcap=None, sinks=None)     # (B, Hq, T, D) like SDPA
+    out = flash_attention(q, k, v, scale, window=None, softcap=None, sinks=None, segments=None)  # (B, Hq, T, D)
 
 The masks and the soft-cap are those of core's module docstring (key j visible from query i when j <= i
-and i - j < window; s = softcap * tanh(scale * q.k / softcap) before the softmax); no padding, no packed
-samples. q is (B, Hq, T, D), k and v (B, Hk, T, D) with Hq a multiple of Hk: query head h reads kv head
+and i - j < window, and, with packed samples, j in i's sample; s = softcap * tanh(scale * q.k / softcap) before
+the softmax); no padding. Packed samples are contiguous runs of equal ids in `segments` (B, T): each row's
+sample start (and each key's sample end) bound the key (query) blocks visited, so a sample's cost is its own
+causal square. q is (B, Hq, T, D), k and v (B, Hk, T, D) with Hq a multiple of Hk: query head h reads kv head
 h // (Hq // Hk), and k and v are never expanded. D a power of two from 16 to 256; any T; bf16, fp16 or
 float32 (float32 products in IEEE float32, not TF32). Written for Gemma 2 (D 256, soft-cap 50, a window
 on alternate layers), where FlexAttention's tiles measured 16.9 ms for a global layer that causal SDPA
@@ -66,12 +68,35 @@ def _scores(qk, scale, softcap, HAS_SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def _visible(rows, cols, seq_len, window, HAS_WINDOW: tl.constexpr):
-    """(rows x cols) mask of query rows seeing key cols, both inside the sequence."""
+def _visible(rows, cols, seq_len, window, starts, HAS_WINDOW: tl.constexpr, HAS_SEGMENTS: tl.constexpr):
+    """(rows x cols) mask of query rows seeing key cols, both inside the sequence (starts: each row's sample start)."""
     seen = (cols[None, :] <= rows[:, None]) & (rows[:, None] < seq_len) & (cols[None, :] < seq_len)
     if HAS_WINDOW:
         seen = seen & (rows[:, None] - cols[None, :] < window)
+    if HAS_SEGMENTS:
+        seen = seen & (cols[None, :] >= starts[:, None])
     return seen
+
+
+@triton.jit
+def _row_starts(STARTS, b, rows, seq_len, HAS_SEGMENTS: tl.constexpr):
+    """Each row's sample start (packed samples), else the rows themselves (unread)."""
+    if HAS_SEGMENTS:
+        starts = tl.load(STARTS + b * seq_len + rows, mask=rows < seq_len, other=0)
+    else:
+        starts = rows
+    return starts
+
+
+@triton.jit
+def _segment_key_bounds(STARTS, b, m0, seq_len, lo, full, diag, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Packed samples narrow _key_block_bounds: no row of [m0, m0 + BLOCK_M) sees a key before its first row's
+    sample start, and every row sees the keys from its last row's sample start to the diagonal."""
+    first = tl.load(STARTS + b * seq_len + m0)
+    last = tl.load(STARTS + b * seq_len + tl.minimum(m0 + BLOCK_M, seq_len) - 1)
+    lo = tl.maximum(lo, (first // BLOCK_N) * BLOCK_N)
+    full = tl.maximum(tl.minimum(tl.maximum(full, tl.cdiv(last, BLOCK_N) * BLOCK_N), diag), lo)
+    return lo, full
 
 
 @triton.jit
@@ -134,15 +159,16 @@ def _key_tiles(k_ptrs, v_ptrs, stride_kt, stride_vt, n, cols, seq_len, MASKED: t
 
 
 @triton.jit
-def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, start, end, seq_len,
+def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, starts, start, end, seq_len,
                 scale, softcap, window, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
-                HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SEGMENTS: tl.constexpr,
+                PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     for n in range(start, end, BLOCK_N):
         cols = n + tl.arange(0, BLOCK_N)
         k, v = _key_tiles(k_ptrs, v_ptrs, stride_kt, stride_vt, n, cols, seq_len, MASKED)
         s, _ = _scores(tile_dot(q, tl.trans(k), None, PRECISION, UPCAST), scale, softcap, HAS_SOFTCAP)
         if MASKED:
-            s = tl.where(_visible(rows, cols, seq_len, window, HAS_WINDOW), s, -1.0e30)
+            s = tl.where(_visible(rows, cols, seq_len, window, starts, HAS_WINDOW, HAS_SEGMENTS), s, -1.0e30)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -153,13 +179,13 @@ def _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, st
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, O, LSE, SINKS,
+def _fwd_kernel(Q, K, V, O, LSE, SINKS, STARTS,
                 stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                 stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot,
                 n_heads, groups, seq_len, scale, softcap, window,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
-                PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SEGMENTS: tl.constexpr,
+                HAS_SINKS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     m0, bh, b, h, kv, rows, dims = _query_program(n_heads, groups, BLOCK_M, HEAD_DIM)
     q = _load_rows(Q, b, h, stride_qb, stride_qh, stride_qt, rows, dims, seq_len)
     k_ptrs, v_ptrs = _key_pointers(K, V, b, kv, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
@@ -173,13 +199,19 @@ def _fwd_kernel(Q, K, V, O, LSE, SINKS,
     if HAS_SINKS:  # the sink as the row's first key: its base-2 logit the running max, its weight 1 the sum
         m_i = tl.zeros((BLOCK_M,), dtype=tl.float32) + tl.load(SINKS + h).to(tl.float32) * LOG2_E
         l_i = l_i + 1.0
+    starts = _row_starts(STARTS, b, rows, seq_len, HAS_SEGMENTS)
     lo, full, diag, hi = _key_block_bounds(m0, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, lo, full, seq_len,
-                                scale, softcap, window, BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, full, diag, seq_len,
-                                scale, softcap, window, BLOCK_N, HEAD_DIM, False, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
-    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, diag, hi, seq_len,
-                                scale, softcap, window, BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
+    if HAS_SEGMENTS:
+        lo, full = _segment_key_bounds(STARTS, b, m0, seq_len, lo, full, diag, BLOCK_M, BLOCK_N)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, starts, lo, full, seq_len,
+                                scale, softcap, window, BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP, HAS_WINDOW, HAS_SEGMENTS,
+                                PRECISION, UPCAST)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, starts, full, diag, seq_len,
+                                scale, softcap, window, BLOCK_N, HEAD_DIM, False, HAS_SOFTCAP, HAS_WINDOW, HAS_SEGMENTS,
+                                PRECISION, UPCAST)
+    acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, starts, diag, hi, seq_len,
+                                scale, softcap, window, BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP, HAS_WINDOW, HAS_SEGMENTS,
+                                PRECISION, UPCAST)
     inside = rows < seq_len
     tl.store(LSE + bh * seq_len + rows, m_i + tl.log2(l_i), mask=inside)
     out = acc / l_i[:, None]
@@ -197,9 +229,10 @@ def _delta_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_ot, stride_db, stri
 
 
 @triton.jit
-def _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qt, stride_dt, cols, start, end,
+def _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, STARTS, b, stride_qt, stride_dt, cols, start, end,
                  seq_len, scale, softcap, window, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
-                 HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                 HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SEGMENTS: tl.constexpr,
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     # Transposed: (keys x queries) tiles, so that dK and dV accumulate as products with the key rows first.
     for m in range(start, end, BLOCK_M):
         rows = m + tl.arange(0, BLOCK_M)
@@ -217,7 +250,8 @@ def _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qt, s
         s_t, t_t = _scores(tile_dot(k, q_t, None, PRECISION, UPCAST), scale, softcap, HAS_SOFTCAP)
         p_t = tl.exp2(s_t - lse[None, :])
         if MASKED:
-            p_t = tl.where(tl.trans(_visible(rows, cols, seq_len, window, HAS_WINDOW)), p_t, 0.0)
+            starts = _row_starts(STARTS, b, rows, seq_len, HAS_SEGMENTS)
+            p_t = tl.where(tl.trans(_visible(rows, cols, seq_len, window, starts, HAS_WINDOW, HAS_SEGMENTS)), p_t, 0.0)
         dv = tile_dot(p_t.to(do.dtype), do, dv, PRECISION, UPCAST)
         ds_t = p_t * (tile_dot(v, tl.trans(do), None, PRECISION, UPCAST) - delta[None, :])
         if HAS_SOFTCAP:
@@ -227,13 +261,14 @@ def _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qt, s
 
 
 @triton.jit
-def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
+def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, STARTS, ENDS,
                  stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                  stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
                  stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt,
                  n_kv_heads, groups, seq_len, scale, softcap, window,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                 HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SEGMENTS: tl.constexpr,
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     n0 = tl.program_id(0) * BLOCK_N
     bkv = tl.program_id(1).to(tl.int64)
     b, kv = bkv // n_kv_heads, bkv % n_kv_heads
@@ -251,6 +286,9 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
     else:
         hi = seq_len
         full = seq_len
+    if HAS_SEGMENTS:  # no query past the last key's sample end sees the block; past the first key's, not all of it
+        hi = tl.minimum(hi, tl.load(ENDS + b * seq_len + tl.minimum(n0 + BLOCK_N, seq_len) - 1))
+        full = tl.minimum(full, (tl.load(ENDS + b * seq_len + n0) // BLOCK_M) * BLOCK_M)
     diag = tl.minimum(tl.cdiv(n0 + BLOCK_N - 1, BLOCK_M) * BLOCK_M, hi)
     full = tl.maximum(tl.minimum(tl.minimum(full, (seq_len // BLOCK_M) * BLOCK_M), hi), diag)
 
@@ -264,12 +302,15 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
         do_ptrs = DO + b * stride_db + h * stride_dh + block_rows[:, None] * stride_dt + dims[None, :]
         lse_ptr = LSE + bh * seq_len
         delta_ptr = DELTA + bh * seq_len
-        dk, dv = _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qt, stride_dt, cols, lo, diag,
-                              seq_len, scale, softcap, window, BLOCK_M, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
-        dk, dv = _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qt, stride_dt, cols, diag, full,
-                              seq_len, scale, softcap, window, BLOCK_M, False, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
-        dk, dv = _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qt, stride_dt, cols, full, hi,
-                              seq_len, scale, softcap, window, BLOCK_M, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
+        dk, dv = _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, STARTS, b, stride_qt, stride_dt, cols,
+                              lo, diag, seq_len, scale, softcap, window, BLOCK_M, True, HAS_SOFTCAP, HAS_WINDOW,
+                              HAS_SEGMENTS, PRECISION, UPCAST)
+        dk, dv = _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, STARTS, b, stride_qt, stride_dt, cols,
+                              diag, full, seq_len, scale, softcap, window, BLOCK_M, False, HAS_SOFTCAP, HAS_WINDOW,
+                              HAS_SEGMENTS, PRECISION, UPCAST)
+        dk, dv = _dkdv_blocks(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, STARTS, b, stride_qt, stride_dt, cols,
+                              full, hi, seq_len, scale, softcap, window, BLOCK_M, True, HAS_SOFTCAP, HAS_WINDOW,
+                              HAS_SEGMENTS, PRECISION, UPCAST)
     key_inside = (cols < seq_len)[:, None]
     tl.store(_row_pointers(DK, b, kv, stride_dkb, stride_dkh, stride_dkt, cols, dims),
              (dk * scale).to(DK.dtype.element_ty), mask=key_inside)
@@ -278,16 +319,17 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
 
 
 @triton.jit
-def _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, start, end, seq_len,
+def _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, starts, start, end, seq_len,
                scale, softcap, window, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-               HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+               HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SEGMENTS: tl.constexpr,
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     for n in range(start, end, BLOCK_N):
         cols = n + tl.arange(0, BLOCK_N)
         k, v = _key_tiles(k_ptrs, v_ptrs, stride_kt, stride_vt, n, cols, seq_len, MASKED)
         s, t = _scores(tile_dot(q, tl.trans(k), None, PRECISION, UPCAST), scale, softcap, HAS_SOFTCAP)
         p = tl.exp2(s - lse[:, None])
         if MASKED:
-            p = tl.where(_visible(rows, cols, seq_len, window, HAS_WINDOW), p, 0.0)
+            p = tl.where(_visible(rows, cols, seq_len, window, starts, HAS_WINDOW, HAS_SEGMENTS), p, 0.0)
         ds = p * (tile_dot(do, tl.trans(v), None, PRECISION, UPCAST) - delta[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - t * t)
@@ -296,13 +338,14 @@ def _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows
 
 
 @triton.jit
-def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
+def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, STARTS,
                stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                stride_vb, stride_vh, stride_vt, stride_db, stride_dh, stride_dt,
                stride_dqb, stride_dqh, stride_dqt,
                n_heads, groups, seq_len, scale, softcap, window,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-               HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+               HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SEGMENTS: tl.constexpr,
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     m0, bh, b, h, kv, rows, dims = _query_program(n_heads, groups, BLOCK_M, HEAD_DIM)
     inside = rows < seq_len
     q = _load_rows(Q, b, h, stride_qb, stride_qh, stride_qt, rows, dims, seq_len)
@@ -313,13 +356,16 @@ def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                                    dims, BLOCK_N)
 
     dq = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    starts = _row_starts(STARTS, b, rows, seq_len, HAS_SEGMENTS)
     lo, full, diag, hi = _key_block_bounds(m0, seq_len, window, BLOCK_M, BLOCK_N, HAS_WINDOW)
-    dq = _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, lo, full, seq_len,
-                    scale, softcap, window, BLOCK_N, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
-    dq = _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, full, diag, seq_len,
-                    scale, softcap, window, BLOCK_N, False, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
-    dq = _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, diag, hi, seq_len,
-                    scale, softcap, window, BLOCK_N, True, HAS_SOFTCAP, HAS_WINDOW, PRECISION, UPCAST)
+    if HAS_SEGMENTS:
+        lo, full = _segment_key_bounds(STARTS, b, m0, seq_len, lo, full, diag, BLOCK_M, BLOCK_N)
+    dq = _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, starts, lo, full, seq_len,
+                    scale, softcap, window, BLOCK_N, True, HAS_SOFTCAP, HAS_WINDOW, HAS_SEGMENTS, PRECISION, UPCAST)
+    dq = _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, starts, full, diag, seq_len,
+                    scale, softcap, window, BLOCK_N, False, HAS_SOFTCAP, HAS_WINDOW, HAS_SEGMENTS, PRECISION, UPCAST)
+    dq = _dq_blocks(dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kt, stride_vt, rows, starts, diag, hi, seq_len,
+                    scale, softcap, window, BLOCK_N, True, HAS_SOFTCAP, HAS_WINDOW, HAS_SEGMENTS, PRECISION, UPCAST)
     tl.store(_row_pointers(DQ, b, h, stride_dqb, stride_dqh, stride_dqt, rows, dims),
              (dq * scale).to(DQ.dtype.element_ty), mask=inside[:, None])
 
@@ -338,36 +384,51 @@ def _tiles(head_dim):
     return TILES[head_dim]
 
 
+def _sample_bounds(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For packed samples (contiguous runs of equal ids, (B, T)): each position's sample start and end, int32."""
+    batch, length = segments.shape
+    index = torch.arange(length, device=segments.device, dtype=torch.int32).expand(batch, length)
+    first = torch.ones_like(segments, dtype=torch.bool)
+    first[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    last = torch.ones_like(first)
+    last[:, :-1] = first[:, 1:]
+    starts = torch.where(first, index, 0).cummax(1).values
+    ends = torch.where(last, index + 1, length).flip(1).cummin(1).values.flip(1)
+    return starts.to(torch.int32).contiguous(), ends.to(torch.int32).contiguous()
+
+
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, scale, window, softcap):
+    def forward(ctx, q, k, v, sinks, starts, ends, scale, window, softcap):
         q, k, v = (_inner_contiguous(x) for x in (q, k, v))
         batch, n_heads, seq_len, head_dim = q.shape
         groups = n_heads // k.shape[1]
         block_m, block_n, warps, stages = _tiles(head_dim)["fwd"]
         out = new_output(q.shape, q.dtype, q.device)
         lse = new_output((batch * n_heads, seq_len), torch.float32, q.device)
-        flags = _flags(q, window, softcap)
+        flags = _flags(q, window, softcap, starts)
         _fwd_kernel[(triton.cdiv(seq_len, block_m), batch * n_heads)](
-            q, k, v, out, lse, sinks if sinks is not None else lse, *_strides(q), *_strides(k), *_strides(v),
+            q, k, v, out, lse, sinks if sinks is not None else lse, starts if starts is not None else lse,
+            *_strides(q), *_strides(k), *_strides(v),
             *_strides(out), n_heads, groups, seq_len, scale, softcap or 1.0, window or seq_len,
             BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, **flags, HAS_SINKS=sinks is not None,
             num_warps=warps, num_stages=stages)
-        ctx.save_for_backward(q, k, v, out, lse, sinks)
+        ctx.save_for_backward(q, k, v, out, lse, sinks, starts, ends)
         ctx.options = (scale, window, softcap)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse, sinks = ctx.saved_tensors
+        q, k, v, out, lse, sinks, starts, ends = ctx.saved_tensors
         scale, window, softcap = ctx.options
         grad_out = _inner_contiguous(grad_out)
         batch, n_heads, seq_len, head_dim = q.shape
         n_kv_heads = k.shape[1]
         groups = n_heads // n_kv_heads
         tiles = _tiles(head_dim)
-        flags = _flags(q, window, softcap)
+        flags = _flags(q, window, softcap, starts)
         options = (seq_len, scale, softcap or 1.0, window or seq_len)
+        bounds = (starts, ends) if starts is not None else (lse, lse)  # (unread without packed samples)
 
         delta = new_output((batch * n_heads, seq_len), torch.float32, q.device)
         _delta_kernel[(triton.cdiv(seq_len, 64), batch * n_heads)](
@@ -377,14 +438,14 @@ class _FlashAttention(torch.autograd.Function):
         dv = new_output(v.shape, v.dtype, v.device)
         block_m, block_n, warps, stages = tiles["dkdv"]
         _dkdv_kernel[(triton.cdiv(seq_len, block_n), batch * n_kv_heads)](
-            q, k, v, grad_out, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
+            q, k, v, grad_out, lse, delta, dk, dv, *bounds, *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
             *_strides(dk), *_strides(dv), n_kv_heads, groups, *options,
             BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, **flags, num_warps=warps, num_stages=stages)
 
         dq = new_output(q.shape, q.dtype, q.device)
         block_m, block_n, warps, stages = tiles["dq"]
         _dq_kernel[(triton.cdiv(seq_len, block_m), batch * n_heads)](
-            q, k, v, grad_out, lse, delta, dq, *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
+            q, k, v, grad_out, lse, delta, dq, bounds[0], *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out),
             *_strides(dq), n_heads, groups, *options,
             BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, **flags, num_warps=warps, num_stages=stages)
         d_sinks = None
@@ -392,20 +453,24 @@ class _FlashAttention(torch.autograd.Function):
             # d sink_h = -sum over the head's rows of P_sink * delta, P_sink = 2^(sink log2 e - lse)
             p_sink = torch.exp2(sinks.float().repeat(batch)[:, None] * LOG2_E.value - lse)
             d_sinks = -(p_sink * delta).view(batch, n_heads, seq_len).sum((0, 2)).to(sinks.dtype)
-        return dq, dk, dv, d_sinks, None, None, None
+        return dq, dk, dv, d_sinks, None, None, None, None, None
 
 
-def _flags(q, window, softcap):
-    return dict(HAS_SOFTCAP=softcap is not None, HAS_WINDOW=window is not None,
+def _flags(q, window, softcap, starts):
+    return dict(HAS_SOFTCAP=softcap is not None, HAS_WINDOW=window is not None, HAS_SEGMENTS=starts is not None,
                 PRECISION=dot_precision(q.dtype), UPCAST=q.device.type != "cuda")
 
 
 def flash_attention(q, k, v, scale: float, window: int | None = None, softcap: float | None = None,
-                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    sinks: torch.Tensor | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention (B, Hq, T, D) with the module docstring's options; window None or < T, softcap None or > 0,
-    sinks None or (Hq,) logits."""
+    sinks None or (Hq,) logits, segments None or (B, T) sample ids in contiguous runs."""
     if q.shape[1] % k.shape[1] or k.shape != v.shape or q.shape[2] != k.shape[2]:
         raise ValueError(f"flash_attention: q {tuple(q.shape)} with k {tuple(k.shape)}, v {tuple(v.shape)}")
     if sinks is not None and sinks.shape != (q.shape[1],):
         raise ValueError(f"flash_attention: sinks {tuple(sinks.shape)} for {q.shape[1]} query heads")
-    return _FlashAttention.apply(q, k, v, None if sinks is None else sinks.contiguous(), float(scale), window, softcap)
+    if segments is not None and segments.shape != (q.shape[0], q.shape[2]):
+        raise ValueError(f"flash_attention: segments {tuple(segments.shape)} for q {tuple(q.shape)}")
+    starts, ends = _sample_bounds(segments) if segments is not None else (None, None)
+    return _FlashAttention.apply(q, k, v, None if sinks is None else sinks.contiguous(), starts, ends, float(scale),
+                                 window, softcap)

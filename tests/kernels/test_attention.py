@@ -162,7 +162,7 @@ def test_triton_flash_matches_reference(case, dtype, device, monkeypatch, assert
 
 def test_triton_backend_choice_and_fallback_on_padding(device, monkeypatch):
     """"auto" picks it on CUDA for the measured head dims only, never with padding or segments, never on the CPU;
-    LANNER_ATTENTION=triton forces it; padding or segments then run FlexAttention or the reference."""
+    LANNER_ATTENTION=triton forces it; padding then runs FlexAttention or the reference."""
     d = next(iter(core.TRITON_HEAD_DIMS))
     assert core.auto_backend(d, True, False) == "triton"
     assert core.auto_backend(d, True, True) in ("flex", "reference")
@@ -170,7 +170,7 @@ def test_triton_backend_choice_and_fallback_on_padding(device, monkeypatch):
     assert core.auto_backend(128, True, False) in ("flex", "reference")
     q, k, v = (torch.randn(B, h, T, 16, device=device) for h in (HQ, HK, HK))
     assert choose_backend(q, 3, 5.0, None, None) in ("flex", "reference")
-    # Sinks: our kernel on CUDA ("auto") or asked for, never with padding or segments; else the reference
+    # Sinks: our kernel on CUDA ("auto") or asked for (packed samples too), never with padding; else the reference
     assert core._sinks_backend(q, "auto", False) == ("triton" if q.is_cuda else "reference")
     assert core._sinks_backend(q, "triton", False) == "triton" and core._sinks_backend(q, "flex", False) == "reference"
     assert core._sinks_backend(q, "triton", True) == "reference"
@@ -180,6 +180,40 @@ def test_triton_backend_choice_and_fallback_on_padding(device, monkeypatch):
     out = causal_attention(q, k, v, window=3, softcap=5.0, padding=padding)
     reference = causal_attention(q, k, v, window=3, softcap=5.0, padding=padding, backend="reference")
     torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-4)
+
+
+# Packed rows for the Triton kernel's packed samples: lengths crossing the small tiles' blocks, a one-token sample,
+# and a second row laid out differently (each row's samples are its own).
+PACKED_LENGTHS = ((23, 1, 30, 26), (5, 61, 14))
+
+
+@pytest.mark.parametrize("window, sinks", [(None, False), (20, False), (None, True), (20, True)],
+                         ids=["causal", "window", "sinks", "window_sinks"])
+def test_triton_flash_on_packed_samples_matches_reference(window, sinks, device, monkeypatch, assert_close_scaled):
+    """Packed samples on our Triton kernel (small tiles, GQA) against the reference's dense mask: output, dq, dk,
+    dv (and the sinks' gradient) in float32; the block bounds from each sample's start and end skip no visible key."""
+    from lanner.kernels.attention import flash
+
+    hq, hk, t, d = 4, 2, 80, 32
+    monkeypatch.setitem(flash.TILES, d, FLASH_SMALL_TILES)
+    segments = torch.stack([torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+                            for lengths in PACKED_LENGTHS]).to(device)
+    q, k, v = (torch.randn(2, h, t, d, device=device).requires_grad_() for h in (hq, hk, hk))
+    leaves = [q, k, v] + ([(torch.randn(hq, device=device) * 2).requires_grad_()] if sinks else [])
+    out = causal_attention(q, k, v, scale=d ** -0.5, window=window, segments=segments,
+                           sinks=leaves[3] if sinks else None, backend="triton")
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, leaves, grad)
+    expected = causal_attention(q, k, v, scale=d ** -0.5, window=window, segments=segments,
+                                sinks=leaves[3] if sinks else None, backend="reference")
+    want = torch.autograd.grad(expected, leaves, grad)
+    for name, g, w in zip(("out", "dq", "dk", "dv", "d_sinks"), (out, *got), (expected, *want)):
+        assert not torch.isnan(g).any(), name
+        assert_close_scaled(g, w, 1e-4)
+    # the packed rows are not one causal row: without segments the output differs
+    plain = causal_attention(q, k, v, scale=d ** -0.5, window=window, sinks=leaves[3] if sinks else None,
+                             backend="triton")
+    assert (plain - out).abs().max() > 1e-2
 
 
 class _SinkHeads(nn.Module):
