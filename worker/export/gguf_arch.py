@@ -150,9 +150,8 @@ def _gpt_oss_unsupported(config: dict) -> str | None:
 
 
 def _gpt_oss_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
-    writer.add_expert_count(expert_count(config))
-    writer.add_expert_used_count(int(config["num_experts_per_tok"]))
-    writer.add_expert_feed_forward_length(int(config["intermediate_size"]))
+    _moe_metadata(writer, config)
+    writer.add_expert_feed_forward_length(int(config["intermediate_size"]))  # its experts' width (no dense MLP)
     writer.add_sliding_window(int(config["sliding_window"]))
 
 
