@@ -36,11 +36,12 @@ def _type(value) -> str:
     raise TypeError(f"no Triton type for {type(value).__name__}")
 
 
-def launch_key(fn, args, kwargs) -> str | None:
+def launch_key(fn, args, kwargs) -> str:
     """One launch as JSON: the kernel's module and name, its signature and constexprs, its compile options."""
-    parameters = inspect.signature(fn).parameters
+    signature_of_fn = inspect.signature(fn)
+    parameters = signature_of_fn.parameters
     options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
-    bound = inspect.signature(fn).bind(*args, **{k: v for k, v in kwargs.items() if k in parameters})
+    bound = signature_of_fn.bind(*args, **{k: v for k, v in kwargs.items() if k in parameters})
     bound.apply_defaults()
     signature, constexprs = {}, {}
     for name, value in bound.arguments.items():
@@ -52,7 +53,7 @@ def launch_key(fn, args, kwargs) -> str | None:
                            options=options), sort_keys=True)
 
 
-def record(launches: set, monkeypatch_like) -> None:
+def record(launches: set, monkeypatch) -> None:
     """Patch the interpreter so that every launch adds its key to `launches` (to this set only: a recording
     within another replaces it for its time)."""
     from triton.runtime.interpreter import InterpretedFunction
@@ -62,7 +63,7 @@ def record(launches: set, monkeypatch_like) -> None:
         launches.add(launch_key(self.fn, args, kwargs))
         return run(self, *args, **kwargs)
     recording_run.__wrapped__ = run
-    monkeypatch_like.setattr(InterpretedFunction, "run", recording_run)
+    monkeypatch.setattr(InterpretedFunction, "run", recording_run)
 
 
 _BUILD = r'''
