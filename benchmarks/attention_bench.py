@@ -73,10 +73,7 @@ def check(name, shape, dtype, **options):
     ref = core._reference(*inputs32[:3], scale, mask, options.get("softcap"), *inputs32[3:])
     want = torch.autograd.grad(ref, inputs32, grad.float())
     rows = padding[:, None, :, None].expand_as(out) if padding is not None else torch.ones_like(out, dtype=torch.bool)
-    if sinks is None:
-        backend = core.choose_backend(q, window, options.get("softcap"), padding, options.get("segments"))
-    else:
-        backend = core._sinks_backend(q, core.forced_backend(), padding is not None or "segments" in options)
+    backend = core.call_backend(q, window, options.get("softcap"), padding, options.get("segments"), sinks)
     names = ("dq", "dk", "dv", "d_sinks")[:len(inputs)]
     result = dict(check=name, dtype=str(dtype).split(".")[-1], shape=shape, backend=backend, out=rel(out[rows], ref[rows]),
                   **{key: rel(g, w) for key, g, w in zip(names, got, want)},
@@ -293,9 +290,9 @@ def main():
             entry = dict(case=label, shape=shape)
             try:
                 q = torch.empty(1, hq, t, d, device="cuda")
-                entry["our_backend"] = core.choose_backend(q, core.effective_window(options.get("window"), t),
-                                                           options.get("softcap"), options.get("padding"),
-                                                           options.get("segments"))
+                entry["our_backend"] = core.call_backend(q, core.effective_window(options.get("window"), t),
+                                                         options.get("softcap"), options.get("padding"),
+                                                         options.get("segments"), options.get("sinks"))
                 entry["ours_ms"], entry["ours_first_call_s"] = fwd_bwd_ms(ours, shape)
             except Exception as error:
                 entry["ours_error"] = f"{type(error).__name__}: {error}"[:300]

@@ -99,12 +99,23 @@ def auto_backend(head_dim: int, on_cuda: bool, masked: bool) -> str:
     return "flex" if flex_attention is not None else "reference"
 
 
-def _sinks_backend(q: torch.Tensor, requested: str, masked: bool) -> str:
+def _sinks_backend(q: torch.Tensor, requested: str, padded: bool) -> str:
     """The path for a call with sinks: our Triton kernel (CUDA under "auto", or asked for; packed samples too),
-    else the reference (padding: masked)."""
-    if masked or q.shape[-1] not in TILES:
+    else the reference (padding, or a head dim without tiles)."""
+    if padded or q.shape[-1] not in TILES:
         return "reference"
     return "triton" if requested == "triton" or (requested == "auto" and q.is_cuda) else "reference"
+
+
+def call_backend(q: torch.Tensor, window, softcap, padding, segments, sinks, backend: str | None = None) -> str:
+    """The path causal_attention runs for this call (window already effective_window's): `backend` or
+    LANNER_ATTENTION when given, within what each path takes."""
+    if sinks is not None:
+        backend = _sinks_backend(q, backend or forced_backend(), padding is not None)
+    backend = backend or choose_backend(q, window, softcap, padding, segments)
+    if backend == "triton" and padding is not None:
+        backend = auto_backend(q.shape[-1], q.is_cuda, masked=True)  # no kernel of ours for padding
+    return backend
 
 
 def causal_attention(q, k, v, *, scale: float | None = None, window: int | None = None,
@@ -113,8 +124,9 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
                      block_mask_cache: dict | None = None, backend: str | None = None) -> torch.Tensor:
     """Causal attention with the module docstring's options; returns (B, Hq, T, D) like SDPA.
 
-    block_mask_cache: where FlexAttention block masks built from padding/segments are kept, so that every
-    layer (and each layer's recompute) of one step shares one; window-only masks are cached globally.
+    block_mask_cache: where FlexAttention block masks built from padding/segments (and the Triton kernel's
+    sample bounds) are kept, so that every layer (and each layer's recompute) of one step shares one; window-only
+    masks are cached globally.
     """
     length = q.shape[2]
     if k.shape[2] != length:
@@ -122,16 +134,12 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     window = effective_window(window, length)
     softcap = float(softcap) if softcap else None
-    if sinks is not None:
-        backend = _sinks_backend(q, backend or forced_backend(), padding is not None)
-    backend = backend or choose_backend(q, window, softcap, padding, segments)
-    if backend == "triton" and padding is not None:
-        backend = auto_backend(q.shape[-1], q.is_cuda, masked=True)  # no kernel of ours for padding
+    backend = call_backend(q, window, softcap, padding, segments, sinks, backend)
     gqa = q.shape[1] != k.shape[1]
     if backend == "sdpa" and window is None and softcap is None and padding is None and segments is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     if backend == "triton":
-        return flash_attention(q, k, v, scale, window, softcap, sinks, segments)
+        return flash_attention(q, k, v, scale, window, softcap, sinks, segments, cache=block_mask_cache)
     if backend == "flex":
         compiled = q.is_cuda
         block_mask = _block_mask(q, window, padding, segments, block_mask_cache, compiled)

@@ -384,6 +384,9 @@ def _tiles(head_dim):
     return TILES[head_dim]
 
 
+_SAMPLE_BOUNDS = "flash sample bounds"  # flash_attention's key in its caller's per-forward cache
+
+
 def _sample_bounds(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For packed samples (contiguous runs of equal ids, (B, T)): each position's sample start and end, int32."""
     batch, length = segments.shape
@@ -462,15 +465,24 @@ def _flags(q, window, softcap, starts):
 
 
 def flash_attention(q, k, v, scale: float, window: int | None = None, softcap: float | None = None,
-                    sinks: torch.Tensor | None = None, segments: torch.Tensor | None = None) -> torch.Tensor:
+                    sinks: torch.Tensor | None = None, segments: torch.Tensor | None = None,
+                    cache: dict | None = None) -> torch.Tensor:
     """Causal attention (B, Hq, T, D) with the module docstring's options; window None or < T, softcap None or > 0,
-    sinks None or (Hq,) logits, segments None or (B, T) sample ids in contiguous runs."""
+    sinks None or (Hq,) logits, segments None or (B, T) sample ids in contiguous runs. cache: a dict that lives as
+    long as these segments (one forward's), where their sample bounds are computed once for every layer."""
     if q.shape[1] % k.shape[1] or k.shape != v.shape or q.shape[2] != k.shape[2]:
         raise ValueError(f"flash_attention: q {tuple(q.shape)} with k {tuple(k.shape)}, v {tuple(v.shape)}")
     if sinks is not None and sinks.shape != (q.shape[1],):
         raise ValueError(f"flash_attention: sinks {tuple(sinks.shape)} for {q.shape[1]} query heads")
     if segments is not None and segments.shape != (q.shape[0], q.shape[2]):
         raise ValueError(f"flash_attention: segments {tuple(segments.shape)} for q {tuple(q.shape)}")
-    starts, ends = _sample_bounds(segments) if segments is not None else (None, None)
+    starts = ends = None
+    if segments is not None:
+        bounds = cache.get(_SAMPLE_BOUNDS) if cache is not None else None
+        if bounds is None:
+            bounds = _sample_bounds(segments)
+            if cache is not None:
+                cache[_SAMPLE_BOUNDS] = bounds
+        starts, ends = bounds
     return _FlashAttention.apply(q, k, v, None if sinks is None else sinks.contiguous(), starts, ends, float(scale),
                                  window, softcap)

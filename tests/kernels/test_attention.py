@@ -200,8 +200,17 @@ def test_triton_flash_on_packed_samples_matches_reference(window, sinks, device,
                             for lengths in PACKED_LENGTHS]).to(device)
     q, k, v = (torch.randn(2, h, t, d, device=device).requires_grad_() for h in (hq, hk, hk))
     leaves = [q, k, v] + ([(torch.randn(hq, device=device) * 2).requires_grad_()] if sinks else [])
-    out = causal_attention(q, k, v, scale=d ** -0.5, window=window, segments=segments,
-                           sinks=leaves[3] if sinks else None, backend="triton")
+    computed, sample_bounds = [], flash._sample_bounds
+
+    def counted(ids):
+        computed.append(ids)
+        return sample_bounds(ids)
+    monkeypatch.setattr(flash, "_sample_bounds", counted)
+    forward_cache = {}  # one forward's: its layers compute the sample bounds once
+    for _ in range(2):
+        out = causal_attention(q, k, v, scale=d ** -0.5, window=window, segments=segments,
+                               sinks=leaves[3] if sinks else None, block_mask_cache=forward_cache, backend="triton")
+    assert len(computed) == 1
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, leaves, grad)
     expected = causal_attention(q, k, v, scale=d ** -0.5, window=window, segments=segments,
