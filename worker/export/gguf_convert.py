@@ -72,6 +72,11 @@ def _nbytes(shape: tuple[int, ...], qtype: QT) -> int:
     return int(np.prod(quants.quant_shape_to_byte_shape(shape, qtype)))
 
 
+def _swap_last_two(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A PlannedTensor's shape once `transpose` has swapped the checkpoint's last two axes."""
+    return (*shape[:-2], shape[-1], shape[-2])
+
+
 def _sort_key(name: str):
     match = re.match(r"blk\.(\d+)\.", name)
     if name.startswith("token_embd"):
@@ -116,7 +121,7 @@ def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) ->
         prefix = hf_name.removesuffix(BIAS)[: -len("gate_up_proj")]
         suffix = ".bias" if bias else ".weight"
         transpose = spec.experts_in_out_interleaved and not bias
-        shape = (*shape[:-2], shape[-1], shape[-2]) if transpose else shape
+        shape = _swap_last_two(shape) if transpose else shape
         axis = -1 if bias else -2
         rows = shape[axis]
         half = (*shape[:axis], rows // 2, *shape[axis:][1:])
@@ -147,8 +152,8 @@ def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) ->
                     plan_gate_up(hf_name, file, shape)
                 elif hf_name.endswith(STACKED_DOWN):  # [experts, hidden, intermediate] ([.., in, out]: transposed)
                     transpose = spec.experts_in_out_interleaved
-                    plan(hf_name, file, (*shape[:-2], shape[-1], shape[-2]) if transpose else shape,
-                         hf_name + ".weight", transpose=transpose)
+                    plan(hf_name, file, _swap_last_two(shape) if transpose else shape, hf_name + ".weight",
+                         transpose=transpose)
                 elif hf_name.endswith(STACKED_DOWN + BIAS):  # [experts, hidden]
                     plan(hf_name, file, shape, hf_name.removesuffix(BIAS) + ".bias")
                 else:  # a bare parameter (gpt-oss's self_attn.sinks) is a .weight to llama.cpp
