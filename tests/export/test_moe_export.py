@@ -170,6 +170,7 @@ def test_a_checkpoint_with_stacked_experts_converts_to_the_same_gguf(moe_export,
     ("gpt_oss", {"swiglu_limit": 5.0}, "fixes it at 7.0"),
     ("gpt_oss", {"num_hidden_layers": 2, "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"]},
      "every other layer"),
+    ("gpt_oss", {"num_hidden_layers": 2, "sliding_window": None}, "sets no sliding window"),
 ])
 def test_what_llama_cpp_cannot_run_is_refused_in_words(model_type, changes, words):
     from lanner.worker.export import ExportError

@@ -142,8 +142,9 @@ def _gpt_oss_unsupported(config: dict) -> str | None:
     for key, fixed in GPT_OSS_SWIGLU.items():
         if key in config and not math.isclose(float(config[key]), fixed):
             return f"its {key} is {config[key]}; llama.cpp's gpt-oss graph fixes it at {fixed}."
-    alternating = [i % 2 == 0 for i in range(config["num_hidden_layers"])]
-    if not config.get("sliding_window") or sliding_layers(config, 2) != alternating:
+    if not config.get("sliding_window"):
+        return "it sets no sliding window; llama.cpp's gpt-oss graph has one on every other layer from the first."
+    if sliding_layers(config, 2) != [i % 2 == 0 for i in range(config["num_hidden_layers"])]:
         return ("its sliding-window layers are not every other layer from the first; llama.cpp's gpt-oss graph "
                 "fixes that pattern.")
     return None
