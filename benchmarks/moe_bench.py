@@ -14,6 +14,7 @@ PEFT's grouped_mm bf16 error.
 step MODE: hf (PEFT target_parameters on transformers' grouped_mm experts), hf_eager (its per-expert
 loop), lanner (get_lora_model), unsloth (FastLanguageModel, when unsloth is importable; it loads from
 a saved random model, so every mode takes --layers alike when the full model does not fit the disk).
+--load-in-4bit: QLoRA for lanner (NF4 linears and experts) and unsloth (its own 4-bit load).
 LoRA r16 on q,k,v,o and the experts' gate/up/down; gradient checkpointing; fused AdamW; median of
 --steps steps after --warmup. One JSON line per mode: tokens/s, step ms, peak GiB, final loss and the
 count of LoRA parameters (so that a peer that silently skipped the experts shows it); lanner's also its memory
@@ -216,10 +217,13 @@ def build(args):
         import unsloth  # noqa: F401  (must precede transformers)
         from unsloth import FastLanguageModel
         model, _ = FastLanguageModel.from_pretrained(saved_dir(args), max_seq_length=args.seq, dtype=torch.bfloat16,
-                                                     load_in_4bit=False, local_files_only=True)
+                                                     load_in_4bit=args.load_in_4bit, local_files_only=True)
         return FastLanguageModel.get_peft_model(model, r=args.rank, lora_alpha=args.rank, lora_dropout=0,
                                                 bias="none", target_modules=TARGETS,
                                                 use_gradient_checkpointing="unsloth")
+    if args.load_in_4bit and args.mode != "lanner":
+        raise SystemExit(f"--load-in-4bit: {args.mode} builds its model in memory, which bitsandbytes cannot quantise "
+                         "(and it would leave the experts in 16 bits)")
     torch.manual_seed(0)
     implementation = "eager" if args.mode == "hf_eager" else "grouped_mm"
     with torch.device("cuda"):
@@ -230,7 +234,8 @@ def build(args):
         import_lanner()
         from lanner.kernels import get_lora_model
         return get_lora_model(model, r=args.rank, lora_alpha=args.rank, target_modules=peft_targets(args),
-                              target_parameters=EXPERT_PARAMETERS, memory_budget_gib=args.budget,
+                              target_parameters=EXPERT_PARAMETERS, load_in_4bit=args.load_in_4bit,
+                              memory_budget_gib=args.budget,
                               offload_checkpoints={"on": True, "off": False}.get(args.offload))
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.enable_input_require_grads()
@@ -279,7 +284,7 @@ def step_bench(args) -> dict:
         plan = memory_engine_of(model).plan
         extra = dict(budget=args.budget, offload=args.offload, plan=" ".join(p.code for p in plan.layers),
                      predicted_peak_gib=round(plan.predicted_peak_bytes / 2**30, 2))
-    return dict(**extra, mode=args.mode, shape=args.shape, layers=args.layers or model.config.num_hidden_layers,
+    return dict(**extra, mode=args.mode, load_in_4bit=args.load_in_4bit, shape=args.shape, layers=args.layers or model.config.num_hidden_layers,
                 seq=args.seq, bs=args.bs, rank=args.rank, step_ms=round(ms, 1),
                 tok_s=round(args.bs * args.seq / ms * 1000),
                 peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2), loss=round(loss, 4),
@@ -294,7 +299,8 @@ def run_all(args) -> None:
         command = [sys.executable, __file__, "step", mode, "--shape", args.shape, "--seq", str(args.seq),
                    "--bs", str(args.bs), "--steps", str(args.steps), "--warmup", str(args.warmup),
                    "--rank", str(args.rank), "--gate-up", args.gate_up] + (["--layers", str(args.layers)] if args.layers else []) \
-            + (["--kernel-profile-dir", args.kernel_profile_dir] if args.kernel_profile_dir else []) + list(extra)
+            + (["--kernel-profile-dir", args.kernel_profile_dir] if args.kernel_profile_dir else []) \
+            + (["--load-in-4bit"] if args.load_in_4bit else []) + list(extra)
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
         json_lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         lines.append(json.loads(json_lines[-1]) if json_lines else
@@ -338,6 +344,8 @@ def main():
     parser.add_argument("--matched-budget", action="store_true",
                         help=f"all: lanner again under a budget of {MATCHED_BUDGET}x Unsloth's peak (with offloading; "
                              "list unsloth before lanner in --modes)")
+    parser.add_argument("--load-in-4bit", action="store_true",
+                        help="step, all: QLoRA (lanner: NF4 linears and experts; unsloth: its 4-bit load); hf refuses")
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--out", default=None, help="all: write every mode's JSON line here; step: append its line")
     parser.add_argument("--modes", nargs="+", choices=STEP_MODES, default=list(STEP_MODES), help="all: the step modes to run")

@@ -5,8 +5,9 @@ Deliberately simple (refine it against measured peaks on the GPU box):
   decoder's linear weights in NF4 (0.5 byte + one float32 absmax per 64 weights) and keeps the
   embeddings, lm_head and norms in 16 bits; lora_fp8 stores them in FP8 (1 byte a weight, a float32
   scale per output row) plus one shared buffer for the largest weight's transposed FP8 copy, which
-  each backward GEMM fills just before it runs (docs/fp8.md); a mixture of experts' routed experts and
-  routers stay in 16 bits under both (quantize_model turns nn.Linear layers only);
+  each backward GEMM fills just before it runs (docs/fp8.md); a mixture of experts' routers stay in 16 bits
+  under both, its routed experts too under FP8, and under QLoRA where lanner.kernels has no grouped kernels
+  for the family (elsewhere NF4, plus one layer's dequantised experts as a buffer);
 - LoRA: r × (in + out) per targeted projection per layer, trained in float32;
 - trainable parameters (the LoRA ones, or all for a full fine-tune) carry a gradient of their own
   dtype and Adam's two float32 moments (8 bytes);
@@ -68,6 +69,10 @@ DEFAULT_BUDGET_SHARE_OF_FREE = 0.9
 # MoE model types whose checkpoints name the experts' gate and up gate_proj and up_proj: PEFT gives their fused
 # gate_up adapter rank r for each of the two a job targets.
 SPLIT_GATE_UP_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
+# MoE model types whose routed experts QLoRA stores in NF4: lanner.kernels' mixture-of-experts families (its
+# patching.moe.nf4_expert_stacks; tests/core/test_memory_estimate.py holds the two lists equal). Others keep them
+# in 16 bits.
+NF4_EXPERT_MODEL_TYPES = ("qwen3_moe", "mixtral", "gpt_oss")
 # Completions a GRPO job's reward model scores in one forward (worker/training/reward_scoring.py).
 REWARD_SCORING_BATCH = 8
 
@@ -123,8 +128,10 @@ def count_parameters(model: dict[str, Any]) -> dict[str, int]:
               + s["sparse_layers"] * s["experts"] * (expert + s["hidden"]))  # the router: hidden -> experts
     embeddings = s["vocab"] * s["hidden"] * (1 if s["tied"] else 2)
     norms = (2 * s["layers"] + 1) * s["hidden"]
+    # Of linear: the routed experts' stacked weights, and the routers (parameters, not nn.Linear layers:
+    # never quantised).
     return {"total": linear + embeddings + norms, "linear": linear, "other": embeddings + norms,
-            "experts": s["sparse_layers"] * s["experts"] * (expert + s["hidden"])}  # of linear: never quantised
+            "experts": s["sparse_layers"] * s["experts"] * expert, "routers": s["sparse_layers"] * s["experts"] * s["hidden"]}
 
 
 def fp8_linear_bytes(model: dict[str, Any]) -> int:
@@ -206,12 +213,17 @@ def estimate_memory(spec: JobSpec, model: dict[str, Any], device_kind: str = "cu
     act_bytes = weight_bytes
     if "hidden_size" not in model:
         total = int(model["parameters"])
-        parts = {"total": total, "linear": total, "other": 0, "experts": 0}
+        parts = {"total": total, "linear": total, "other": 0, "experts": 0, "routers": 0}
     else:
         parts = count_parameters(model)
-    unquantised = parts["other"] + parts["experts"]  # in 16 bits under a quantised base too
+    unquantised = parts["other"] + parts["experts"] + parts["routers"]  # in 16 bits under a quantised base too
     if quantized_base(spec):
-        weights = int((parts["linear"] - parts["experts"]) * NF4_BYTES_PER_WEIGHT + unquantised * 2)
+        # NF4 experts: stored like the linear layers, and read through one dequantised buffer per projection,
+        # one layer's worth (in the activations' dtype).
+        experts = parts["experts"] if model.get("model_type") in NF4_EXPERT_MODEL_TYPES else 0
+        buffer = experts // _shape(model)["sparse_layers"] * act_bytes if experts else 0
+        weights = int((parts["linear"] - parts["experts"] - parts["routers"] + experts) * NF4_BYTES_PER_WEIGHT
+                      + (unquantised - experts) * 2 + buffer)
     elif fp8_base(spec):
         linear = fp8_linear_bytes(model) if "hidden_size" in model else parts["linear"] * FP8_BYTES_PER_WEIGHT
         weights = int(linear + unquantised * 2)

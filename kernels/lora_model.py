@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from collections.abc import Mapping, Sequence
 
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -10,6 +12,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from .memory import install_memory_engine
 from .patching import patch_model
 from .patching.families import family_of, family_target_modules, family_target_parameters
+from .patching.moe import nest_like_dense_
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -31,6 +34,38 @@ def _load(model_or_path, model_kwargs: Mapping | None, load_in_4bit: bool = Fals
 
         return quantize_model(model_or_path, quant_type="nf4" if load_in_4bit else "fp8")
     return model_or_path
+
+
+def _spelled_out(model, target_parameters: Sequence[str]) -> list[str]:
+    """target_parameters with each that names a parametrised weight (an NF4-stored expert stack) given by its
+    full name: PEFT matches those by full name only (the others as given, by suffix too)."""
+    targets = list(target_parameters)
+    for module_name, module in model.named_modules():
+        parametrized = module._modules.get("parametrizations")
+        for name in parametrized._modules if parametrized is not None else ():
+            full = f"{module_name}.{name}"
+            if any(full == target or full.endswith(f".{target}") for target in target_parameters):
+                targets.append(full)
+    return list(dict.fromkeys(targets))
+
+
+def _without_parametrizations(model, target_modules, exclude_modules: Sequence[str] | str | None):
+    """exclude_modules plus the modules holding parametrisations that target_modules would match (an NF4
+    expert stack's is named after its weight, e.g. `experts.parametrizations.down_proj`, which a target
+    "down_proj" matches), matched as PEFT matches: a regex in full, names as the key or its last parts."""
+    def targeted(key: str) -> bool:
+        if isinstance(target_modules, str):
+            return re.fullmatch(target_modules, key) is not None
+        return any(key == name or key.endswith(f".{name}") for name in target_modules)
+
+    parametrized = [f"{name}.parametrizations.{weight}" for name, module in model.named_modules()
+                    for weight in getattr(module._modules.get("parametrizations"), "_modules", ())]
+    keys = [key for key in parametrized if targeted(key)]
+    if not keys:
+        return exclude_modules
+    if isinstance(exclude_modules, str):  # a regex: one more alternative
+        return "|".join([f"(?:{exclude_modules})", *(f"(?:{re.escape(key)})" for key in keys)])
+    return [*(exclude_modules or ()), *keys]
 
 
 def get_lora_model(
@@ -61,7 +96,9 @@ def get_lora_model(
     saved adapter is an ordinary PEFT adapter.
 
     load_in_4bit: QLoRA. Every linear layer but lm_head becomes an NF4Linear (bitsandbytes' NF4
-    storage, block size 64, double-quantised absmax): a loaded model is quantised where it lives; a
+    storage, block size 64, double-quantised absmax), and a mixture of experts' stacked expert weights
+    are stored in NF4 the same way where the grouped kernels run them (quant/nf4_experts.py; they then
+    train on the kernels only): a loaded model is quantised where it lives; a
     path is loaded through `quant.load_4bit` (a bitsandbytes 4-bit checkpoint as stored, any other
     quantised on load onto the GPU when there is one). See docs/qlora.md.
 
@@ -85,15 +122,26 @@ def get_lora_model(
     family = family_of(model)
     if "target_parameters" not in peft_kwargs:
         peft_kwargs["target_parameters"] = family_target_parameters(family, target_modules) or None
+    if peft_kwargs["target_parameters"]:
+        peft_kwargs["target_parameters"] = _spelled_out(model, peft_kwargs["target_parameters"])
+    target_modules = family_target_modules(family, target_modules)
+    given_exclusions = peft_kwargs.get("exclude_modules")
+    peft_kwargs["exclude_modules"] = _without_parametrizations(model, target_modules, given_exclusions)
     config = LoraConfig(
         r=r,
         lora_alpha=lora_alpha,
-        target_modules=family_target_modules(family, target_modules),
+        target_modules=target_modules,
         lora_dropout=lora_dropout,
         task_type="CAUSAL_LM",
         **peft_kwargs,
     )
-    peft_model = get_peft_model(model, config)
+    with warnings.catch_warnings():
+        # PEFT moves some MoE families' MLP targets to their experts itself, after which the exclusions above
+        # have nothing left to exclude: no news for the user.
+        if given_exclusions is None:
+            warnings.filterwarnings("ignore", message="You have passed exclude_modules=.* but no modules were excluded")
+        peft_model = get_peft_model(model, config)
+    nest_like_dense_(peft_model)
     if use_kernels:
         report = patch_model(peft_model)
         wants_engine = report.active or memory_budget_gib is not None or offload_checkpoints

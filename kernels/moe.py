@@ -29,11 +29,15 @@ gpt-oss's experts (ops/glu.py's ClampedSwiGLU) differ in four ways, all on the s
 `interleaved=True`), a frozen bias per expert on each projection (added to its sorted rows; the down
 projection's bias also reaches the routing weights' gradient as <dout[t], b_e>), and the clamped GLU.
 
+QLoRA's NF4 experts (quant/nf4_experts.py) come as readers instead of weights: each GEMM's weight is dequantised
+into a buffer shared by every layer just before it runs, in forward and again in backward, and never saved.
+
 Under the memory engine's checkpoints (`lora_moe_experts`' stash and output_needed), the recompute skips
 the down GEMMs and the combine, and a keep_mlp layer's recompute reuses the forward's routing and gate_up.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -55,15 +59,20 @@ from .ops.moe_combine import moe_combine, moe_weight_grad_
 
 @dataclass(frozen=True, eq=False)
 class ExpertProjection:
-    """One projection of every expert: a frozen weight [E, out, in] and, when adapted, LoRA factors
-    lora_A [E, r, in] and lora_B [E, out, r] (any strides: views of PEFT's 2D weights); bias: a frozen
-    [E, out] (gpt-oss), or None."""
+    """One projection of every expert: a frozen weight [E, out, in], or a reader that makes it when called
+    with the compute dtype (an NF4 stack dequantised into a shared buffer: quant/nf4_experts.py), and, when
+    adapted, LoRA factors lora_A [E, r, in] and lora_B [E, out, r] (any strides: views of PEFT's 2D
+    weights); bias: a frozen [E, out] (gpt-oss), or None."""
 
-    weight: torch.Tensor
+    weight: torch.Tensor | Callable[[torch.dtype], torch.Tensor]
     lora_A: torch.Tensor | None = None
     lora_B: torch.Tensor | None = None
     scaling: float = 1.0
     bias: torch.Tensor | None = None
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The frozen weight; a reader's is read again at each call (forward, then backward), never kept."""
+        return self.weight if isinstance(self.weight, torch.Tensor) else self.weight(dtype)
 
 
 def _halves(gate_up: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,27 +104,28 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         tokens, k = top_k_index.shape
         x2 = hidden.reshape(tokens, -1).to(dtype)
         kept = (stash.take() if stash is not None else None) or {}
+        w_gate_up, w_down = gate_up.dense(dtype), down.dense(dtype)
         if "experts" in kept:  # the recompute of a keep_mlp layer: the routing and gate_up from its forward
             groups, order, token_of_row, inverse, gu, xa_gu, ha = kept["experts"]
         else:
-            order, inverse, groups = sort_by_expert(top_k_index, gate_up.weight.shape[0])
+            order, inverse, groups = sort_by_expert(top_k_index, w_gate_up.shape[0])
             token_of_row = order // k
             gu = xa_gu = ha = None
         # The GEMMs' path, for forward and backward alike: torch._grouped_mm where it reaches CUTLASS
         # (Hopper/Blackwell, bf16, 16-byte-aligned dims), with the LoRA factors cast for it here once,
         # else the Triton kernels (ops/grouped_mm_lora.py).
-        ctx.grouped_mm = use_grouped_mm(x2, gate_up.weight, down.weight)
+        ctx.grouped_mm = use_grouped_mm(x2, w_gate_up, w_down)
         factors_gu, factors_down = ([grouped_mm_factors(p.lora_A, p.lora_B, dtype) for p in (gate_up, down)]
                                     if ctx.grouped_mm else (None, None))
         # Each sorted row's expert, for the biases' rows
         row_experts = top_k_index.reshape(-1)[order] if gate_up.bias is not None or down.bias is not None else None
         if gu is None:
-            gu, xa_gu = grouped_lora_forward(x2[token_of_row], groups, gate_up.weight, gate_up.lora_A,
+            gu, xa_gu = grouped_lora_forward(x2[token_of_row], groups, w_gate_up, gate_up.lora_A,
                                              gate_up.lora_B, gate_up.scaling, factors_gu)
             _add_bias_(gu, gate_up.bias, row_experts)
         if output_needed:
             gate, up = _halves(gu, interleaved)
-            y, ha = grouped_lora_forward(glu(gate, up, activation), groups, down.weight, down.lora_A, down.lora_B,
+            y, ha = grouped_lora_forward(glu(gate, up, activation), groups, w_down, down.lora_A, down.lora_B,
                                          down.scaling, factors_down)
             _add_bias_(y, down.bias, row_experts)
             out = moe_combine(y, inverse, k, top_k_weights, hidden.dtype)
@@ -147,8 +157,8 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         tokens, k = top_k_weights.shape
         dout_sorted = dout.reshape(tokens, -1).to(x2.dtype)[token_of_row]
         # dh before the routing weight (linear in dout), whose dot with h is the weight's gradient.
-        dh, dyb = grouped_lora_input_grad(dout_sorted, groups, down.weight, down.lora_A, down.lora_B, down.scaling,
-                                          factors_down)
+        dh, dyb = grouped_lora_input_grad(dout_sorted, groups, down.dense(x2.dtype), down.lora_A, down.lora_B,
+                                          down.scaling, factors_down)
         gate, up = _halves(gu, ctx.interleaved)
         h = glu(gate, up, ctx.activation)
         d_top_k_weights = moe_weight_grad_(dh, h, order, top_k_weights)  # and dh now weighted
@@ -166,8 +176,8 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         del h, dout_sorted, dyb
         glu_backward_in_place(dh, gate, up, ctx.activation)  # gu now holds d_gate | d_up
         del dh
-        dx_sorted, dgub = grouped_lora_input_grad(gu, groups, gate_up.weight, gate_up.lora_A, gate_up.lora_B,
-                                                  gate_up.scaling, factors_gu)
+        dx_sorted, dgub = grouped_lora_input_grad(gu, groups, gate_up.dense(x2.dtype), gate_up.lora_A,
+                                                  gate_up.lora_B, gate_up.scaling, factors_gu)
         grads_gate_up = (None, None)
         if gate_up.lora_A is not None:
             grads_gate_up = grouped_lora_factor_grads(x2[token_of_row], gu, xa_gu, dgub, groups, gate_up.lora_A,

@@ -15,6 +15,7 @@ from peft.tuners.lora.layer import ParamWrapper
 from torch import nn
 
 from .lora import LoRAProjection, supports_base_layer
+from .quant.nf4_experts import stored_parameter
 
 
 def _base_layer(module: nn.Module) -> nn.Module:
@@ -46,7 +47,7 @@ def _frozen_base_blocker(base: nn.Module) -> str | None:
 def _frozen_parameter_blocker(wrapper: ParamWrapper) -> str | None:
     """A LoRA on a parameter (target_parameters, e.g. the stacked expert weights of an MoE)."""
     base = wrapper.get_base_layer()
-    param = wrapper.get_param()
+    param = stored_parameter(base, wrapper.parameter_name)  # not get_param(): an NF4 one would dequantise
     if _hooked(base):
         return "base layer is dispatched by accelerate hooks"
     if param.requires_grad:

@@ -301,8 +301,10 @@ class TrainProcess(JobProcess):
 def training_record(model, job: Job, options, saved: str) -> dict:
     """The TRAINING_RECORD of a trained model. A 4-bit base's settings are read from its layers (what
     training really held): lanner.kernels' NF4, quantised from `dtype`, in blocks of `blocksize`, the
-    block absmax itself quantised when `double_quant` (the fields of lanner.worker.export.Quantization)."""
+    block absmax itself quantised when `double_quant`, a mixture of experts' stacked experts too when `experts`
+    (the fields of lanner.worker.export.Quantization)."""
     from lanner.kernels.quant import NF4Linear
+    from lanner.kernels.quant.nf4_experts import nf4_stacked_names
     from lanner.worker.training.model import training_dtype
 
     record = {"method": job.method, "base_model": job.model, "saved": saved,
@@ -310,7 +312,8 @@ def training_record(model, job: Job, options, saved: str) -> dict:
     nf4 = next((module.nf4 for module in model.modules() if isinstance(module, NF4Linear)), None)
     if nf4 is not None:
         record["quantization"] = {"quant_type": "nf4", "blocksize": nf4.blocksize, "double_quant": nf4.nested,
-                                  "dtype": str(nf4.dtype).removeprefix("torch.")}
+                                  "dtype": str(nf4.dtype).removeprefix("torch."),
+                                  "experts": any(nf4_stacked_names(module) for module in model.modules())}
     return record
 
 

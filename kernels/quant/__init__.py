@@ -7,7 +7,8 @@
 | `linear` | `NF4Linear`, the frozen 4-bit layer, and its `base_weight` reader (a reused buffer) |
 | `fp8` | `FP8Weight`, `FP8Linear`: e4m3 base weights multiplied in FP8 (docs/fp8.md) |
 | `quantised_linear` | `QuantisedLinear`, what both frozen layers share, and the shared scratch buffers |
-| `convert` | `quantize_model` (nn.Linear -> NF4Linear or FP8Linear) and `dequantize_model` (back, for merging) |
+| `nf4_experts` | a mixture of experts' stacked expert weights in NF4 (a parametrisation), and their readers |
+| `convert` | `quantize_model` (nn.Linear -> NF4Linear or FP8Linear; stacked experts -> NF4) and `dequantize_model` (back, for merging) |
 | `loading` | `load_4bit` (quantise on load, or a bitsandbytes 4-bit checkpoint as stored), `save_4bit`, `load_fp8` |
 """
 from .convert import dequantize_model, quantize_model

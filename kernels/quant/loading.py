@@ -26,6 +26,7 @@ from ..ops.fp8_matmul import fp8_backend
 from .convert import DEFAULT_SKIP_MODULES, _set_submodule, quantize_model
 from .linear import NF4Linear
 from .nf4 import BNB_STATE_KEYS, QUANT_STATE_KEY, from_bnb_state
+from .nf4_experts import nf4_stacked_names
 
 _QUANT_STATE_SUFFIX = ".weight." + QUANT_STATE_KEY
 
@@ -149,6 +150,11 @@ def save_4bit(model: nn.Module, path: str | os.PathLike) -> None:
     """Saves a model with NF4Linear layers so that transformers + bitsandbytes load it as a 4-bit model
     (and `load_4bit` loads it back as stored)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    stacked = [name for name, module in base.named_modules() if nf4_stacked_names(module)]
+    if stacked:
+        raise ValueError(f"{stacked[0]}'s experts are stored in NF4, and bitsandbytes has no format for stacked "
+                         "expert weights (transformers would not load them): dequantize_model them first, or "
+                         "save the adapter and quantise the 16-bit base again on load")
     nf4 = [layer for layer in base.modules() if isinstance(layer, NF4Linear)]
     if not nf4:
         raise ValueError("the model has no NF4 layers to save in 4-bit")

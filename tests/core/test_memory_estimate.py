@@ -184,18 +184,20 @@ def test_a_mixture_of_experts_is_counted_with_its_experts_and_their_adapters(fam
     estimate = estimate_memory(unchecked_spec(lora={"rank": 4, "target_modules": "all-linear"}), shape, "cpu")
     assert estimate["parameters"] == sum(p.numel() for p in model.parameters()) - qk_norms
 
-    # A quantised base (QLoRA's NF4, or FP8) turns the linear layers only: the experts and routers stay in 16
-    # bits, and the estimate counts them so.
+    # The routers stay in 16 bits under a quantised base, the routed experts too under FP8; QLoRA stores these
+    # families' experts in NF4 (and reads them through one layer's dequantised buffer). The estimate counts them so.
     from lanner.kernels.quant import quantize_model
-    for quant_type in ("nf4", "fp8"):
+    parts = count_parameters(shape)
+    routers = parts["routers"]
+    for quant_type, dense in (("nf4", routers), ("fp8", routers + parts["experts"])):
         quantised = quantize_model(copy.deepcopy(model), quant_type=quant_type)
         sixteen_bit = sum(p.numel() for name, p in quantised.named_parameters()
                           if p.is_floating_point() and (".experts." in name or name.endswith(".mlp.gate.weight")))
-        assert count_parameters(shape)["experts"] == sixteen_bit > 0
-    parts = count_parameters(shape)
+        assert sixteen_bit == dense > 0
     qlora = estimate_memory(unchecked_spec("qlora", lora={"rank": 4}), shape)
+    one_layer = parts["experts"] // (config.num_hidden_layers - (family == "qwen3_moe"))
     assert qlora["weights_bytes"] - qlora["lora_parameters"] * 4 == int(
-        (parts["linear"] - sixteen_bit) * NF4_BYTES_PER_WEIGHT + (sixteen_bit + parts["other"]) * 2)
+        (parts["linear"] - routers) * NF4_BYTES_PER_WEIGHT + (routers + parts["other"]) * 2 + one_layer * 2)
 
     torch.manual_seed(0)
     adapted = get_lora_model(model, r=4, lora_alpha=4)
@@ -252,3 +254,10 @@ def test_the_form_s_lora_targets_choice_changes_an_moe_estimate(smollm2_dir):
     assert by_choice["attention"]["total_bytes"] < by_choice["experts"]["total_bytes"] < by_choice["all"]["total_bytes"]
     assert {estimate["experts"] for estimate in by_choice.values()} == {4}
     assert estimate_memory(unchecked_spec(), json.loads((smollm2_dir / "config.json").read_text()), "cpu")["experts"] == 0
+
+
+def test_qlora_stores_in_nf4_the_experts_of_the_kernels_families():
+    from lanner.core.memory_estimate import NF4_EXPERT_MODEL_TYPES
+    from lanner.kernels.patching import FAMILIES
+
+    assert set(NF4_EXPERT_MODEL_TYPES) == {name for name, family in FAMILIES.items() if family.moe}

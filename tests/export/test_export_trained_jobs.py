@@ -144,8 +144,8 @@ def test_a_qlora_job_records_its_4bit_base_and_its_adapter_merges_into_it_exactl
     adapter_dir = settings.data_dir / artifacts(settings, parent)["adapter"].path
     record = json.loads((adapter_dir / TRAINING_RECORD).read_text())
     # What the layers held: NF4 in blocks of 64, double-quantised, from the training dtype (float32 on
-    # the CPU; the checkpoint is bfloat16).
-    quantization = {"quant_type": "nf4", "blocksize": 64, "double_quant": True, "dtype": "float32"}
+    # the CPU; the checkpoint is bfloat16); no experts (a dense model).
+    quantization = {"quant_type": "nf4", "blocksize": 64, "double_quant": True, "dtype": "float32", "experts": False}
     assert record == {"method": "qlora", "base_model": BASE_MODEL_NAME, "saved": "adapter", "dtype": "float32",
                       "quantization": quantization}
 

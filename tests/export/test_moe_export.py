@@ -182,11 +182,13 @@ def test_what_llama_cpp_cannot_run_is_refused_in_words(model_type, changes, word
         arch_for(config)
 
 
-def test_a_qlora_adapter_on_the_experts_is_refused_in_words(moe_export, tmp_path):
+def test_a_qlora_adapter_on_16_bit_experts_is_refused_in_words(moe_export, tmp_path):
+    """A record from before Lanner held experts in NF4 (no `experts`): the base that adapter saw (NF4 linears,
+    16-bit experts) is not what the rule rebuilds."""
     from lanner.worker.export import ExportError, export_merged
     from lanner.worker.export.dequantize import Quantization
 
-    with pytest.raises(ExportError, match="stacked expert weights"):
+    with pytest.raises(ExportError, match="trained before Lanner held experts in 4 bits"):
         export_merged(moe_export["base"], moe_export["adapter"], tmp_path / "merged", quantization=Quantization())
     assert not (tmp_path / "merged").exists()
 
@@ -215,3 +217,61 @@ def test_gpt_oss_exports_its_adapter_a_merged_model_and_gguf_checked_by_logits(s
     f16, q8_0 = checks["gguf"]["f16"], checks["gguf"]["q8_0"]
     assert f16["passed"] and f16["top1_agreement"] == 1.0 and f16["mean_kl"] < f16["kl_bound"]
     assert q8_0["passed"] and q8_0["mean_kl"] < q8_0["kl_bound"]
+
+
+def test_a_qlora_adapter_on_nf4_experts_merges_into_the_base_it_trained_on(smollm2_dir, tmp_path, monkeypatch):
+    """QLoRA through lanner.kernels holds a mixture's stacked experts in NF4 too. Its adapter (made on that
+    model: PEFT's wrappers over NF4 experts) merges into the base rebuilt by the same rule (the training
+    record's experts: true) and passes the merged check, the rebuilt base with the adapter being the NF4 model
+    training ran."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from lanner.kernels import dequantize_model, get_lora_model
+    from lanner.worker.export import ExportRequest, Quantization, run_export
+    from lanner.worker.export.verify import _logits, compare_logits, prompt_ids
+
+    base = tiny_model("qwen3_moe", smollm2_dir, tmp_path / "base", initializer_range=0.05)
+    # The experts are stored in NF4 where the grouped kernels can run (a GPU): this CPU stands in for one at
+    # quantisation (nothing runs them here; their dense reads dequantise in torch).
+    monkeypatch.setattr("lanner.kernels.quant.convert.triton_available", lambda device: True)
+    model = get_lora_model(str(base), r=8, lora_alpha=16, target_modules=ATTENTION + ("gate_proj", "up_proj", "down_proj"),
+                           use_kernels=False, gradient_checkpointing=False, load_in_4bit=True)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.03)
+    assert any("experts.lora_B" in name for name, _ in model.named_parameters())
+    assert ".parametrizations.gate_up_proj.original" in " ".join(name for name, _ in model.named_parameters())
+    adapter = tmp_path / "adapter"
+    model.save_pretrained(adapter)
+    AutoTokenizer.from_pretrained(base).save_pretrained(adapter)
+
+    record = Quantization(experts=True).as_dict()
+    manifest = run_export(ExportRequest(base_model_dir=base, adapter_dir=adapter, out_dir=tmp_path / "export",
+                                        adapter=False, gguf_types=(), base_quantization=record))
+    assert manifest["failed"] == {}
+    check = manifest["verification"]["merged"]
+    assert check["passed"] and "4-bit base" in check["check"], check
+
+    # The model training ran (its NF4 weights dequantised, with the adapter) against the export's reference: the
+    # base rebuilt by the rule with the saved adapter loaded onto it (its wrappers nested as over 16-bit experts),
+    # both in float32: the same model, to float32's summation order.
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from lanner.worker.export.dequantize import dequantise_base_
+
+    ids = prompt_ids(AutoTokenizer.from_pretrained(adapter))
+    trained = dequantize_model(model).float().eval()  # in float16, as training read them
+    rebuilt = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float16)
+    layers = rebuilt.config.num_hidden_layers  # each: q, k, v, o and the two expert stacks
+    assert dequantise_base_(rebuilt, Quantization(experts=True), torch.float16) == layers * (4 + 2)
+    reference = PeftModel.from_pretrained(rebuilt.float(), adapter).eval()
+    result = compare_logits(_logits(reference, ids), _logits(trained, ids))
+    assert result["max_abs_logit_diff"] < 1e-4 and result["top1_agreement"] == 1.0, result
+
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "export" / "merged", dtype=torch.float32).eval()
+    result = compare_logits(_logits(trained, ids), _logits(merged, ids))
+    assert result["max_abs_logit_diff"] <= check["bound_max_abs_logit_diff"], (result, check)

@@ -94,6 +94,20 @@ def max_relative_error(actual: dict, expected: dict) -> float:
     return max(((actual[k] - expected[k]).abs().max() / expected[k].abs().max()).item() for k in actual)
 
 
+def assert_same_moe_step(plain, fast, ids, adapted_experts=True):
+    """One step of a mixture-of-experts pair: the loss and its load-balancing part to 1e-5, every LoRA gradient
+    (the experts' among them when adapted) to 1e-4."""
+    out_plain, out_fast = plain(input_ids=ids, labels=ids), fast(input_ids=ids, labels=ids)
+    assert out_plain.aux_loss is not None  # the load-balancing loss is part of both losses
+    torch.testing.assert_close(out_fast.aux_loss, out_plain.aux_loss, rtol=1e-5, atol=0)
+    torch.testing.assert_close(out_fast.loss, out_plain.loss, rtol=1e-5, atol=0)
+    out_plain.loss.backward()
+    out_fast.loss.backward()
+    grads = lora_grads(fast)
+    assert any("experts" in name for name in grads) == adapted_experts
+    assert max_relative_error(grads, lora_grads(plain)) < 1e-4
+
+
 def token_batches(steps, batch, seq, vocab, seed=2, device="cpu"):
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (batch, seq), generator=generator).to(device) for _ in range(steps)]

@@ -3,8 +3,9 @@ quantised to 4 bits and dequantised once, exactly as training stored and compute
 weights (which the adapter never saw) nor into re-quantised ones.
 
 Which layers: every nn.Linear of the model except the output embedding (lm_head), as lanner.kernels'
-quantize_model and transformers' bitsandbytes integration quantise them; embeddings and norms stay
-dense. The round trip starts from the dtype training quantised from (the codes depend on it) and
+quantize_model and transformers' bitsandbytes integration quantise them, and a mixture of experts'
+stacked expert weights where the training record says lanner.kernels held them in NF4 (its own rule
+says which); embeddings and norms stay dense. The round trip starts from the dtype training quantised from (the codes depend on it) and
 dequantises into float32: the exact NF4 level x block absmax, rounded to 16 bits only once, after the
 adapter is added. It runs on lanner.kernels' NF4 (quantize_nf4/dequantize, the code behind its
 dequantize_model, which Lanner's QLoRA trains on; bitsandbytes' format and algorithm) and falls back
@@ -32,6 +33,9 @@ class Quantization:
     blocksize: int = 64
     double_quant: bool = True
     dtype: str = "auto"   # the dtype the weights were quantised from: "auto" (the checkpoint's) or a name
+    # A mixture of experts' stacked expert weights held in NF4 too (lanner.kernels' QLoRA since it stores them;
+    # an adapter recorded before, or without the field, trained on 16-bit experts).
+    experts: bool = False
 
     @classmethod
     def from_config(cls, config: dict | None) -> "Quantization":
@@ -72,6 +76,16 @@ def quantised_linears(model) -> list:
             if isinstance(module, torch.nn.Linear) and module is not output]
 
 
+def quantised_expert_stacks(model, quantization: Quantization) -> list:
+    """(experts module, weight name) of the stacked expert weights training held in NF4: lanner.kernels' rule
+    (nf4_expert_stacks), when the record says it stored experts."""
+    if not quantization.experts:
+        return []
+    from lanner.kernels.patching.moe import nf4_expert_stacks
+
+    return nf4_expert_stacks(model)[0]
+
+
 def round_trip(weight, quantization: Quantization, source_dtype):
     """weight, as quantised from source_dtype, -> 4-bit -> float32, on weight's device."""
     import torch
@@ -94,12 +108,13 @@ def round_trip(weight, quantization: Quantization, source_dtype):
 
 
 def dequantise_base_(model, quantization: Quantization, source_dtype) -> int:
-    """Replace, in place, every quantised linear weight of `model` by its 4-bit round trip (in the
-    model's dtype). Returns how many weights were replaced."""
+    """Replace, in place, every quantised weight of `model` (linear layers; stacked experts where training
+    held them in NF4) by its 4-bit round trip (in the model's dtype). Returns how many weights were replaced."""
     import torch
 
-    layers = quantised_linears(model)
+    weights = [module.weight for module in quantised_linears(model)]
+    weights += [getattr(module, name) for module, name in quantised_expert_stacks(model, quantization)]
     with torch.no_grad():
-        for module in layers:
-            module.weight.data = round_trip(module.weight, quantization, source_dtype).to(module.weight.dtype)
-    return len(layers)
+        for weight in weights:
+            weight.data = round_trip(weight, quantization, source_dtype).to(weight.dtype)
+    return len(weights)

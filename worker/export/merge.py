@@ -14,7 +14,7 @@ from pathlib import Path
 from lanner.core.export_spec import MERGED_DTYPES
 from lanner.worker.checkpoints import base_load_kwargs
 
-from .dequantize import Quantization, quantised_linears, round_trip
+from .dequantize import Quantization, quantised_expert_stacks, quantised_linears, round_trip
 from .files import ExportError, ProgressFn, atomic_dir, ensure_free_space, no_progress, tree_size
 
 # Copied beside what tokenizer.save_pretrained writes (transformers 5 no longer writes tokenizer.model,
@@ -63,26 +63,31 @@ def load_tokenizer_source(base_model_dir: Path, adapter_dir: Path | None) -> Pat
 
 
 def _merge_into_dequantised(base, adapter_dir: Path, quantization: Quantization, dtype):
-    """The base with each quantised linear replaced by its 4-bit round trip plus the adapter's
-    delta: layer by layer in float32 (one layer at a time: memory stays at the loaded model), each
-    rounded to `dtype` once."""
+    """The base with each quantised weight (linear layers, and stacked experts where training held them in
+    4 bits) replaced by its 4-bit round trip plus the adapter's delta: weight by weight in float32 (one at a
+    time: memory stays at the loaded model), each rounded to `dtype` once."""
     import torch
     from peft import PeftModel
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora import LoraLayer, ParamWrapper
 
-    layers = quantised_linears(base)
+    weights = [(linear, "weight") for linear in quantised_linears(base)]
+    weights += quantised_expert_stacks(base, quantization)
     model = PeftModel.from_pretrained(base, adapter_dir)
-    lora_of = {id(m.get_base_layer()): m for m in model.modules() if isinstance(m, LoraLayer)}
+    # Each LoRA layer by the weight it adapts: a linear's weight, or one parameter of an experts module
+    # (PEFT nests one ParamWrapper per adapted parameter around it).
+    lora_of = {(id(m.get_base_layer()), m.parameter_name if isinstance(m, ParamWrapper) else "weight"): m
+               for m in model.modules() if isinstance(m, LoraLayer)}
     source_dtype = base.dtype  # loaded in the dtype training quantised from
     with torch.no_grad():
-        for linear in layers:
-            linear.weight.data = round_trip(linear.weight, quantization, source_dtype)
-            if id(linear) in lora_of:
-                lora_of[id(linear)].merge()
-            linear.weight.data = linear.weight.data.to(dtype)
+        for module, name in weights:
+            weight = getattr(module, name)
+            weight.data = round_trip(weight, quantization, source_dtype)
+            if (id(module), name) in lora_of:
+                lora_of[id(module), name].merge()
+            weight.data = weight.data.to(dtype)
     merged_layers = sum(1 for m in lora_of.values() if m.merged)
     if merged_layers != len(lora_of):
-        raise ExportError(f"Only {merged_layers} of the adapter's {len(lora_of)} layers are 4-bit linears of the base.")
+        raise ExportError(f"Only {merged_layers} of the adapter's {len(lora_of)} layers are 4-bit weights of the base.")
     return model.unload().to(dtype)
 
 
@@ -110,10 +115,11 @@ def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dty
     from transformers import AutoModelForCausalLM
 
     base_model_dir, adapter_dir, out_dir = Path(base_model_dir), Path(adapter_dir), Path(out_dir)
-    if quantization is not None and json.loads((adapter_dir / "adapter_config.json").read_text()).get("target_parameters"):
-        raise ExportError("A QLoRA adapter on a mixture of experts' stacked expert weights (target_parameters) cannot "
-                          "be merged yet: the QLoRA merge rebuilds the base's 4-bit linear layers as training saw "
-                          "them, not its experts. Export the adapter instead.")
+    if (quantization is not None and not quantization.experts
+            and json.loads((adapter_dir / "adapter_config.json").read_text()).get("target_parameters")):
+        raise ExportError("This QLoRA adapter on a mixture of experts' stacked expert weights (target_parameters) was "
+                          "trained before Lanner held experts in 4 bits, over experts its record does not describe: "
+                          "it cannot be merged. Export the adapter instead, or train it again.")
     torch_dtype = _start(base_model_dir, out_dir, dtype, check_space, progress)
     # A QLoRA base is loaded in the dtype its weights were quantised from: the 4-bit codes depend on it.
     # A LoRA base in float32: merged in the target dtype, each weight would be rounded twice (the base

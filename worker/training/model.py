@@ -159,6 +159,7 @@ def _put_on_kernels(model, options: TrainingOptions, events: JobEvents):
 
     if not options.use_kernels:
         events.log("lanner.kernels: off (the job's use_kernels option); plain PyTorch and PEFT")
+        _dense_experts(model, events)
         return None
     report = patch_model(model)
     if report.active:
@@ -166,6 +167,16 @@ def _put_on_kernels(model, options: TrainingOptions, events: JobEvents):
     else:
         events.log(f"lanner.kernels: not used — {report.fallback_reason}; plain PyTorch and PEFT", level="warning")
     return report
+
+
+def _dense_experts(model, events: JobEvents) -> None:
+    """A 4-bit base's experts back in 16 bits: lanner.kernels stores a mixture's experts in NF4 too, which only
+    its grouped kernels train on."""
+    from lanner.kernels.quant.nf4_experts import dense_experts_
+
+    layers = dense_experts_(model)
+    if layers:
+        events.log(f"The experts of {layers} layers are back in 16 bits: 4-bit experts train on lanner.kernels only")
 
 
 def _start_memory_engine(model, options: TrainingOptions, events: JobEvents, report) -> None:
