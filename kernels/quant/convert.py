@@ -114,7 +114,8 @@ def _store_experts_nf4(model: nn.Module, device, double_quant: bool) -> str | No
 @torch.no_grad()
 def dequantize_model(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
     """Replaces, in place, every NF4Linear or FP8Linear (also inside PEFT's LoRA layers) by an
-    nn.Linear holding its dequantised weight in `dtype` (default: the dtype it was quantised from).
+    nn.Linear holding its dequantised weight in `dtype` (default: the dtype it was quantised from), and
+    gives NF4-stored experts their dense parameters back likewise.
     Returns the model; a PEFT model can then `merge_and_unload()` into the dequantised base."""
     for name, module in list(model.named_modules()):
         if nf4_stacked_names(module):
