@@ -25,6 +25,8 @@ NF4_CODE_VALUES = (
     0.7229568362236023, 1.0,
 )
 BLOCKSIZE = 64
+# Elements quantize_nf4 quantises at a time (rounded down to whole blocks, and even); tests may shrink it.
+QUANTIZE_CHUNK = 1 << 26
 NESTED_BLOCKSIZE = 256
 QUANT_STATE_KEY = "quant_state.bitsandbytes__nf4"
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -114,11 +116,22 @@ def quantize_nf4(weight: torch.Tensor, blocksize: int = BLOCKSIZE, double_quant:
         raise ValueError(f"blocksize must be a power of two, not {blocksize}")
     device = weight.device
     code = nf4_code(device)
-    absmax, scaled = _blockwise_absmax(weight.reshape(-1).float(), blocksize)
-    if scaled.numel() % 2:
-        scaled = torch.nn.functional.pad(scaled, (0, 1))
-    q = _nearest_code(scaled, code)
-    packed = ((q[::2] << 4) | q[1::2]).unsqueeze(1)
+    flat = weight.reshape(-1)
+    # A chunk of whole blocks at a time (the same codes as all at once): the float32 temporaries, ~16 bytes
+    # an element, stay near a GiB for a stacked expert weight of billions of elements too.
+    chunk = max(QUANTIZE_CHUNK // blocksize, 1) * blocksize
+    chunk += chunk % 2  # a chunk's last byte holds two of its own codes
+    packed, absmax = [], []
+    for start in range(0, flat.numel(), chunk):
+        block_absmax, scaled = _blockwise_absmax(flat[start:start + chunk].float(), blocksize)
+        if scaled.numel() % 2:
+            scaled = torch.nn.functional.pad(scaled, (0, 1))
+        q = _nearest_code(scaled, code)
+        packed.append((q[::2] << 4) | q[1::2])
+        absmax.append(block_absmax)
+        del scaled, q
+    absmax = torch.cat(absmax) if len(absmax) > 1 else absmax[0]
+    packed = (torch.cat(packed) if len(packed) > 1 else packed[0]).unsqueeze(1)
     nf4 = NF4Weight(packed=packed, absmax=absmax, code=code, shape=weight.shape, dtype=weight.dtype,
                     blocksize=blocksize)
     if not double_quant:

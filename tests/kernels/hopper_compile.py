@@ -91,6 +91,8 @@ print(json.dumps(failures))
 
 
 def front_end_errors(launches: set) -> list[str]:
+    if not launches:  # a selection of tests that launched no kernel
+        return []
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", _BUILD], input="\n".join(sorted(launches)) + "\n",
                           capture_output=True, text=True, env=env, timeout=600)

@@ -94,6 +94,25 @@ def test_quantize_matches_bitsandbytes(shape, dtype, device):
     assert torch.equal(dequantize(ours).cpu()[equal_blocks], bnbf.dequantize_4bit(packed, state)[equal_blocks])
 
 
+@pytest.mark.parametrize("chunk, blocksize", [(200, 64), (64, 64), (3, 1)])
+def test_quantising_in_chunks_stores_the_same_codes(monkeypatch, chunk, blocksize):
+    """quantize_nf4 works through a large weight a chunk of whole blocks at a time: the same codes and
+    statistics as in one go (an odd element count, a partial last block, several nested blocks)."""
+    from lanner.kernels.quant import nf4
+
+    weight = _random_weight((130, 257), torch.bfloat16, "cpu", seed=3)
+    whole = quantize_nf4(weight, blocksize)
+    monkeypatch.setattr(nf4, "QUANTIZE_CHUNK", chunk)
+    chunks = []
+    blockwise = nf4._blockwise_absmax
+    monkeypatch.setattr(nf4, "_blockwise_absmax", lambda flat, size: (chunks.append(flat.numel()), blockwise(flat, size))[1])
+    chunked = quantize_nf4(weight, blocksize)
+    assert max(chunks[:-1]) <= max(chunk, blocksize) + 1 and sum(chunks[:-1]) == weight.numel()  # the last: nested
+    for field in ("packed", "absmax", "nested_absmax"):
+        assert torch.equal(getattr(chunked, field), getattr(whole, field)), field
+    assert chunked.offset == whole.offset
+
+
 def test_tables_are_bitsandbytes_tables():
     assert torch.equal(torch.tensor(NF4_CODE_VALUES), bnbf.get_4bit_type("nf4", device="cpu"))
     assert torch.equal(dynamic_code(), bnbf.create_dynamic_map())
