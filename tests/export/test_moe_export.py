@@ -250,14 +250,17 @@ def test_a_qlora_adapter_on_nf4_experts_merges_into_the_base_it_trained_on(smoll
 
     record = Quantization(experts=True).as_dict()
     manifest = run_export(ExportRequest(base_model_dir=base, adapter_dir=adapter, out_dir=tmp_path / "export",
-                                        adapter=False, gguf_types=(), base_quantization=record))
+                                        gguf_types=(), base_quantization=record))
     assert manifest["failed"] == {}
+    # The exported adapter is for 16-bit bases: without the NF4 stacks' parametrisation modules training excluded.
+    assert ".parametrizations." in (adapter / "adapter_config.json").read_text()
+    assert ".parametrizations." not in (tmp_path / "export" / "adapter" / "adapter_config.json").read_text()
     check = manifest["verification"]["merged"]
     assert check["passed"] and "4-bit base" in check["check"], check
 
-    # The model training ran (its NF4 weights dequantised, with the adapter) against the export's reference: the
-    # base rebuilt by the rule with the saved adapter loaded onto it (its wrappers nested as over 16-bit experts),
-    # both in float32: the same model, to float32's summation order.
+    # The model training ran (its NF4 weights dequantised, with the adapter) against the base rebuilt by the rule
+    # with the exported adapter loaded onto it (its wrappers nested as over 16-bit experts), both in float32: the
+    # same model, to float32's summation order.
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -268,7 +271,9 @@ def test_a_qlora_adapter_on_nf4_experts_merges_into_the_base_it_trained_on(smoll
     rebuilt = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float16)
     layers = rebuilt.config.num_hidden_layers  # each: q, k, v, o and the two expert stacks
     assert dequantise_base_(rebuilt, Quantization(experts=True), torch.float16) == layers * (4 + 2)
-    reference = PeftModel.from_pretrained(rebuilt.float(), adapter).eval()
+    exported = tmp_path / "export" / "adapter"  # with PEFT's rank pattern for Qwen3-MoE's fused gate_up (2r)
+    assert json.loads((exported / "adapter_config.json").read_text())["rank_pattern"] == {r".*\.gate_up_proj": 16}
+    reference = PeftModel.from_pretrained(rebuilt.float(), exported).eval()
     result = compare_logits(_logits(reference, ids), _logits(trained, ids))
     assert result["max_abs_logit_diff"] < 1e-4 and result["top1_agreement"] == 1.0, result
 

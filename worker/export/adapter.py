@@ -8,7 +8,9 @@ and what we do about each:
 - `modules_to_save` (full copies of embed_tokens/lm_head/...) -> not loaded by vLLM, its tensors
   are "unexpected modules": refused here.
 - `rank_pattern` / `alpha_pattern` -> vLLM ignores them and would scale those layers wrongly:
-  refused here when non-empty (written as {}).
+  refused here when non-empty (written as {}), except on an adapter with `target_parameters` (below),
+  where PEFT writes its own for the experts (Qwen3-MoE's fused gate_up: twice the rank and alpha of gate
+  and up) and they are kept.
 - `layers_to_transform`, `layer_replication`, `megatron_config` -> not understood: refused when set.
 - `target_modules` -> written as a sorted list of module names (never a regex string), derived from
   the tensors actually present so it names exactly what the file holds.
@@ -58,6 +60,16 @@ def _target_modules(names: list[str], target_parameters: list[str]) -> list[str]
     return sorted(modules)
 
 
+def _without_parametrizations(exclude_modules):
+    """exclude_modules less the NF4 expert stacks' parametrisation modules lanner.kernels excludes while
+    training over them (`...experts.parametrizations.down_proj`): a 16-bit base has none, and PEFT would
+    warn that nothing was excluded."""
+    if not isinstance(exclude_modules, list):
+        return exclude_modules
+    kept = [name for name in exclude_modules if ".parametrizations." not in name]
+    return kept or None
+
+
 def adapter_weights_size(adapter_dir: Path) -> int:
     return (Path(adapter_dir) / WEIGHTS_FILE).stat().st_size
 
@@ -74,7 +86,9 @@ def vllm_problems(config: dict, tensor_names: list[str]) -> list[str]:
     if config.get("modules_to_save"):
         problems.append(f"modules_to_save={config['modules_to_save']} (full module copies) is not loadable by vLLM")
     for key in ("rank_pattern", "alpha_pattern"):
-        if config.get(key):
+        # An adapter on stacked experts is not vLLM's anyway (VLLM_EXPERTS), and its patterns are PEFT's own
+        # for them (Qwen3-MoE's fused gate_up at twice the rank of gate and up): kept, for PEFT.
+        if config.get(key) and not config.get("target_parameters"):
             problems.append(f"{key} is ignored by vLLM, which would scale those layers wrongly")
     for key in ("layers_to_transform", "layer_replication", "megatron_config"):
         if config.get(key):
@@ -118,9 +132,10 @@ def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str, revisio
         base_model_name_or_path=str(base_model),
         target_modules=modules,
         target_parameters=target_parameters or None,
+        exclude_modules=_without_parametrizations(config.get("exclude_modules")),
         use_dora=False,
-        rank_pattern={},
-        alpha_pattern={},
+        rank_pattern=config.get("rank_pattern") or {} if target_parameters else {},
+        alpha_pattern=config.get("alpha_pattern") or {} if target_parameters else {},
         modules_to_save=None,
         layers_to_transform=None,
         layer_replication=None,
