@@ -182,15 +182,35 @@ def test_what_llama_cpp_cannot_run_is_refused_in_words(model_type, changes, word
         arch_for(config)
 
 
-def test_a_qlora_adapter_on_16_bit_experts_is_refused_in_words(moe_export, tmp_path):
-    """A record from before Lanner held experts in NF4 (no `experts`): the base that adapter saw (NF4 linears,
-    16-bit experts) is not what the rule rebuilds."""
-    from lanner.worker.export import ExportError, export_merged
-    from lanner.worker.export.dequantize import Quantization
+def test_a_qlora_adapter_on_16_bit_experts_merges_into_them(moe_export, tmp_path):
+    """A QLoRA record without `experts` (before Lanner held experts in NF4, or a job with the kernels off): the
+    base that adapter saw has NF4 linears and 16-bit experts, and the merge rebuilds exactly that."""
+    from lanner.worker.export import ExportRequest, run_export
 
-    with pytest.raises(ExportError, match="trained before Lanner held experts in 4 bits"):
-        export_merged(moe_export["base"], moe_export["adapter"], tmp_path / "merged", quantization=Quantization())
-    assert not (tmp_path / "merged").exists()
+    # In float16, the checkpoint's dtype: in bfloat16 one cast of these NF4-rebuilt weights routes a token to
+    # another expert (a top-1 change the check refuses, on the one-cast model as on the merged one, bit-equal).
+    manifest = run_export(ExportRequest(base_model_dir=moe_export["base"], adapter_dir=moe_export["adapter"],
+                                        out_dir=tmp_path / "export", adapter=False, gguf_types=(),
+                                        merged_dtype="float16", base_quantization={}))
+    assert manifest["failed"] == {}
+    check = manifest["verification"]["merged"]
+    assert check["passed"] and "4-bit base" in check["check"], check
+    assert check["adapter_effect_max_abs_logit_diff"] > check["bound_max_abs_logit_diff"]
+
+    # The experts: the checkpoint's 16-bit weights plus PEFT's delta, summed in float32 and rounded once.
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "export" / "merged", dtype=torch.float16).state_dict()
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(moe_export["base"], dtype=torch.float32),
+                                      moe_export["adapter"])
+    wrappers = [(name.removeprefix("base_model.model.").replace(".base_layer", ""), m)
+                for name, m in model.named_modules() if type(m).__name__ == "ParamWrapper"]
+    assert len(wrappers) == 4  # two layers, gate_up and down
+    for owner, wrapper in wrappers:
+        expected = (wrapper.get_param() + wrapper.get_delta_weight("default")).half()
+        assert torch.equal(merged[f"{owner}.{wrapper.parameter_name}"], expected), owner
 
 
 def test_gpt_oss_exports_its_adapter_a_merged_model_and_gguf_checked_by_logits(smollm2_dir, tmp_path):

@@ -64,24 +64,29 @@ def load_tokenizer_source(base_model_dir: Path, adapter_dir: Path | None) -> Pat
 
 def _merge_into_dequantised(base, adapter_dir: Path, quantization: Quantization, dtype):
     """The base with each quantised weight (linear layers, and stacked experts where training held them in
-    4 bits) replaced by its 4-bit round trip plus the adapter's delta: weight by weight in float32 (one at a
-    time: memory stays at the loaded model), each rounded to `dtype` once."""
+    4 bits) replaced by its 4-bit round trip, plus the adapter's delta on it and on any 16-bit expert stack it
+    adapts: weight by weight in float32 (one at a time: memory stays at the loaded model), each rounded to
+    `dtype` once."""
     import torch
     from peft import PeftModel
     from peft.tuners.lora import LoraLayer, ParamWrapper
 
-    weights = [(linear, "weight") for linear in quantised_linears(base)]
-    weights += quantised_expert_stacks(base, quantization)
+    quantised = [(linear, "weight") for linear in quantised_linears(base)]
+    quantised += quantised_expert_stacks(base, quantization)
     model = PeftModel.from_pretrained(base, adapter_dir)
     # Each LoRA layer by the weight it adapts: a linear's weight, or one parameter of an experts module
     # (PEFT nests one ParamWrapper per adapted parameter around it).
     lora_of = {(id(m.get_base_layer()), m.parameter_name if isinstance(m, ParamWrapper) else "weight"): m
                for m in model.modules() if isinstance(m, LoraLayer)}
+    keys = {(id(module), name) for module, name in quantised}
+    sixteen_bit = [(m.get_base_layer(), m.parameter_name) for m in lora_of.values()
+                   if isinstance(m, ParamWrapper) and (id(m.get_base_layer()), m.parameter_name) not in keys]
     source_dtype = base.dtype  # loaded in the dtype training quantised from
     with torch.no_grad():
-        for module, name in weights:
+        for module, name in quantised + sixteen_bit:
             weight = getattr(module, name)
-            weight.data = round_trip(weight, quantization, source_dtype)
+            weight.data = (round_trip(weight, quantization, source_dtype) if (id(module), name) in keys
+                           else weight.data.float())
             if (id(module), name) in lora_of:
                 lora_of[id(module), name].merge()
             weight.data = weight.data.to(dtype)
@@ -115,11 +120,6 @@ def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dty
     from transformers import AutoModelForCausalLM
 
     base_model_dir, adapter_dir, out_dir = Path(base_model_dir), Path(adapter_dir), Path(out_dir)
-    if (quantization is not None and not quantization.experts
-            and json.loads((adapter_dir / "adapter_config.json").read_text()).get("target_parameters")):
-        raise ExportError("This QLoRA adapter on a mixture of experts' stacked expert weights (target_parameters) was "
-                          "trained before Lanner held experts in 4 bits, over experts its record does not describe: "
-                          "it cannot be merged. Export the adapter instead, or train it again.")
     torch_dtype = _start(base_model_dir, out_dir, dtype, check_space, progress)
     # A QLoRA base is loaded in the dtype its weights were quantised from: the 4-bit codes depend on it.
     # A LoRA base in float32: merged in the target dtype, each weight would be rounded twice (the base
