@@ -16,7 +16,7 @@ from .binding import is_patched, plain_forwards, unbind_forward
 from .families import FAMILIES, Family, family_of
 from .loss import patch_causal_lm_loss
 from .mlp import patch_mlp
-from .moe import patch_moe_experts
+from .moe import nf4_experts, patch_moe_experts
 from .norms import is_rms_norm, patch_rms_norm
 
 logger = logging.getLogger("lanner.kernels")
@@ -122,15 +122,16 @@ def unpatch_model(model: nn.Module) -> None:
 
 @contextmanager
 def layers_unpatched(model: nn.Module):
-    """Inside the block the decoder layers run their own forwards (norms, attention, MLPs, experts) and the
-    model its own attention implementation, as after unpatch_model; after it, the kernels again. For
+    """Inside the block the decoder layers run their own forwards (norms, attention, MLPs, experts but NF4 ones)
+    and the model its own attention implementation, as after unpatch_model; after it, the kernels again. For
     decoding with a KV cache, a few tokens a call, where the kernels gain nothing and cost their per-call
     overhead. The causal LM's own forward (the loss) is left as it is: a trainer may have wrapped it."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     ours = base.config._attn_implementation == ATTENTION_NAME
     restore_attention(base)
     try:
-        with plain_forwards(module for module in base.modules() if module is not base):
+        # NF4-stored experts keep the kernels: PEFT's own forward cannot adapt them (quant/nf4_experts.py).
+        with plain_forwards(module for module in base.modules() if module is not base and not nf4_experts(module)):
             yield
     finally:
         if ours:

@@ -58,6 +58,12 @@ def _nf4(experts: nn.Module) -> bool:
     return bool(nf4_stacked_names(experts))
 
 
+def nf4_experts(module: nn.Module) -> bool:
+    """Whether `module` is an experts module with NF4-stored weights, as the block holds it (under PEFT's
+    wrappers or bare)."""
+    return _nf4(_unwrap(module)[0])
+
+
 def _layout(experts: nn.Module) -> _Layout:
     # transformers' use_experts_implementation flags; gpt-oss's own layout under a transformers without them.
     gpt_oss = _is_gpt_oss(experts)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers as tf
 
-from lanner.kernels import dequantize_model, get_lora_model
+from lanner.kernels import dequantize_model, get_lora_model, layers_unpatched
 from lanner.kernels.quant import quantize_model, save_4bit
 from lanner.kernels.quant.nf4_experts import dense_experts_, is_nf4_stacked
 from lora_twins import assert_same_moe_step, randomise_lora, tiny_model, token_batches
@@ -55,6 +55,9 @@ def test_nf4_experts_step_like_peft_on_the_dequantised_base(family, caplog, devi
 
     # The base alone (a preference method's reference): transformers' forward over the dequantised copy.
     with ours.disable_adapter(), plain.disable_adapter(), torch.no_grad():
+        torch.testing.assert_close(ours(input_ids=ids).logits, plain(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+    # Decoding (GRPO's generation) on the layers' own forwards: the NF4 experts stay on the kernels.
+    with layers_unpatched(ours), torch.no_grad():
         torch.testing.assert_close(ours(input_ids=ids).logits, plain(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
 
 
