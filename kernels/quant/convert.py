@@ -22,7 +22,7 @@ from ..ops.fp8_matmul import fp8_backend
 from .fp8 import FP8Linear, fp8_alignable
 from .linear import NF4Linear
 from .nf4 import from_bnb_state, triton_available
-from .nf4_experts import dense_stacked_, is_nf4_stacked, nf4_stacked_names, store_nf4_stacked
+from .nf4_experts import dense_experts_, is_nf4_stacked, store_nf4_stacked
 from .quantised_linear import QuantisedLinear
 
 log = logging.getLogger("lanner.kernels")
@@ -117,9 +117,8 @@ def dequantize_model(model: nn.Module, dtype: torch.dtype | None = None) -> nn.M
     nn.Linear holding its dequantised weight in `dtype` (default: the dtype it was quantised from), and
     gives NF4-stored experts their dense parameters back likewise.
     Returns the model; a PEFT model can then `merge_and_unload()` into the dequantised base."""
+    dense_experts_(model, dtype)
     for name, module in list(model.named_modules()):
-        if nf4_stacked_names(module):
-            dense_stacked_(module, dtype)
         if isinstance(module, QuantisedLinear):
             weight = module.dense_weight(dtype)
             dense = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,

@@ -100,7 +100,7 @@ def stored_parameter(module: nn.Module, name: str) -> nn.Parameter:
 def nf4_stacked_shape(module: nn.Module, name: str) -> torch.Size | None:
     """The dense shape of an NF4-stored stacked weight (None when `name` is not one)."""
     stored = _stored(module, name)
-    return None if stored is None else stored.storage(stored_parameter(module, name)).shape
+    return None if stored is None else stored._nf4.shape
 
 
 def expert_weight_reader(module: nn.Module, name: str) -> Callable[[torch.dtype], torch.Tensor]:
@@ -136,11 +136,11 @@ def dense_stacked_(module: nn.Module, dtype: torch.dtype | None = None) -> None:
         module.register_parameter(name, nn.Parameter(weight.to(dtype or weight.dtype), requires_grad=False))
 
 
-def dense_experts_(model: nn.Module) -> int:
-    """Every NF4-stored stacked weight of `model` back as a 16-bit parameter (dense_stacked_), so that PEFT's own
-    forward can train the model (lanner.kernels off); the linear layers stay in NF4. Returns how many modules
-    changed."""
+def dense_experts_(model: nn.Module, dtype: torch.dtype | None = None) -> int:
+    """Every NF4-stored stacked weight of `model` back as a dense parameter (dense_stacked_, in `dtype`), so that
+    PEFT's own forward can train the model (lanner.kernels off) or merge into it; the linear layers stay as they
+    are. Returns how many modules changed."""
     stacked = [module for module in model.modules() if nf4_stacked_names(module)]
     for module in stacked:
-        dense_stacked_(module)
+        dense_stacked_(module, dtype)
     return len(stacked)
