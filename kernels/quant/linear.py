@@ -26,9 +26,7 @@ class NF4Linear(QuantisedLinear):
     @property
     def nf4(self) -> NF4Weight:
         """The storage; its codes are always the `weight` parameter's (after a copy, a load or a move too)."""
-        self._nf4.packed = self.weight.data
-        if self._nf4.absmax.device != self.weight.device:
-            self._nf4 = self._nf4.to(self.weight.device)
+        self._nf4 = self._nf4.over(self.weight.data)
         return self._nf4
 
     quantise = staticmethod(quantize_nf4)  # options: double_quant (default True)

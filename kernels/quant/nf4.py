@@ -78,6 +78,12 @@ class NF4Weight:
         return replace(self, packed=move(self.packed), absmax=move(self.absmax), code=move(self.code),
                        nested_absmax=move(self.nested_absmax), nested_code=move(self.nested_code))
 
+    def over(self, packed: torch.Tensor) -> NF4Weight:
+        """This weight over `packed` (its codes, wherever a move of their module put them): the statistics
+        follow them to their device."""
+        self.packed = packed
+        return self if self.absmax.device == packed.device else self.to(packed.device)
+
     def numel(self) -> int:
         return self.shape.numel()
 

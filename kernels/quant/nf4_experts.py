@@ -38,9 +38,7 @@ class NF4StackedWeight(nn.Module):
 
     def storage(self, packed: torch.Tensor) -> NF4Weight:
         """The NF4 weight over `packed` (the stored codes, wherever a move of the module put them)."""
-        self._nf4.packed = packed.data
-        if self._nf4.absmax.device != packed.device:
-            self._nf4 = self._nf4.to(packed.device)
+        self._nf4 = self._nf4.over(packed.data)
         return self._nf4
 
     def forward(self, packed: torch.Tensor) -> torch.Tensor:
