@@ -37,6 +37,10 @@ def make_adapter(base_dir: Path, out_dir: Path, *, lora_b_std: float = 0.03, see
     return out_dir
 
 
+GPT_OSS_YARN = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "original_max_position_embeddings": 4096, "truncate": False}  # gpt-oss-20b/120b's own
+
+
 def tiny_model(kind: str, smollm2_dir, out_dir, *, tokenizer_dir=None, vocab_size: int = 49152,
                initializer_range: float = 0.3):
     """A random-init model of `kind` with 2 small layers, saved in f16 with SmolLM2's tokenizer (or the
@@ -55,6 +59,13 @@ def tiny_model(kind: str, smollm2_dir, out_dir, *, tokenizer_dir=None, vocab_siz
             "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8}),
         "mistral": lambda: transformers.MistralConfig(**common, sliding_window=None),
+        # A window llama.cpp's LLAMA graph does not apply, shorter than the prompt: the GGUF's context stops there.
+        "mistral-window": lambda: transformers.MistralConfig(**common, sliding_window=6),
+        # YaRN as transformers computes it beyond llama.cpp's own parameters: a set attention factor, betas other than
+        # 32/1 and an untruncated ramp (rope.scaling.attn_factor and rope_freqs carry them).
+        "llama-yarn": lambda: transformers.LlamaConfig(**common, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 512,
+            "attention_factor": 0.8, "beta_fast": 8.0, "beta_slow": 2.0, "truncate": False}),
         "qwen2": lambda: transformers.Qwen2Config(**common),
         "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=32),
         "gemma": lambda: transformers.GemmaConfig(**tied, head_dim=16),
@@ -68,16 +79,23 @@ def tiny_model(kind: str, smollm2_dir, out_dir, *, tokenizer_dir=None, vocab_siz
             layer_types=["sliding_attention", "full_attention"],
             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),
+        # Gemma 3 whose layers are all global (a window set, but no layer sliding).
+        "gemma3-global": lambda: transformers.Gemma3TextConfig(**tied, head_dim=16, sliding_window=4,
+                                                               layer_types=["full_attention"] * 2),
         # 4 experts, top-2; the experts' width is not half the hidden size, so a gate/up split on the wrong
         # axis cannot fit, and Qwen's differs from its (unused) dense intermediate_size.
         "qwen3_moe": lambda: transformers.Qwen3MoeConfig(**common, head_dim=32, moe_intermediate_size=96, num_experts=4,
                                                          num_experts_per_tok=2, norm_topk_prob=True),
         "mixtral": lambda: transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2),
-        # Experts stored [E, in, out] with biases, gate/up interleaved; attention sinks; a sliding layer.
+        # Experts stored [E, in, out] with biases, gate/up interleaved; attention sinks; a sliding layer; YaRN as
+        # gpt-oss sets it (its untruncated ramp is written as llama.cpp's converter writes it, truncated).
         "gpt_oss": lambda: transformers.GptOssConfig(**common, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
-                                                     sliding_window=4,
-                                                     layer_types=["sliding_attention", "full_attention"]),
+                                                     sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+                                                     rope_parameters=GPT_OSS_YARN),
     }
+    # gpt-oss with tied embeddings: llama.cpp's graph needs output.weight (written as a copy of token_embd).
+    configs["gpt_oss-tied"] = lambda: transformers.GptOssConfig(**{**configs["gpt_oss"]().to_dict(),
+                                                                   "tie_word_embeddings": True})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(configs[kind]())
     with torch.no_grad():

@@ -9,6 +9,7 @@ gguf package's quants module). Norms and biases stay f32, as llama.cpp's convert
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf import quants
 
 from .files import ExportError, ProgressFn, atomic_file, ensure_free_space, no_progress
-from .gguf_arch import (ArchSpec, arch_for, expert_count, llama3_rope_factors, model_shape, permute_for_llama_rope,
-                        rope_settings)
+from .gguf_arch import (ArchSpec, arch_for, context_length, expert_count, llama3_rope_factors, model_shape,
+                        permute_for_llama_rope, rope_settings, yarn_attn_factor, yarn_rope_divisors)
 from .gguf_tokenizer import read_tokenizer, write_tokenizer
 
 OUT_TYPES = {
@@ -103,6 +104,10 @@ def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) ->
         generic = re.sub(r"^blk\.\d+\.", "blk.{bid}.", base)
         if generic not in allowed:
             raise ExportError(f"Tensor {gguf_name} is not part of llama.cpp's {spec.name} graph.")
+        if gguf_name.endswith(".bias") and generic.removeprefix("blk.{bid}.") not in spec.biases:
+            raise ExportError(f"The checkpoint has a bias on {hf_name.removesuffix('.bias')} (the config's "
+                              f"attention_bias / mlp_bias); llama.cpp's {spec.name} graph has no bias there and "
+                              "would refuse the file.")
         heads = None
         if spec.permute_qk and base.endswith(".attn_q"):
             heads = shape_info.n_head
@@ -144,6 +149,8 @@ def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) ->
                 if tied and hf_name == "lm_head.weight":
                     continue  # llama.cpp reuses token_embd when output.weight is absent
                 shape = tuple(handle.get_slice(hf_name).get_shape())
+                if tied and spec.output_required and hf_name.endswith("embed_tokens.weight"):
+                    plan(hf_name, file, shape, "lm_head.weight")  # the graph reads output.weight: a copy
                 expert = EXPERT_TENSOR.match(hf_name)
                 if expert:
                     group = experts.setdefault((expert["prefix"], expert["proj"]), {})
@@ -165,10 +172,14 @@ def plan_tensors(model_dir: Path, config: dict, spec: ArchSpec, out_type: QT) ->
         parts = tuple((group[i][0], group[i][1]) for i in sorted(group))
         plan(parts[0][0], parts[0][1], (len(parts), *group[0][2]), f"{prefix}.{proj}.weight", experts=parts)
     rope = rope_settings(config)
+    factors = None
     if rope["type"] == "llama3":
-        if spec.arch != gguf.MODEL_ARCH.LLAMA:
+        if not spec.reads_rope_freqs:
             raise ExportError(f"llama3 RoPE scaling on a {spec.name} model is not supported")
         factors = llama3_rope_factors(rope, shape_info.head_dim)
+    elif rope["type"] == "yarn" and spec.reads_rope_freqs:  # (what cannot be written is refused by arch_for)
+        factors = yarn_rope_divisors(rope, shape_info.head_dim)
+    if factors is not None:
         planned.append(PlannedTensor("", Path(), gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight",
                                      factors.shape, QT.F32, None, data=factors))
     planned.sort(key=lambda t: _sort_key(t.gguf_name))
@@ -207,6 +218,9 @@ def _write_metadata(writer: gguf.GGUFWriter, config: dict, spec: ArchSpec, file_
     shape = model_shape(config)
     writer.add_name(name)
     for method, key in spec.hparams:
+        if key == "max_position_embeddings":
+            getattr(writer, method)(context_length(spec, config))
+            continue
         if config.get(key) is None:
             if key == "num_key_value_heads":
                 continue
@@ -227,8 +241,12 @@ def _write_metadata(writer: gguf.GGUFWriter, config: dict, spec: ArchSpec, file_
     elif rope["type"] == "yarn":
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(float(rope["factor"]))
-        if rope["original_max_position_embeddings"]:
-            writer.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+        writer.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+        # llama.cpp multiplies cos/sin by rope.scaling.attn_factor x (1 + 0.1 ln factor), Hugging Face by its
+        # attention_factor (by default that same 1 + 0.1 ln factor; or set, or from mscale / mscale_all_dim).
+        attn_factor = yarn_attn_factor(rope)
+        if not math.isclose(attn_factor, 1.0, rel_tol=1e-7):
+            writer.add_rope_scaling_attn_factors(attn_factor)
     if spec.extra_metadata:
         spec.extra_metadata(writer, config)
     writer.add_file_type(int(file_type))
