@@ -83,6 +83,7 @@ FIGURE_MEANINGS: dict[str, tuple[str, str]] = {
     "tokenization_mismatches": ("prompts tokenized differently", "llama.cpp splits text into other tokens than the "
                                                                  "model's own tokenizer"),
     "generated_characters": ("characters generated", "llama.cpp generated no text from the file"),
+    "loads": ("loads in llama.cpp", "llama.cpp refused to load the file"),
 }
 
 

@@ -185,6 +185,20 @@ def test_several_llama_cpp_types_from_the_one_f16_conversion(full_export, tmp_pa
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
 
 
+def test_a_gguf_llama_cpp_cannot_load_is_a_failed_check_in_words(full_export, tmp_path):
+    from lanner.worker.export.pipeline import check_figures
+    from lanner.worker.export.verify import F16_KL_BOUND, verify_gguf
+
+    f16 = full_export["out"] / artifact(full_export, "gguf", "f16")["path"]
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(f16.read_bytes()[: f16.stat().st_size // 2])  # its tensors end past the file
+    reference = {"ids": [[1, 2, 3]], "logits": [None]}  # not reached: the file does not load
+    check = verify_gguf(cut, reference, kl_bound=F16_KL_BOUND, require_top1=True)
+    assert not check["passed"] and check["load_error"]
+    [figure] = check_figures(check)
+    assert figure.figure == "loads in llama.cpp" and not figure.passed and "refused to load" in figure.meaning
+
+
 # Unlike the check's own prompts (English, code, a short chat turn): German, numbers, markup, SQL.
 OTHER_PROMPTS = ("Die Hauptstadt von Deutschland ist Berlin, und die von Spanien ist",
                  "1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144,",

@@ -237,6 +237,8 @@ def check_figures(check: dict) -> list[CheckFigure]:
         figures.append(CheckFigure(figure=name, measured=measured, bound=bound, within=within, passed=passed,
                                    meaning=meaning))
 
+    if "loads" in check:  # a file llama.cpp could not load has no other figure
+        add("loads", int(check["loads"]), 1, "at least")
     if check.get("bound_max_abs_logit_diff") is not None:
         add("max_abs_logit_diff", check["max_abs_logit_diff"], check["bound_max_abs_logit_diff"])
     if "tensors_differing_count" in check:

@@ -260,7 +260,11 @@ def verify_gguf(gguf_path: Path, reference: dict, *, kl_bound: float | None, req
     """Run the fixed prompts through llama.cpp and compare with the merged model's logits."""
     ids_list, ref_logits = reference["ids"], reference["logits"]
     n_ctx = max(64, 2 ** math.ceil(math.log2(max(len(ids) for ids in ids_list) + generate_tokens + 8)))
-    llm = _open_gguf(gguf_path, n_ctx)
+    try:
+        llm = _open_gguf(gguf_path, n_ctx)
+    except ValueError as error:  # llama-cpp-python's "Failed to load model from file"
+        return {"check": "llama.cpp (llama-cpp-python) loads the file", "loads": False, "load_error": str(error),
+                "top1_required": False, "passed": False}
     try:
         got = []
         for ids in ids_list:
