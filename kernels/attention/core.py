@@ -23,8 +23,11 @@ Dispatch, first match wins:
      eager softmax(softcap(q k^T)) v when soft-capping.
   Before 2, on CUDA without padding or segments, for a head dimension in TRITON_HEAD_DIMS: our Triton flash
   attention (flash.py) for the window and the soft-cap, measured faster than FlexAttention there.
-backend="triton" (or LANNER_ATTENTION=triton) asks for that kernel at any head dimension; with padding or
-segments it has no kernel, and such a call runs what "auto" would (FlexAttention on CUDA, else the reference).
+backend="triton" (or LANNER_ATTENTION=triton) asks for that kernel at any head dimension it has tiles for (a power
+of two from 16 to 256); with padding, or another head dimension, it has no kernel, and such a call runs what
+"auto" would (FlexAttention on CUDA, else the reference). FlexAttention's compiled kernel takes no head dimension
+below 16 (tl.dot's smallest), so on CUDA those run the reference, "auto" or forced; a forced path that cannot
+run says so once through the lanner.kernels logger.
 A query row with no visible key (a left-padding query) outputs zeros, with zero gradients, on every
 path: what torch's SDPA and FlexAttention do, and so transformers' sdpa (its eager gives such a row
 uniform weights instead). No real token reads that row, but with left padding the last pad
@@ -33,6 +36,7 @@ position's logits predict the first real token, so it reaches a loss whose label
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 import torch
@@ -45,7 +49,12 @@ try:  # torch >= 2.5
 except ImportError:  # pragma: no cover - older torch
     create_block_mask = flex_attention = None
 
+logger = logging.getLogger("lanner.kernels")
+
 BACKENDS = ("auto", "sdpa", "flex", "reference", "triton")
+# Below this head dimension inductor refuses to compile FlexAttention ("NYI: embedding dimension of the query, key,
+# and value must be at least 16"): its kernel multiplies with tl.dot, which takes no smaller dimension.
+FLEX_MIN_HEAD_DIM = 16
 # FlexAttention's kernel_options (tile sizes, warps, stages) on CUDA by head dimension, where measurement beat
 # the defaults of the torch in use (benchmarks/attention_bench.py --tune-flex); a head dimension not here keeps
 # torch's own choice. D 256 (flex runs it with padding or packed samples): a 128 x 64 forward at 8 warps, Gemma
@@ -96,7 +105,7 @@ def auto_backend(head_dim: int, on_cuda: bool, masked: bool) -> str:
         return "reference"
     if head_dim in TRITON_HEAD_DIMS and not masked:
         return "triton"
-    return "flex" if flex_attention is not None else "reference"
+    return "flex" if flex_attention is not None and head_dim >= FLEX_MIN_HEAD_DIM else "reference"
 
 
 def _sinks_backend(q: torch.Tensor, requested: str, padded: bool) -> str:
@@ -113,9 +122,23 @@ def call_backend(q: torch.Tensor, window, softcap, padding, segments, sinks, bac
     if sinks is not None:
         backend = _sinks_backend(q, backend or forced_backend(), padding is not None)
     backend = backend or choose_backend(q, window, softcap, padding, segments)
+    head_dim = q.shape[-1]
     if backend == "triton" and padding is not None:
-        backend = auto_backend(q.shape[-1], q.is_cuda, masked=True)  # no kernel of ours for padding
+        backend = auto_backend(head_dim, q.is_cuda, masked=True)  # no kernel of ours for padding
+    elif backend == "triton" and head_dim not in TILES:
+        backend = auto_backend(head_dim, q.is_cuda, masked=True)
+        _say_once(f"no Triton flash attention tiles for head dim {head_dim} (powers of two from 16 to 256); "
+                  f"attention runs {backend}")
+    if backend == "flex" and q.is_cuda and head_dim < FLEX_MIN_HEAD_DIM:
+        backend = "reference"
+        _say_once(f"FlexAttention compiles no head dim below {FLEX_MIN_HEAD_DIM} (got {head_dim}); "
+                  "attention runs the reference")
     return backend
+
+
+@functools.lru_cache(maxsize=None)
+def _say_once(message: str) -> None:
+    logger.warning("lanner.kernels: %s", message)
 
 
 def causal_attention(q, k, v, *, scale: float | None = None, window: int | None = None,

@@ -125,8 +125,10 @@ class MemoryEngine:
 
         run = LayerRun(MLPStash(("gate", "up")), skip_mlp_output=False)
         x = hidden_states.detach().requires_grad_(hidden_states.requires_grad)
+        # The random state is put back afterwards: a forward that draws (LoRA or attention dropout) must draw
+        # in the step what it would have drawn without this extra forward, as plain PEFT does.
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), run.contexts()[0], \
-                _outputs_not_recorded():
+                _outputs_not_recorded(), _random_state_kept(hidden_states.device):
             forward(x, *args)
         stash = run.mlp_stash.take() or {}
         kept = [t for value in stash.values() for t in (value if isinstance(value, tuple) else (value,))]
@@ -150,6 +152,19 @@ class MemoryEngine:
         if device.type == "cuda":
             return torch.cuda.memory_allocated(device) + missing
         return sum(p.numel() * p.element_size() for p in params) + missing
+
+
+@contextmanager
+def _random_state_kept(device: torch.device):
+    """The CPU's random state and the device's (when it has one of its own) as they were, after the block."""
+    accelerator = None if device.type == "cpu" else torch.get_device_module(device.type)
+    states = torch.get_rng_state(), accelerator.get_rng_state(device) if accelerator else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        if accelerator:
+            accelerator.set_rng_state(states[1], device)
 
 
 @contextmanager

@@ -79,7 +79,7 @@ def patch_model(model: nn.Module) -> PatchReport:
             report.patched["rms_norm"] += 1
     for layer in getattr(base, base.base_model_prefix).layers:
         if hasattr(layer, "self_attn"):
-            reason = patch_attention(layer.self_attn, family.rope_pair_tables)
+            reason = patch_attention(layer.self_attn, family.rope_pair_tables, family.attention_softcap)
             if reason is None:
                 report.patched["attention"] += 1
             else:
@@ -91,8 +91,12 @@ def patch_model(model: nn.Module) -> PatchReport:
                 report.patched["moe_experts"] += 1
             else:
                 fallbacks.add(f"MoE experts run on transformers' forward ({reason})")
-        elif mlp is not None and patch_mlp(mlp):
-            report.patched["mlp"] += 1
+        elif mlp is not None:
+            reason = patch_mlp(mlp)
+            if reason is None:
+                report.patched["mlp"] += 1
+            else:
+                fallbacks.add(f"the MLP runs on transformers' forward ({reason})")
     if patch_causal_lm_loss(base):
         report.patched["loss"] += 1
     if report.patched["attention"]:

@@ -43,7 +43,7 @@ def _rotate(attention: nn.Module, q, k, cos, sin, pair_tables: bool):
 
 
 def _attend(attention: nn.Module, q, k, v, input_shape, position_embeddings, attention_mask, kwargs,
-            pair_tables=False):
+            pair_tables=False, softcapped=False):
     hidden_shape = (*input_shape, -1, attention.head_dim)
     q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
     if hasattr(attention, "q_norm"):  # Qwen3, Gemma 3: per-head RMSNorm before RoPE
@@ -57,7 +57,7 @@ def _attend(attention: nn.Module, q, k, v, input_shape, position_embeddings, att
         kwargs["sliding_window"] = attention.sliding_window
     elif getattr(config, "sliding_window", None) is not None:
         kwargs["sliding_window"] = config.sliding_window
-    if hasattr(attention, "attn_logit_softcapping"):
+    if softcapped:  # as the family's forward does (Family.attention_softcap)
         kwargs["softcap"] = attention.attn_logit_softcapping
     if getattr(attention, "sinks", None) is not None:
         kwargs["s_aux"] = attention.sinks
@@ -83,13 +83,13 @@ def _split_kwargs(kwargs):
     return kwargs["position_embeddings"], kwargs.get("attention_mask"), rest
 
 
-def _attention_forward(attention: nn.Module, hidden_states, *args, pair_tables=False, **kwargs):
+def _attention_forward(attention: nn.Module, hidden_states, *args, pair_tables=False, softcapped=False, **kwargs):
     if not _can_run(args, kwargs):
         return plain_forward(attention)(hidden_states, *args, **kwargs)
     position_embeddings, attention_mask, rest = _split_kwargs(kwargs)
     q, k, v = _project(hidden_states, (attention.q_proj, attention.k_proj, attention.v_proj))
     out, weights = _attend(attention, q, k, v, hidden_states.shape[:-1], position_embeddings, attention_mask, rest,
-                           pair_tables)
+                           pair_tables, softcapped)
     (out,) = _project(out, (attention.o_proj,))
     return out, weights
 
@@ -110,11 +110,12 @@ def _fused_qkv_attention_forward(attention: nn.Module, hidden_states, *args, **k
     return out, weights
 
 
-def patch_attention(attention: nn.Module, pair_tables: bool = False) -> str | None:
+def patch_attention(attention: nn.Module, pair_tables: bool = False, softcapped: bool = False) -> str | None:
     """Patches a family attention module; returns why not, in words, when it cannot. pair_tables: the
-    family's RoPE tables are gpt-oss's (Family.rope_pair_tables)."""
+    family's RoPE tables are gpt-oss's (Family.rope_pair_tables); softcapped: its attention soft-caps the scores
+    by the module's attn_logit_softcapping (Family.attention_softcap)."""
     if all(hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj")):
-        bind_forward(attention, _attention_forward, pair_tables=pair_tables)
+        bind_forward(attention, _attention_forward, pair_tables=pair_tables, softcapped=softcapped)
         return None
     if hasattr(attention, "qkv_proj") and hasattr(attention, "o_proj"):
         bind_forward(attention, _fused_qkv_attention_forward)

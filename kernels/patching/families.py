@@ -20,6 +20,9 @@ class Family:
     # Mixture of experts: each expert's gate/up and down are slices of stacked 3D weights, which PEFT
     # adapts through target_parameters.
     moe: bool = False
+    # Gemma 2 soft-caps its attention scores by config.attn_logit_softcapping. Gemma 3's config has the field
+    # too, but its attention never reads it (transformers' forward passes no softcap), so neither do we.
+    attention_softcap: bool = False
 
 
 FAMILIES = {
@@ -33,7 +36,7 @@ FAMILIES = {
         Family("mixtral", moe=True),
         Family("gpt_oss", norm_cast_before_weight=False, rope_pair_tables=True, moe=True),
         Family("gemma", norm_offset=1.0, norm_cast_before_weight=False),
-        Family("gemma2", norm_offset=1.0, norm_cast_before_weight=False),
+        Family("gemma2", norm_offset=1.0, norm_cast_before_weight=False, attention_softcap=True),
         Family("gemma3_text", norm_offset=1.0, norm_cast_before_weight=False),
         Family("phi3", fused_projections=True),
     )

@@ -30,16 +30,16 @@ def _fused_gate_up_mlp_forward(mlp: nn.Module, x, *, activation: str):
     return lora_linear(gated_activation(activation, gate, up), down_p)
 
 
-def patch_mlp(mlp: nn.Module) -> bool:
-    """Patches a family MLP module; False when its layout or activation has no kernel."""
+def patch_mlp(mlp: nn.Module) -> str | None:
+    """Patches a family MLP module; the reason when its activation or layout has no kernel (None: patched)."""
     act_fn = getattr(mlp, "act_fn", None) or getattr(mlp, "activation_fn", None)
     activation = glu_activation(act_fn) if act_fn is not None else None
     if activation is None:
-        return False
+        return f"no GLU kernel for its activation {type(act_fn).__name__}"
     if all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj")):
         bind_forward(mlp, _mlp_forward, activation=activation)
-        return True
+        return None
     if hasattr(mlp, "gate_up_proj") and hasattr(mlp, "down_proj"):
         bind_forward(mlp, _fused_gate_up_mlp_forward, activation=activation)
-        return True
-    return False
+        return None
+    return f"no kernel for the layout of {type(mlp).__name__}"

@@ -22,13 +22,14 @@ FAMILIES = {
     "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, {}),
     "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, dict(head_dim=16)),
     "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM, dict(head_dim=16, hidden_act="gelu_pytorch_tanh")),
-    # Gemma 2/3: query scaling by query_pre_attn_scalar (not head_dim), a sliding layer then a global one.
+    # Gemma 2/3: query scaling by query_pre_attn_scalar (not head_dim), a sliding layer then a global one. Gemma 3's
+    # config takes an attention soft-cap that its attention never applies (Gemma 2's does): ours must not either.
     "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM,
                dict(head_dim=16, final_logit_softcapping=3.0, attn_logit_softcapping=5.0, sliding_window=4,
                     query_pre_attn_scalar=24)),
     "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM,
                dict(head_dim=16, sliding_window=4, final_logit_softcapping=3.0, query_pre_attn_scalar=24,
-                    layer_types=["sliding_attention", "full_attention"])),
+                    attn_logit_softcapping=5.0, layer_types=["sliding_attention", "full_attention"])),
     "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, {}),
     # Phi-4-mini's partial rotary: 6 of each head's 12 dims rotate
     "phi3_partial": (tf.Phi3Config, tf.Phi3ForCausalLM, dict(partial_rotary_factor=0.5)),

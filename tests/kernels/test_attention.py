@@ -180,6 +180,14 @@ def test_triton_backend_choice_and_fallback_on_padding(device, monkeypatch):
     out = causal_attention(q, k, v, window=3, softcap=5.0, padding=padding)
     reference = causal_attention(q, k, v, window=3, softcap=5.0, padding=padding, backend="reference")
     torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-4)
+    # A head dim without tiles (24, 8) runs what "auto" would, said once; compiled FlexAttention takes none below 16
+    assert core.auto_backend(8, True, True) == "reference"
+    assert core.auto_backend(24, True, True) in ("flex", "reference")
+    for d in (24, 8):
+        q, k, v = (torch.randn(B, h, T, d, device=device) for h in (HQ, HK, HK))
+        out = causal_attention(q, k, v, window=3, softcap=5.0)
+        reference = causal_attention(q, k, v, window=3, softcap=5.0, backend="reference")
+        torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-4)
 
 
 # Packed rows for the Triton kernel's packed samples: lengths crossing the small tiles' blocks, a one-token sample,

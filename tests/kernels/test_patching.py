@@ -1,5 +1,6 @@
 """get_lora_model / patch_model on every supported family: same loss and gradients as plain PEFT,
 per-instance patching, and the fallbacks."""
+import copy
 import logging
 
 import pytest
@@ -10,7 +11,7 @@ from transformers.models.llama import modeling_llama
 
 from lanner.kernels import get_lora_model, patch_model, unpatch_model
 from lanner.kernels.patching.binding import is_patched
-from lora_twins import FAMILIES, lora_grads, max_relative_error, tiny_model, token_batches, twins
+from lora_twins import FAMILIES, lora_grads, max_relative_error, randomise_lora, tiny_model, token_batches, twins
 
 # float32 throughout: the kernels round differently from torch only at float32 precision.
 LOSS_RTOL, GRAD_RTOL = 1e-5, 1e-4
@@ -102,12 +103,27 @@ def test_unsupported_architecture_falls_back_with_one_log_line(caplog, device):
     assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
 
 
-def test_lora_dropout_runs_peft_projections_with_a_log_line(caplog, device):
+def test_an_mlp_activation_without_a_kernel_is_said_and_trains_like_plain_peft(caplog, device):
+    base = tiny_model("llama", device=device, hidden_act="relu")
+    plain = get_lora_model(copy.deepcopy(base), use_kernels=False)
+    with caplog.at_level(logging.WARNING, logger="lanner.kernels"):
+        fast = get_lora_model(base, use_kernels=True)
+    assert any("MLP runs on transformers' forward (no GLU kernel for its activation ReLU" in r.getMessage()
+               for r in _kernel_records(caplog))
+    randomise_lora(plain), randomise_lora(fast)
+    (ids,) = token_batches(1, 1, 5, plain.config.vocab_size, device=device)
+    losses = [model(input_ids=ids, labels=ids).loss for model in (plain, fast)]
+    torch.testing.assert_close(losses[1], losses[0], rtol=LOSS_RTOL, atol=0)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointed"])
+def test_lora_dropout_runs_peft_projections_with_a_log_line(checkpointing, caplog, device):
     with caplog.at_level(logging.INFO, logger="lanner.kernels"):
-        plain, fast = twins("llama", device=device, lora_dropout=0.1)
+        plain, fast = twins("llama", device=device, lora_dropout=0.1, gradient_checkpointing=checkpointing)
     records = _kernel_records(caplog)
     assert len(records) == 1 and "lora_dropout > 0" in records[0].getMessage()
-    # Training: both draw the same dropout masks from the same seed, through PEFT's projections.
+    # Training: both draw the same dropout masks from the same seed, through PEFT's projections; checkpointed, the
+    # memory engine's measuring forward at the first step (and the recompute) leave the random state as it was.
     ids = torch.randint(3, 96, (2, 5), device=device)
     losses = []
     for model in (plain, fast):
