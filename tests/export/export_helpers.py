@@ -73,9 +73,10 @@ def tiny_model(kind: str, smollm2_dir, out_dir, *, tokenizer_dir=None, vocab_siz
         # than head_dim (llama.cpp fixes it to head_dim: the converter folds the ratio into the weights).
         "gemma2": lambda: transformers.Gemma2Config(**tied, head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
                                                     attn_logit_softcapping=10.0, final_logit_softcapping=15.0),
-        # Gemma 3: local and global layers, each with its own RoPE base, linear scaling on the global one.
+        # Gemma 3: local and global layers, each with its own RoPE base, linear scaling on the global one; an
+        # attention soft-cap in the config that transformers' Gemma 3 never applies (so neither may the GGUF).
         "gemma3": lambda: transformers.Gemma3TextConfig(
-            **tied, head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
+            **tied, head_dim=16, query_pre_attn_scalar=24, sliding_window=4, attn_logit_softcapping=10.0,
             layer_types=["sliding_attention", "full_attention"],
             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}),

@@ -227,8 +227,7 @@ def _gemma2_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
 
 
 def _gemma3_metadata(writer: gguf.GGUFWriter, config: dict) -> None:
-    if config.get("attn_logit_softcapping") is not None:
-        raise ExportError("Gemma 3 with attention soft-capping is not supported by llama.cpp's gemma3 graph.")
+    # (a config's attn_logit_softcapping is left out: transformers' Gemma 3 attention never applies it either)
     if config.get("final_logit_softcapping") is not None:
         writer.add_final_logit_softcapping(float(config["final_logit_softcapping"]))
     if config.get("sliding_window") and any(sliding_layers(config, 6)):
