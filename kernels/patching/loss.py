@@ -43,6 +43,9 @@ def _causal_lm_forward(model: nn.Module, *args, **kwargs):
     labels, shift_labels = kwargs["labels"], kwargs.get("shift_labels")
     num_items_in_batch = kwargs.get("num_items_in_batch")
     backbone_kwargs = {key: value for key, value in kwargs.items() if key not in _HEAD_ONLY_ARGS}
+    # No KV cache: the output carries none, and a cache would send attention through transformers' own forward
+    # (config.use_cache is on unless gradient checkpointing turned it off).
+    backbone_kwargs["use_cache"] = False
     is_moe = hasattr(model, "router_aux_loss_coef")
     if is_moe:
         requested = kwargs.get("output_router_logits")

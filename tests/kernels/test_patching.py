@@ -42,6 +42,26 @@ def test_one_training_step_matches_plain_peft(family, device):
     assert max_relative_error(lora_grads(fast), lora_grads(plain)) < GRAD_RTOL
 
 
+def test_training_without_checkpointing_runs_attention_on_the_kernels(device, monkeypatch):
+    """config.use_cache stays on without gradient checkpointing; a cache built in training would send attention
+    through transformers' own forward."""
+    from lanner.kernels.patching import attention
+
+    plain, fast = twins("llama", device=device)
+    assert fast.config.use_cache
+    original, projected = attention._project, []
+
+    def counted(*args):
+        projected.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(attention, "_project", counted)
+    (ids,) = token_batches(1, 1, 5, plain.config.vocab_size, device=device)
+    fast.train()
+    fast(input_ids=ids, labels=ids).loss.backward()
+    assert projected
+
+
 def test_padding_mask_and_num_items_in_batch(device):
     """A padded batch, and the Trainer's num_items_in_batch normalisation under gradient accumulation."""
     plain, fast = twins("llama", device=device)
