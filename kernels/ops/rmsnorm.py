@@ -105,20 +105,23 @@ def _rms_norm_forward(x, weight, eps, offset, cast_before_weight):
     x2d = _as_rows(x, n_cols)
     n_rows = x2d.shape[0]
     out_dtype = torch.promote_types(x.dtype, weight.dtype) if cast_before_weight else x.dtype
-    y = new_output((n_rows, n_cols), out_dtype, x.device)
+    # Allocated in x's shape and returned as it is, not as a view of a 2D buffer: an output that is a view
+    # cannot be modified in place (Mixtral's router jitter multiplies the normed hidden states in place).
+    y = new_output(x.shape, out_dtype, x.device)
+    y2d = y.view(n_rows, n_cols)
     rstd = new_output((n_rows,), torch.float32, x.device)
     if n_rows > 0:
         block_rows, block, num_warps = _blocks(n_cols, x.element_size())
         _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_rows),)](
-            x2d, y, weight, rstd,
-            x2d.stride(0), y.stride(0),
+            x2d, y2d, weight, rstd,
+            x2d.stride(0), y2d.stride(0),
             n_rows, n_cols, eps, offset,
             CAST_BEFORE_WEIGHT=cast_before_weight,
             BLOCK_ROWS=block_rows,
             BLOCK_SIZE=block,
             num_warps=num_warps,
         )
-    return y.view(x.shape), x2d, rstd
+    return y, x2d, rstd
 
 
 def _rms_norm_backward(dy, x2d, weight, rstd, offset, cast_before_weight, compute_dw):
