@@ -40,6 +40,23 @@ def test_the_builtin_model_is_estimated_the_same_before_its_import_as_after(smol
     assert estimate_job_memory(spec, tmp_path) == estimate_memory(spec, imported, "cpu")
 
 
+@pytest.mark.parametrize("odd", [{"intermediate_size": None}, {"vocab_size": "49152"}, {"num_hidden_layers": -3},
+                                 {"hidden_size": True}, {"num_attention_heads": [9]}, {"head_dim": 0},
+                                 {"mlp_only_layers": "0"}, {"hidden_size": 1e300}],
+                         ids=["null", "string", "negative", "bool", "list", "zero", "letters", "float"])
+def test_a_local_config_of_an_odd_shape_has_no_estimate_rather_than_an_error(odd, smollm2_dir, tmp_path):
+    """An estimate is advice: a config.json that count_parameters cannot read (another kind of model, a hand-edited
+    file) gives none, wherever it is asked for (the job form, the playground's GPU session)."""
+    from lanner.core.model_catalog import estimate_job_memory, model_shape
+
+    config = {**json.loads((smollm2_dir / "config.json").read_text()), **odd}
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "config.json").write_text(json.dumps(config))
+    assert model_shape("odd", tmp_path) is None
+    spec = unchecked_spec().model_copy(update={"model": "odd"})
+    assert estimate_job_memory(spec, tmp_path) is None
+
+
 def test_parts_follow_the_config(smollm2_dir):
     shape = json.loads((smollm2_dir / "config.json").read_text())
     base = {"precision": "bf16", "batch_size": 4, "max_seq_len": 1024}
