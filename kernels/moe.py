@@ -37,8 +37,8 @@ the down GEMMs and the combine, and a keep_mlp layer's recompute reuses the forw
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -56,6 +56,9 @@ from .ops.grouped_lora import (
 )
 from .ops.moe_combine import moe_combine, moe_weight_grad_
 
+if TYPE_CHECKING:
+    from .quant.nf4_experts import ExpertStackReader
+
 
 @dataclass(frozen=True, eq=False)
 class ExpertProjection:
@@ -64,15 +67,20 @@ class ExpertProjection:
     adapted, LoRA factors lora_A [E, r, in] and lora_B [E, out, r] (any strides: views of PEFT's 2D
     weights); bias: a frozen [E, out] (gpt-oss), or None."""
 
-    weight: torch.Tensor | Callable[[torch.dtype], torch.Tensor]
+    weight: torch.Tensor | ExpertStackReader
     lora_A: torch.Tensor | None = None
     lora_B: torch.Tensor | None = None
     scaling: float = 1.0
     bias: torch.Tensor | None = None
 
-    def dense(self, dtype: torch.dtype) -> torch.Tensor:
-        """The frozen weight; a reader's is read again at each call (forward, then backward), never kept."""
-        return self.weight if isinstance(self.weight, torch.Tensor) else self.weight(dtype)
+    def dense(self, dtype: torch.dtype, groups: ExpertGroups | None = None) -> torch.Tensor:
+        """The frozen weight; a reader's is read again at each call (forward, then backward), never kept. Given
+        the groups of fewer rows than experts (a decoding step's few tokens), a reader reads only the experts
+        that have rows: the GEMMs read no other."""
+        if isinstance(self.weight, torch.Tensor):
+            return self.weight
+        few_rows = groups is not None and groups.rows < groups.num_experts
+        return self.weight(dtype, groups.ends > groups.starts if few_rows else None)
 
 
 def _halves(gate_up: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,13 +112,13 @@ class LoRAMoEExpertsFunction(torch.autograd.Function):
         tokens, k = top_k_index.shape
         x2 = hidden.reshape(tokens, -1).to(dtype)
         kept = (stash.take() if stash is not None else None) or {}
-        w_gate_up, w_down = gate_up.dense(dtype), down.dense(dtype)
         if "experts" in kept:  # the recompute of a keep_mlp layer: the routing and gate_up from its forward
             groups, order, token_of_row, inverse, gu, xa_gu, ha = kept["experts"]
         else:
-            order, inverse, groups = sort_by_expert(top_k_index, w_gate_up.shape[0])
+            order, inverse, groups = sort_by_expert(top_k_index, gate_up.weight.shape[0])
             token_of_row = order // k
             gu = xa_gu = ha = None
+        w_gate_up, w_down = gate_up.dense(dtype, groups), down.dense(dtype, groups)
         # The GEMMs' path, for forward and backward alike: torch._grouped_mm where it reaches CUTLASS
         # (Hopper/Blackwell, bf16, 16-byte-aligned dims), with the LoRA factors cast for it here once,
         # else the Triton kernels (ops/grouped_mm_lora.py).

@@ -26,9 +26,10 @@ NESTED_BLOCKSIZE = 256
 
 @triton.jit
 def _dequantize_nf4_kernel(
-    PACKED, ABSMAX, CODE, NESTED_ABSMAX, NESTED_CODE, OUT,
-    n_elements, offset,
+    PACKED, ABSMAX, CODE, NESTED_ABSMAX, NESTED_CODE, OUT, NEEDED,
+    n_elements, offset, part_elements,
     BLOCKSIZE: tl.constexpr,
+    HAS_NEEDED: tl.constexpr,
     NESTED: tl.constexpr,
     NESTED_BLOCKSIZE: tl.constexpr,
     ROUND_TO_BF16: tl.constexpr,
@@ -37,6 +38,8 @@ def _dequantize_nf4_kernel(
     start = tl.program_id(0).to(tl.int64) * BLOCK_SIZE
     idx = start + tl.arange(0, BLOCK_SIZE)
     mask = idx < n_elements
+    if HAS_NEEDED:  # only the parts (experts) asked for: the others' elements are neither read nor written
+        mask &= tl.load(NEEDED + idx // part_elements, mask=mask, other=0) != 0
 
     byte = tl.load(PACKED + idx // 2, mask=mask, other=0).to(tl.int32)
     nibble = tl.where(idx % 2 == 0, byte >> 4, byte & 0xF)
@@ -71,12 +74,14 @@ def dequantize_nf4(
     nested_code: torch.Tensor | None = None,
     offset: float = 0.0,
     out: torch.Tensor | None = None,
+    needed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The dense weight of `shape` in `dtype`, written into `out` when given (contiguous, right size).
 
     packed: uint8 codes, two per byte; absmax: float32 per block, or uint8 codes when nested_absmax
     (float32, one per 256 blocks) and nested_code (float32, 256 entries) are given; code: the 16
-    float32 NF4 values.
+    float32 NF4 values. needed: a bool per slice of the first dimension (a stack's experts); only the true
+    ones are written, the others' elements in `out` are left as they were.
     """
     n = 1
     for size in shape:
@@ -90,13 +95,15 @@ def dequantize_nf4(
         out = new_output(shape, dtype, packed.device)
     elif out.numel() != n or not out.is_contiguous() or out.dtype != dtype:
         raise ValueError(f"out must be a contiguous {dtype} tensor of {n} elements")
+    if needed is not None and needed.shape != (shape[0],):
+        raise ValueError(f"needed must hold one flag per slice of the first dimension ({shape[0]})")
     block = BLOCK_SIZE if packed.is_cuda else min(triton.next_power_of_2(n), INTERPRETER_BLOCK_SIZE)
     _dequantize_nf4_kernel[(triton.cdiv(n, block),)](
         packed, absmax, code,
         nested_absmax if nested else absmax, nested_code if nested else code,
-        out.view(torch.int16) if dtype == torch.bfloat16 else out,
-        n, float(offset),
-        BLOCKSIZE=blocksize, NESTED=nested, NESTED_BLOCKSIZE=NESTED_BLOCKSIZE,
+        out.view(torch.int16) if dtype == torch.bfloat16 else out, needed if needed is not None else packed,
+        n, float(offset), n // shape[0] if shape else n,
+        BLOCKSIZE=blocksize, HAS_NEEDED=needed is not None, NESTED=nested, NESTED_BLOCKSIZE=NESTED_BLOCKSIZE,
         ROUND_TO_BF16=dtype == torch.bfloat16, BLOCK_SIZE=block,
         enable_fp_fusion=False,
     )

@@ -22,7 +22,7 @@ from ..memory.layer_run import current_layer_run
 from ..moe import ExpertProjection, lora_moe_experts
 from ..ops.glu import ClampedSwiGLU
 from ..peft_projections import first_blocker
-from ..quant.nf4_experts import expert_weight_reader, is_nf4_stacked, nf4_stacked_names, nf4_stacked_shape
+from ..quant.nf4_experts import ExpertStackReader, is_nf4_stacked, nf4_stacked_names, nf4_stacked_shape
 from .binding import bind_forward, plain_forward
 from .families import family_of, glu_activation
 
@@ -171,8 +171,7 @@ def moe_experts_blocker(module: nn.Module) -> str | None:
 def _frozen_weight(experts: nn.Module, weight_name: str, layout: _Layout):
     """The frozen weight as ExpertProjection takes it, [E, out, in] (a transposed view where stored [E, in, out])."""
     if is_nf4_stacked(experts, weight_name):
-        read = expert_weight_reader(experts, weight_name)
-        return (lambda dtype: read(dtype).transpose(1, 2)) if layout.transposed else read
+        return ExpertStackReader(experts, weight_name, layout.transposed)
     weight = getattr(experts, weight_name)
     return weight.transpose(1, 2) if layout.transposed else weight
 

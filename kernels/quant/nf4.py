@@ -172,8 +172,10 @@ def dequantize_nf4_torch(nf4: NF4Weight, dtype: torch.dtype | None = None) -> to
     return (nf4.code[codes] * scales).to(dtype or nf4.dtype).view(nf4.shape)
 
 
-def dequantize(nf4: NF4Weight, dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The dense weight (nf4.dtype unless told), on the Triton kernel when it can run, else in torch."""
+def dequantize(nf4: NF4Weight, dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
+               needed: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense weight (nf4.dtype unless told), on the Triton kernel when it can run, else in torch. needed (a
+    bool per slice of the first dimension, on the Triton kernel): only those slices are written into out."""
     dtype = dtype or nf4.dtype
     if not triton_available(nf4.device):
         dense = dequantize_nf4_torch(nf4, dtype)
@@ -181,7 +183,7 @@ def dequantize(nf4: NF4Weight, dtype: torch.dtype | None = None, out: torch.Tens
     from ..ops.nf4 import dequantize_nf4
 
     return dequantize_nf4(nf4.packed, nf4.absmax, nf4.code, tuple(nf4.shape), dtype, nf4.blocksize,
-                          nf4.nested_absmax, nf4.nested_code, nf4.offset, out)
+                          nf4.nested_absmax, nf4.nested_code, nf4.offset, out, needed)
 
 
 # bitsandbytes' state-dict format: "<prefix>weight" holds the packed codes, and these keys beside it.

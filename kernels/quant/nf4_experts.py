@@ -7,7 +7,7 @@ parameter is stored in NF4, bitsandbytes' format and algorithm (quant/nf4.py) ov
 parametrisation: the packed codes are the stored tensor (`parametrizations.<name>.original`, uint8, so a
 cast of the model to another dtype leaves them alone), and reading the attribute gives a new dense
 copy. Every plain reader (transformers' own forward with the adapters disabled, PEFT's shapes at
-wrapping) works unchanged. The grouped kernels never hold that copy: `expert_weight_reader` dequantises
+wrapping) works unchanged. The grouped kernels never hold that copy: `ExpertStackReader` dequantises
 into one buffer per projection name, reused by every layer, just before the GEMMs in forward and again
 in backward (kernels/moe.py).
 
@@ -16,8 +16,6 @@ parametrisation that it then fails to remove: the experts run on the grouped ker
 merging into it (`dequantize_model` first, as for NF4Linear layers).
 """
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -101,17 +99,25 @@ def nf4_stacked_shape(module: nn.Module, name: str) -> torch.Size | None:
     return None if stored is None else stored._nf4.shape
 
 
-def expert_weight_reader(module: nn.Module, name: str) -> Callable[[torch.dtype], torch.Tensor]:
+class ExpertStackReader:
     """What the grouped kernels read for an NF4-stored stacked weight: called with the compute dtype, it
-    dequantises into the buffer every layer's `name` shares (valid until the next layer's call)."""
-    stored = _stored(module, name)
-    if stored is None:
-        raise ValueError(f"{type(module).__name__}.{name} is not stored in NF4")
-    nf4 = stored.storage(stored_parameter(module, name))
+    dequantises into the buffer every layer's `name` shares (valid until the next layer's call), [E, out, in]
+    (a transposed view where stored [E, in, out]). needed, a bool per expert, limits it to those experts (a few
+    tokens' decoding step routes to a few of them); the others' slices hold whatever was there."""
 
-    def read(dtype: torch.dtype) -> torch.Tensor:
-        return dequantize(nf4, dtype, out=shared_buffer(nf4.numel(), nf4.device, dtype, f"experts.{name}"))
-    return read
+    def __init__(self, module: nn.Module, name: str, transposed: bool = False):
+        stored = _stored(module, name)
+        if stored is None:
+            raise ValueError(f"{type(module).__name__}.{name} is not stored in NF4")
+        self.nf4, self.name, self.transposed = stored.storage(stored_parameter(module, name)), name, transposed
+        experts, rows, columns = self.nf4.shape
+        self.shape = torch.Size((experts, columns, rows) if transposed else (experts, rows, columns))
+
+    def __call__(self, dtype: torch.dtype, needed: torch.Tensor | None = None) -> torch.Tensor:
+        nf4 = self.nf4
+        out = shared_buffer(nf4.numel(), nf4.device, dtype, f"experts.{self.name}")
+        dense = dequantize(nf4, dtype, out=out, needed=needed)
+        return dense.transpose(1, 2) if self.transposed else dense
 
 
 @torch.no_grad()

@@ -61,6 +61,25 @@ def test_nf4_experts_step_like_peft_on_the_dequantised_base(family, caplog, devi
         torch.testing.assert_close(ours(input_ids=ids).logits, plain(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
 
 
+def test_a_few_tokens_read_only_their_experts(device):
+    """Decoding a token or two routes to fewer experts than there are: only theirs are dequantised into the shared
+    buffer (the rest of it, poisoned here, is never read), and the logits are the full read's."""
+    from lanner.kernels.quant.quantised_linear import release_buffers, shared_buffer
+
+    plain, ours = nf4_twins("qwen3_moe", device)
+    ours.eval(), plain.eval()
+    ids = token_batches(1, 1, 1, plain.config.vocab_size, device=device)[0]  # 1 token x top-2 < 4 experts
+    release_buffers()
+    experts = bare_experts(ours)[0]
+    for name in EXPERTS:
+        shared_buffer(getattr(experts, name).numel(), device, torch.float32, f"experts.{name}").fill_(float("nan"))
+    with torch.no_grad():
+        logits = ours(input_ids=ids).logits
+        buffer = shared_buffer(experts.gate_up_proj.numel(), device, torch.float32, "experts.gate_up_proj")
+        assert buffer.isnan().any()  # the experts no token went to were not read
+        torch.testing.assert_close(logits, plain(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
 def test_nf4_experts_train_like_peft_under_the_memory_engine(device):
     plain, ours = nf4_twins("qwen3_moe", device, gradient_checkpointing=True)
     batches = token_batches(1, 1, 6, plain.config.vocab_size, device=device) * 3

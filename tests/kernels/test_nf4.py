@@ -70,6 +70,20 @@ def test_dequantize_into_a_given_buffer_in_another_dtype(device):
         dequantize(nf4, torch.float32, out=buffer[:10])
 
 
+def test_dequantize_only_the_slices_needed(device):
+    """A stack's experts asked for are written, bit for bit; the others' elements are left as they were (odd
+    sizes: an expert's slice starts inside a 64-value block)."""
+    shape = (5, 7, 19)
+    nf4 = quantize_nf4(_random_weight(shape, torch.float32, device, seed=4))
+    full = dequantize(nf4, torch.float32)
+    needed = torch.tensor([False, True, False, False, True], device=device)
+    out = torch.full(shape, float("nan"), device=device)
+    dequantize(nf4, torch.float32, out=out.view(-1), needed=needed)
+    assert torch.equal(out[needed], full[needed]) and out[~needed].isnan().all()
+    with pytest.raises(ValueError, match="one flag per slice"):
+        dequantize(nf4, torch.float32, needed=needed[:3])
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (33, 129), (130, 257)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_quantize_matches_bitsandbytes(shape, dtype, device):
