@@ -13,6 +13,7 @@ from .memory import install_memory_engine
 from .patching import patch_model
 from .patching.families import family_of, family_target_modules, family_target_parameters
 from .patching.moe import nest_like_dense_
+from .quant.quantised_linear import QuantisedLinear
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -135,6 +136,10 @@ def get_lora_model(
         task_type="CAUSAL_LM",
         **peft_kwargs,
     )
+    if config.use_dora and any(isinstance(module, QuantisedLinear) for module in model.modules()):
+        raise ValueError("DoRA (use_dora) normalises each adapted layer's whole weight, which PEFT reads as a dense "
+                         "tensor; an NF4 or FP8 base stores codes instead. Train DoRA on a 16-bit base, or LoRA on "
+                         "this one")
     with warnings.catch_warnings():
         # PEFT moves some MoE families' MLP targets to their experts itself, after which the exclusions above
         # have nothing left to exclude: no news for the user.

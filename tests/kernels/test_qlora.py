@@ -114,6 +114,12 @@ def test_dense_base_weights_are_never_kept(use_kernels, device):
     assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
 
 
+@pytest.mark.parametrize("base", ["load_in_4bit", "load_in_fp8"])
+def test_dora_on_a_quantised_base_is_refused_in_words(base, device):
+    with pytest.raises(ValueError, match="DoRA .* an NF4 or FP8 base stores codes"):
+        get_lora_model(tiny_model("llama", device=device), **{base: True}, use_dora=True)
+
+
 def test_merge_into_the_dequantised_base_gives_the_adapted_logits(device):
     dtype = torch.bfloat16
     model = get_lora_model(tiny_model("llama", dtype, device), load_in_4bit=True, gradient_checkpointing=False)
