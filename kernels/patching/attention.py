@@ -102,8 +102,10 @@ def _fused_qkv_attention_forward(attention: nn.Module, hidden_states, *args, **k
     (qkv,) = _project(hidden_states, (attention.qkv_proj,))
     q_size = attention.config.num_attention_heads * attention.head_dim
     kv_size = attention.num_key_value_heads * attention.head_dim
-    # RoPE rotates q and k in place; copies keep v's storage (a view of qkv) unmodified for autograd.
-    q, k = qkv[..., :q_size].contiguous(), qkv[..., q_size:q_size + kv_size].contiguous()
+    # RoPE rotates q and k in place; copies keep v's storage (a view of qkv) unmodified for autograd (always
+    # copies: for a single token, .contiguous() would return the slice itself, size-1 dims having any stride).
+    q, k = (qkv[..., part].clone(memory_format=torch.contiguous_format)
+            for part in (slice(0, q_size), slice(q_size, q_size + kv_size)))
     v = qkv[..., q_size + kv_size:]
     out, weights = _attend(attention, q, k, v, hidden_states.shape[:-1], position_embeddings, attention_mask, rest)
     (out,) = _project(out, (attention.o_proj,))

@@ -62,6 +62,17 @@ def test_training_without_checkpointing_runs_attention_on_the_kernels(device, mo
     assert projected
 
 
+def test_a_single_token_trains_like_plain_peft(device):
+    """One token: size-1 dims make a slice of Phi-3's fused qkv "contiguous" already, and RoPE rotated it in place
+    inside the projection's output (autograd refused it)."""
+    plain, fast = twins("phi3", device=device)
+    ids = token_batches(1, 1, 1, plain.config.vocab_size, device=device)[0]
+    for model in (plain, fast):
+        model.train()
+        model(input_ids=ids, use_cache=False).logits.float().square().sum().backward()
+    assert max_relative_error(lora_grads(fast), lora_grads(plain)) < GRAD_RTOL
+
+
 def test_padding_mask_and_num_items_in_batch(device):
     """A padded batch, and the Trainer's num_items_in_batch normalisation under gradient accumulation."""
     plain, fast = twins("llama", device=device)
