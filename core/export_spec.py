@@ -75,6 +75,9 @@ class FormatOutcome(BaseModel):
 FIGURE_MEANINGS: dict[str, tuple[str, str]] = {
     "max_abs_logit_diff": ("max |logit diff|", "the merged model's logits differ from the trained model's by more "
                                                "than one rounding of its dtype allows"),
+    "float32_merge_max_abs_logit_diff": ("max |logit diff| of the float32 merge",
+                                         "merged in float32, before any rounding, the model already differs from "
+                                         "the base with its adapter: the merge itself is wrong"),
     "top1_mismatches": ("top-1 mismatches (not near-ties)", "the file's most likely next token differs from the "
                                                             "trained model's where the choice was not a near-tie"),
     "tensors_differing": ("tensors differing", "some tensors are not the trained ones rounded to the 16-bit dtype"),

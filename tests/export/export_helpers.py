@@ -12,11 +12,11 @@ BASE_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what an exported ad
 
 def make_adapter(base_dir: Path, out_dir: Path, *, lora_b_std: float = 0.03, seed: int = 0,
                  target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-                 target_parameters=()) -> Path:
+                 target_parameters=(), **lora_options) -> Path:
     """Plain PEFT LoRA (r=8) on q/k/v/o and the MLP (a mixture of experts: target_parameters, its experts'
     stacked weights), its B matrices set to small random values so it is not a no-op (a fresh LoRA has
     B = 0). Training steps would do the same, but cost minutes on this shared 2-core box. Saved the way
-    the trainer saves an adapter (with the tokenizer)."""
+    the trainer saves an adapter (with the tokenizer). lora_options: more of peft.LoraConfig's fields."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -26,11 +26,11 @@ def make_adapter(base_dir: Path, out_dir: Path, *, lora_b_std: float = 0.03, see
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM", target_modules=list(target_modules),
-                        target_parameters=list(target_parameters) or None)
+                        target_parameters=list(target_parameters) or None, **lora_options)
     model = get_peft_model(model, config)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "lora_B" in name:
+            if "lora_B" in name or "lora_embedding_" in name:  # an embedding's LoRA starts at A = 0
                 param.copy_(torch.randn(param.shape, generator=generator) * lora_b_std)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -54,6 +54,7 @@ def tiny_model(kind: str, smollm2_dir, out_dir, *, tokenizer_dir=None, vocab_siz
     tied = {**common, "tie_word_embeddings": True}
     configs = {
         "llama": lambda: transformers.LlamaConfig(**common),
+        "llama-tied": lambda: transformers.LlamaConfig(**tied),
         # Llama 3.1+ RoPE scaling; a short original context so the scaling changes short prompts too.
         "llama3-rope": lambda: transformers.LlamaConfig(**common, rope_parameters={
             "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,

@@ -51,3 +51,42 @@ def test_the_base_s_hub_commit_is_in_adapter_config_and_the_card(trained_adapter
     config = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "org/base" and config["revision"] == "0123abcd"  # peft loads it there
     assert "`org/base` at commit `0123abcd`" in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("missing", ["adapter_model.safetensors", "adapter_config.json"])
+def test_an_adapter_folder_without_its_files_is_refused_in_words(trained_adapter, tmp_path, missing):
+    from lanner.worker.export import ExportError, ExportRequest, run_export
+
+    source = adapter_copy(trained_adapter, tmp_path)
+    (source / missing).unlink()
+    with pytest.raises(ExportError, match=f"has no {missing}"):
+        run_export(ExportRequest(base_model_dir=tmp_path / "no-base", adapter_dir=source, out_dir=tmp_path / "export",
+                                 merged=False, gguf_types=()))
+
+
+def test_an_adapter_on_some_layers_only_names_exactly_those(smollm2_dir, tmp_path):
+    """By their short name (q_proj) the adapter's modules would match every layer's: PEFT would add LoRA layers the
+    file has no tensors for and initialise them (randomly, with init_lora_weights false), another model. Such
+    modules are named in full; the exported adapter loads in plain PEFT as the trained one."""
+    import torch
+    from export_helpers import make_adapter, tiny_model
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from lanner.worker.export import export_adapter
+
+    base = tiny_model("llama", smollm2_dir, tmp_path / "base", initializer_range=0.05)
+    layer_1 = ["model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.v_proj"]
+    adapter = make_adapter(base, tmp_path / "adapter", target_modules=layer_1 + ["o_proj"], init_lora_weights=False)
+    export_adapter(adapter, tmp_path / "out", base_model=str(base), base_model_dir=base)
+    config = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    assert config["target_modules"] == layer_1 + ["o_proj"]
+
+    ids = torch.tensor([[1, 504, 3575, 282, 4649, 314]])
+
+    def logits(adapter_dir):
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter_dir)
+        with torch.no_grad():
+            return model.eval()(ids).logits
+
+    assert torch.equal(logits(tmp_path / "out"), logits(adapter))

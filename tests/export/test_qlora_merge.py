@@ -4,6 +4,8 @@ to NF4 and dequantised once. The merged 16-bit model must equal the 4-bit base w
 while the plain merge into the original weights the adapter never saw is far outside it."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from export_helpers import make_adapter, tiny_model
 
@@ -98,3 +100,59 @@ def test_bad_quantisation_settings_are_refused_clearly(settings, message):
 
     with pytest.raises(ExportError, match=message):
         Quantization.from_config(settings)
+
+
+@pytest.mark.parametrize("target, quantization", [("lm_head", None), ("embed_tokens", None), ("lm_head", {})])
+def test_an_adapter_on_one_of_tied_embeddings_merges_into_that_one_only(smollm2_dir, tmp_path, target, quantization):
+    """A base that ties lm_head to embed_tokens holds one tensor for both; an adapter on one of them (LoRA there,
+    LoRA or QLoRA) changes that one only. PEFT's merge writes the delta into the shared tensor, so into both: the
+    export unties them first and saves each one rounded once (and the check passes on its own merit: the floor it
+    is measured on is the exact float32 merge)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from lanner.worker.export import ExportRequest, run_export
+
+    base = tiny_model("llama-tied", smollm2_dir, tmp_path / "base", initializer_range=0.05)
+    adapter = make_adapter(base, tmp_path / "adapter", target_modules=("q_proj", target), lora_b_std=0.05)
+    manifest = run_export(ExportRequest(base_model_dir=base, adapter_dir=adapter, out_dir=tmp_path / "export",
+                                        adapter=False, gguf_types=(), base_quantization=quantization))
+    check = manifest["verification"]["merged"]
+    assert check["passed"] and check["float32_merge_max_abs_logit_diff"] < 1e-4, check
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter)
+    layer = model.base_model.model.get_output_embeddings() if target == "lm_head" else \
+        model.base_model.model.get_input_embeddings()
+    weight = layer.get_base_layer().weight.detach()  # the shared one, as the checkpoint holds it
+    adapted = (weight + layer.get_delta_weight("default")).to(torch.bfloat16)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "export" / "merged", dtype=torch.bfloat16)
+    assert merged.config.tie_word_embeddings is False
+    changed, kept = ((merged.lm_head, merged.model.embed_tokens) if target == "lm_head"
+                     else (merged.model.embed_tokens, merged.lm_head))
+    assert torch.equal(changed.weight, adapted) and torch.equal(kept.weight, weight.to(torch.bfloat16))
+
+
+def test_a_merge_gone_wrong_fails_the_check_that_measures_its_floor_on_it(smollm2_dir, tmp_path, monkeypatch):
+    """The check's floor is one cast of its own float32 merge: were that merge wrong (here: the tied embeddings left
+    shared, as PEFT merges them), the floor would be the wrong model's and pass it. The float32 merge is itself
+    checked against the base with its adapter."""
+    from lanner.worker.export import ExportError, ExportRequest, merge, run_export
+
+    base = tiny_model("llama-tied", smollm2_dir, tmp_path / "base", initializer_range=0.05)
+    adapter = make_adapter(base, tmp_path / "adapter", target_modules=("q_proj", "lm_head"), lora_b_std=0.05)
+    monkeypatch.setattr(merge, "untie_adapted_embeddings_", lambda model: False)
+    with pytest.raises(ExportError, match=re.escape("max |logit diff| of the float32 merge")):
+        run_export(ExportRequest(base_model_dir=base, adapter_dir=adapter, out_dir=tmp_path / "export",
+                                 adapter=False, gguf_types=()))
+
+
+def test_an_adapter_whose_bias_the_base_has_no_place_for_is_refused_in_words(smollm2_dir, tmp_path):
+    from lanner.worker.export import ExportError, ExportRequest, run_export
+
+    base = tiny_model("llama", smollm2_dir, tmp_path / "base", initializer_range=0.05)
+    adapter = make_adapter(base, tmp_path / "adapter", target_modules=("q_proj", "o_proj"), lora_bias=True)
+    with pytest.raises(ExportError, match=r"lora_bias\) on o_proj, q_proj, which have no bias"):
+        run_export(ExportRequest(base_model_dir=base, adapter_dir=adapter, out_dir=tmp_path / "export",
+                                 adapter=False, gguf_types=()))
+    assert not (tmp_path / "export").exists()

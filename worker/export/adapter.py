@@ -13,7 +13,10 @@ and what we do about each:
   and up) and they are kept.
 - `layers_to_transform`, `layer_replication`, `megatron_config` -> not understood: refused when set.
 - `target_modules` -> written as a sorted list of module names (never a regex string), derived from
-  the tensors actually present so it names exactly what the file holds.
+  the tensors actually present so it names exactly what the file holds: by their last component (`q_proj`),
+  or, where that would match modules of the base the file has no tensors for (an adapter on some layers
+  only), by their full names (`model.layers.1.self_attn.q_proj`), which PEFT matches exactly and vLLM reads
+  from the tensors as it does any other.
 - tensor names -> `base_model.model.<module>.lora_A.weight` / `.lora_B.weight` only (PEFT's saved
   form without the adapter name); anything else is refused.
 - `r` is reported: vLLM's server needs `--max-lora-rank` >= r (its default is 16).
@@ -45,10 +48,10 @@ VLLM_EXPERTS = ("vLLM's LoRA loader does not load PEFT adapters on the experts' 
                 "serve the merged model or a GGUF instead")
 
 
-def _target_modules(names: list[str], target_parameters: list[str]) -> list[str]:
-    """The module names (last path component) of the adapter's nn.Linear LoRA layers, leaving out the
-    modules whose parameters it adapts directly (target_parameters: PEFT nests one ParamWrapper per
-    parameter, the inner ones saved under `.base_layer`)."""
+def _target_modules(names: list[str], target_parameters: list[str]) -> set[str]:
+    """The full names of the adapter's LoRA-layer modules, leaving out the modules whose parameters it adapts
+    directly (target_parameters: PEFT nests one ParamWrapper per parameter, the inner ones saved under
+    `.base_layer`)."""
     owners = {name.rsplit(".", 1)[0] for name in target_parameters}
     modules = set()
     for name in names:
@@ -56,8 +59,51 @@ def _target_modules(names: list[str], target_parameters: list[str]) -> list[str]
         while module.endswith(".base_layer"):
             module = module[: -len(".base_layer")]
         if not any(module == owner or module.endswith("." + owner) for owner in owners):
-            modules.add(module.rsplit(".", 1)[-1])
-    return sorted(modules)
+            modules.add(module)
+    return modules
+
+
+def base_module_names(base_model_dir: Path | None) -> list[str] | None:
+    """The module names of the base model as PEFT sees them (built on the meta device: no weights read); None
+    when the checkpoint's config cannot be built."""
+    if base_model_dir is None or not (Path(base_model_dir) / "config.json").is_file():
+        return None
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(base_model_dir)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        return [name for name, _ in model.named_modules()]
+    except Exception:  # an architecture this transformers cannot build: the names as the tensors give them
+        return None
+
+
+def _matches(key: str, patterns) -> bool:
+    """PEFT's rule for target_modules / exclude_modules: a regex matched in full, or names matched as the key or
+    its last components."""
+    if not patterns:
+        return False
+    if isinstance(patterns, str):
+        return re.fullmatch(patterns, key) is not None
+    return any(key == name or key.endswith("." + name) for name in patterns)
+
+
+def _exact_target_modules(modules: set[str], module_names: list[str] | None, exclude_modules) -> list[str]:
+    """target_modules naming exactly `modules` (the adapted modules' full names): each by its last component
+    where that matches no other module of the base (less exclude_modules), else each by its full name (an adapter
+    on some layers only: by the short name PEFT would add LoRA layers the file has no tensors for, which it
+    initialises, and with init_lora_weights false they would change the model)."""
+    by_short: dict[str, set[str]] = {}
+    for module in modules:
+        by_short.setdefault(module.rsplit(".", 1)[-1], set()).add(module)
+    targets = []
+    for short, mine in sorted(by_short.items()):
+        matched = None if module_names is None else {
+            name for name in module_names if _matches(name, [short]) and not _matches(name, exclude_modules)}
+        targets += [short] if matched is None or matched <= mine else sorted(mine)
+    return sorted(targets)
 
 
 def _without_parametrizations(exclude_modules):
@@ -70,7 +116,15 @@ def _without_parametrizations(exclude_modules):
     return kept or None
 
 
+def _require_files(adapter_dir: Path) -> None:
+    for name, hint in ((CONFIG_FILE, "is it a PEFT adapter folder?"),
+                       (WEIGHTS_FILE, "was the adapter saved with safetensors?")):
+        if not (Path(adapter_dir) / name).is_file():
+            raise ExportError(f"{adapter_dir} has no {name} ({hint})")
+
+
 def adapter_weights_size(adapter_dir: Path) -> int:
+    _require_files(adapter_dir)
     return (Path(adapter_dir) / WEIGHTS_FILE).stat().st_size
 
 
@@ -100,7 +154,8 @@ def vllm_problems(config: dict, tensor_names: list[str]) -> list[str]:
 
 
 def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str, revision: str | None = None,
-                   built_in_copy: bool = False, progress: ProgressFn = no_progress, check_space: bool = True) -> dict:
+                   built_in_copy: bool = False, progress: ProgressFn = no_progress, check_space: bool = True,
+                   base_model_dir: Path | None = None) -> dict:
     """Write a clean PEFT adapter into out_dir (created atomically; replaced if it exists), with a
     model card (README.md) that says how to load it.
 
@@ -108,16 +163,20 @@ def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str, revisio
     base_model: the base model's hub id or local path, recorded as base_model_name_or_path, so that
     peft's AutoPeftModelForCausalLM finds it; revision: the hub commit of it the job trained on, when known
     (peft loads the base at that commit).
+    base_model_dir: the base checkpoint, when at hand: its module names make target_modules exact for an adapter
+    on some layers only (else short names, as the tensors give them).
     built_in_copy: the adapter was trained on Lanner's built-in copy of base_model (the card says so).
     Returns facts for the artifact record (rank, target modules, vLLM compatibility, bytes).
     Raises ExportError if the adapter uses a feature vLLM cannot load (see module doc).
     """
     adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
     progress("adapter", 0.0)
-    config = json.loads((adapter_dir / CONFIG_FILE).read_text())
+    _require_files(adapter_dir)
+    try:
+        config = json.loads((adapter_dir / CONFIG_FILE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ExportError(f"{adapter_dir / CONFIG_FILE} is not valid JSON: {error}") from None
     weights = adapter_dir / WEIGHTS_FILE
-    if not weights.is_file():
-        raise ExportError(f"{adapter_dir} has no {WEIGHTS_FILE} (was the adapter saved with safetensors?)")
     with safe_open(str(weights), framework="pt") as handle:
         names = list(handle.keys())
     problems = vllm_problems(config, names)
@@ -127,12 +186,14 @@ def export_adapter(adapter_dir: Path, out_dir: Path, *, base_model: str, revisio
         ensure_free_space(out_dir.parent, tree_size(weights))
 
     target_parameters = list(config.get("target_parameters") or [])
-    modules = _target_modules(names, target_parameters)
+    exclude_modules = _without_parametrizations(config.get("exclude_modules"))
+    modules = _exact_target_modules(_target_modules(names, target_parameters), base_module_names(base_model_dir),
+                                    exclude_modules)
     config.update(
         base_model_name_or_path=str(base_model),
         target_modules=modules,
         target_parameters=target_parameters or None,
-        exclude_modules=_without_parametrizations(config.get("exclude_modules")),
+        exclude_modules=exclude_modules,
         use_dora=False,
         rank_pattern=config.get("rank_pattern") or {} if target_parameters else {},
         alpha_pattern=config.get("alpha_pattern") or {} if target_parameters else {},

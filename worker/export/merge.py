@@ -62,25 +62,116 @@ def load_tokenizer_source(base_model_dir: Path, adapter_dir: Path | None) -> Pat
     return Path(base_model_dir)
 
 
+def load_adapter(base, adapter_dir: Path):
+    """PeftModel.from_pretrained(base, adapter_dir), with what PEFT refuses (an adapter made for another model,
+    a config it cannot read) and what it cannot merge refused as an ExportError in words."""
+    from peft import PeftModel
+
+    try:
+        model = PeftModel.from_pretrained(base, adapter_dir)
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ExportError(f"The adapter does not load onto its base model ({type(error).__name__}: "
+                          f"{str(error).strip()[:500]}); was it trained on another model?") from error
+    _refuse_unmergeable(model)
+    return model
+
+
+def _refuse_unmergeable(model) -> None:
+    """What PEFT's merge raises on, in words: a bias trained on lora_B (lora_bias) of a layer without a bias."""
+    from peft.tuners.lora import LoraLayer
+
+    bias_less = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                        if isinstance(module, LoraLayer) and any(getattr(module, "lora_bias", {}).values())
+                        and getattr(module.get_base_layer(), "bias", None) is None})
+    if bias_less:
+        raise ExportError(f"The adapter trains a bias (lora_bias) on {', '.join(bias_less)}, which have no bias in the "
+                          "base model: a merged model of this architecture has no place for it. Train without "
+                          "lora_bias to export a merged model or a GGUF.")
+
+
+def _innermost(module):
+    """The module a PEFT wrapper (LoRA layer, modules_to_save, trainable tokens) wraps, or module itself."""
+    import torch
+
+    for _ in range(16):
+        inner = getattr(module, "base_layer", None)
+        if not isinstance(inner, torch.nn.Module):
+            inner = getattr(module, "original_module", None)
+        if not isinstance(inner, torch.nn.Module):
+            break
+        module = inner
+    return module
+
+
+def _set_tied(config, tied: bool) -> None:
+    config.tie_word_embeddings = tied
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text is not config:
+        text.tie_word_embeddings = tied
+
+
+def untie_adapted_embeddings_(model) -> bool:
+    """Before a merge. A base that ties its output embedding (lm_head) to the input one holds one tensor for both;
+    an adapter on either (LoRA on lm_head or embed_tokens, modules_to_save, trainable tokens) changes one of them
+    only, and PEFT's merge writes its delta into the shared tensor, so into both: the merged model would not be
+    the adapted one. The output embedding gets its own copy of the weight (and the config says untied; see
+    retie_embeddings_). Returns whether it did."""
+    import torch
+
+    base = model.get_base_model()
+    inputs, outputs = base.get_input_embeddings(), base.get_output_embeddings()
+    if inputs is None or outputs is None:
+        return False
+    inner_in, inner_out = _innermost(inputs), _innermost(outputs)
+    weight = getattr(inner_out, "weight", None)
+    if weight is None or weight is not getattr(inner_in, "weight", None) or (inputs is inner_in and outputs is inner_out):
+        return False
+    inner_out.weight = torch.nn.Parameter(weight.detach().clone(), requires_grad=False)
+    _set_tied(base.config, False)
+    return True
+
+
+def retie_embeddings_(merged) -> None:
+    """After a merge that untied the embeddings (untie_adapted_embeddings_): tied again where the merged output
+    embedding equals the input one (the adapter changed neither's values), as the base was; else saved untied."""
+    import torch
+
+    inputs, outputs = merged.get_input_embeddings(), merged.get_output_embeddings()
+    if torch.equal(inputs.weight, outputs.weight):
+        outputs.weight = inputs.weight
+        _set_tied(merged.config, True)
+
+
+def merge_in_float32(model):
+    """merge_and_unload of a PeftModel, with the embeddings a tied base shares untied where the adapter changes
+    one of them (and tied again where it changed neither)."""
+    untied = untie_adapted_embeddings_(model)
+    merged = model.merge_and_unload()
+    if untied:
+        retie_embeddings_(merged)
+    return merged
+
+
 def _merge_into_dequantised(base, adapter_dir: Path, quantization: Quantization, dtype):
     """The base with each quantised weight (linear layers, and stacked experts where training held them in
     4 bits) replaced by its 4-bit round trip, plus the adapter's delta on it and on any 16-bit expert stack it
     adapts: weight by weight in float32 (one at a time: memory stays at the loaded model), each rounded to
     `dtype` once."""
     import torch
-    from peft import PeftModel
     from peft.tuners.lora import LoraLayer, ParamWrapper
 
     quantised = [(linear, "weight") for linear in quantised_linears(base)]
     quantised += quantised_expert_stacks(base, quantization)
-    model = PeftModel.from_pretrained(base, adapter_dir)
+    model = load_adapter(base, adapter_dir)
+    untied = untie_adapted_embeddings_(model)
     # Each LoRA layer by the weight it adapts: a linear's weight, or one parameter of an experts module
     # (PEFT nests one ParamWrapper per adapted parameter around it).
     lora_of = {(id(m.get_base_layer()), m.parameter_name if isinstance(m, ParamWrapper) else "weight"): m
                for m in model.modules() if isinstance(m, LoraLayer)}
     keys = {(id(module), name) for module, name in quantised}
-    sixteen_bit = [(m.get_base_layer(), m.parameter_name) for m in lora_of.values()
-                   if isinstance(m, ParamWrapper) and (id(m.get_base_layer()), m.parameter_name) not in keys]
+    # The adapted weights training held in 16 bits (lm_head, embeddings, experts not stored in NF4): merged in
+    # float32 too.
+    sixteen_bit = [(m.get_base_layer(), key[1]) for key, m in lora_of.items() if key not in keys]
     source_dtype = base.dtype  # loaded in the dtype training quantised from
     with torch.no_grad():
         for module, name in quantised + sixteen_bit:
@@ -92,8 +183,11 @@ def _merge_into_dequantised(base, adapter_dir: Path, quantization: Quantization,
             weight.data = weight.data.to(dtype)
     merged_layers = sum(1 for m in lora_of.values() if m.merged)
     if merged_layers != len(lora_of):
-        raise ExportError(f"Only {merged_layers} of the adapter's {len(lora_of)} layers are 4-bit weights of the base.")
-    return model.unload().to(dtype)
+        raise ExportError(f"Only {merged_layers} of the adapter's {len(lora_of)} layers could be merged into the base.")
+    merged = model.unload().to(dtype)
+    if untied:
+        retie_embeddings_(merged)
+    return merged
 
 
 def _start(source_dir: Path, out_dir: Path, dtype: str, check_space: bool, progress: ProgressFn):
@@ -116,7 +210,6 @@ def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dty
     """Merge adapter_dir into base_model_dir in float32, round to `dtype` once and save to out_dir
     (atomically). quantization: how QLoRA training quantised the base (None for a LoRA adapter)."""
     import torch
-    from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     base_model_dir, adapter_dir, out_dir = Path(base_model_dir), Path(adapter_dir), Path(out_dir)
@@ -130,8 +223,8 @@ def export_merged(base_model_dir: Path, adapter_dir: Path, out_dir: Path, *, dty
                                                 **base_load_kwargs(base_model_dir))
     progress("merge", 0.3)
     if quantization is None:
-        model = PeftModel.from_pretrained(base, adapter_dir)
-        merged = model.merge_and_unload().to(torch_dtype)
+        model = load_adapter(base, adapter_dir)
+        merged = merge_in_float32(model).to(torch_dtype)
     else:
         model = merged = _merge_into_dequantised(base, adapter_dir, quantization, torch_dtype)
     merged.config.dtype = torch_dtype

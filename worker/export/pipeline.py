@@ -155,7 +155,8 @@ def run_export(request: ExportRequest, progress: ProgressFn = no_progress) -> di
             info = export_adapter(request.adapter_dir, work / "adapter", base_model=base_name,
                                   revision=hub_commit(request.base_model_dir, base_name),
                                   progress=progress, check_space=False,
-                                  built_in_copy=request.base_model_name == DEFAULT_MODEL_ID)
+                                  built_in_copy=request.base_model_name == DEFAULT_MODEL_ID,
+                                  base_model_dir=request.base_model_dir)
             adapter_dir = work / "adapter"  # verify what we ship
             _keep(manifest, "adapter", _relative(info, work, kind="adapter"), FormatStatus.unchecked)
 
@@ -241,10 +242,13 @@ def check_figures(check: dict) -> list[CheckFigure]:
         add("loads", int(check["loads"]), 1, "at least")
     if check.get("bound_max_abs_logit_diff") is not None:
         add("max_abs_logit_diff", check["max_abs_logit_diff"], check["bound_max_abs_logit_diff"])
+    if check.get("float32_merge_bound") is not None:
+        add("float32_merge_max_abs_logit_diff", check["float32_merge_max_abs_logit_diff"], check["float32_merge_bound"])
     if "tensors_differing_count" in check:
         add("tensors_differing", check["tensors_differing_count"] + check["tensors_missing_count"], 0)
     if check.get("top1_required", True):
-        add("top1_mismatches", check["top1_mismatches"] - check["top1_mismatches_near_ties"], 0)
+        add("top1_mismatches", check["top1_mismatches"] - check["top1_mismatches_near_ties"]
+            - check.get("top1_mismatches_as_one_cast", 0), 0)
     if check.get("kl_bound") is not None:
         add("mean_kl", check["mean_kl"], check["kl_bound"])
     if "tokenization_matches" in check:
