@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request, WebSocket
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import IntegrityError
 from starlette.requests import HTTPConnection
 
 from lanner.backend.input_guard import body_refusal, send_refusal, url_refusal
@@ -14,6 +18,8 @@ from lanner.core.errors import UserError
 
 log = logging.getLogger(__name__)
 TRY_AGAIN_LATER = 1013  # the WebSocket close code for a service that is briefly unavailable
+RACED = ("Another request changed the same thing at the same moment (a name or an email that must be unique, a "
+         "row that was just deleted): nothing was stored; look again and retry")
 REDIS_AWAY = ("The studio's Redis is not answering (sign-in sessions, the queue's events and live streams "
               "live there): try again in a moment; jobs and data in the database are safe")
 
@@ -51,7 +57,35 @@ def document_common_errors(app: FastAPI) -> None:
     app.openapi = openapi
 
 
+def _echoable(value):
+    """A value a 422 echoes as its `input`, made encodable: a body FastAPI could not parse is echoed as
+    bytes, which need not be UTF-8 (a latin-1 form post), and text may hold lone surrogates."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_echoable(key): _echoable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_echoable(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid_input(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """FastAPI's own 422, with what it echoes made encodable (its handler fails on such input: a 500)."""
+        return JSONResponse({"detail": jsonable_encoder(_echoable(list(exc.errors())))}, status_code=422)
+
+    @app.exception_handler(IntegrityError)
+    async def raced(request: Request, exc: IntegrityError) -> JSONResponse:
+        """Two requests at once that the database's constraints part (two users with one email, a job on a
+        dataset deleted meanwhile): the loser gets a 409 in words, not a 500."""
+        log.info("a constraint refused %s %s: %s", request.method, request.url.path, exc.orig)
+        return JSONResponse({"detail": RACED}, status_code=409)
+
     @app.exception_handler(UserError)
     async def user_error(request: Request, exc: UserError) -> JSONResponse:
         headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
@@ -69,7 +103,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse({"detail": "Internal server error; the API log has the details"}, status_code=500)
+        # the server drops the connection after an unhandled error: say so, so a client does not reuse it
+        return JSONResponse({"detail": "Internal server error; the API log has the details"}, status_code=500,
+                            headers={"Connection": "close"})
 
 
 class BodyLimit:

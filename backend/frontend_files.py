@@ -23,7 +23,16 @@ def mount_frontend(app: FastAPI, dist: Path) -> None:
                 "The web UI is not built yet: run `./lanner up` (it builds frontend/ with npm).",
                 status_code=503,
             )
-        candidate = (dist / path).resolve()
-        if path and candidate.is_file() and candidate.is_relative_to(dist):
-            return FileResponse(candidate)
+        if path and _is_file_inside(dist, path):
+            return FileResponse((dist / path).resolve())
         return FileResponse(index, headers={"Cache-Control": "no-cache"})
+
+
+def _is_file_inside(dist: Path, path: str) -> bool:
+    """Whether `path` names a built file; a path no file system could hold (a name over 255 bytes, a
+    path over PATH_MAX) names none, rather than failing the request."""
+    try:
+        candidate = (dist / path).resolve()
+        return candidate.is_relative_to(dist) and candidate.is_file()
+    except (OSError, ValueError):
+        return False

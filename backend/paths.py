@@ -20,6 +20,11 @@ def inside(root: Path, candidate: Path | str) -> bool:
 
 def safe_filename(name: str, default: str = "file") -> str:
     """A file name with no directories, no leading dots and only plain characters."""
-    base = Path(SAFE_NAME.sub("_", Path(name.replace("\\", "/")).name).lstrip("._"))
+    base = Path(SAFE_NAME.sub("_", Path(name.replace("\\", "/")).name))
     suffix = base.suffix if len(base.suffix) <= 16 else ""  # a long name keeps its extension, which says its format
-    return (base.stem[:SAFE_NAME_LENGTH - len(suffix)] + suffix) if base.name else default
+    # the stem loses its leading dots and underscores; one of only those (a name in another script,
+    # "数据.jsonl", becomes "_.jsonl") is the default stem, keeping the extension
+    stem = (base.stem if suffix else base.name).lstrip("._")
+    if not stem:
+        return default + suffix if suffix else default
+    return stem[:SAFE_NAME_LENGTH - len(suffix)] + suffix

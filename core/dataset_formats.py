@@ -314,11 +314,50 @@ def _cell(value: str) -> Any:
     return value
 
 
-def _read_parquet(path: Path) -> _Read:
+# Parquet compresses its columns and may store a repeated value once (dictionary and run-length
+# encoding), so a file of kilobytes can hold millions of rows and gigabytes of text, which reading it
+# into rows would take in memory (a decompression bomb). A file may hold at most one row per byte of
+# it, and decode to at most PARQUET_MAX_EXPANSION times its size (text compresses 3-10 times), or
+# PARQUET_MIN_DECODED_BYTES for a small file; it is read a batch at a time and refused past either.
+PARQUET_MAX_EXPANSION = 100
+PARQUET_MIN_ROWS = 100_000
+PARQUET_MIN_DECODED_BYTES = 256 * 1024 * 1024
+PARQUET_BATCH_ROWS = 64
+
+
+def _parquet_rows(path: Path) -> list[dict]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    size = path.stat().st_size
+    most_rows = max(size, PARQUET_MIN_ROWS)
+    most_bytes = max(PARQUET_MAX_EXPANSION * size, PARQUET_MIN_DECODED_BYTES)
+    too_big = (f"{path.name} decodes to more than a {size}-byte Parquet file holds of real rows (at most "
+               f"{most_rows} rows and {most_bytes} bytes of values): it looks like a decompression bomb; "
+               "save the dataset without so many repeated values, or as JSON Lines")
+    with pq.ParquetFile(path) as parquet:
+        meta = parquet.metadata
+        stored = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        if meta.num_rows > most_rows or stored > most_bytes:
+            raise DatasetError(too_big)
+        rows: list[dict] = []
+        decoded = 0
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            # a dictionary column holds each value once: measure it as the rows will hold it
+            columns = [column.dictionary_decode() if pa.types.is_dictionary(column.type) else column
+                       for column in batch.columns]
+            decoded += sum(column.nbytes for column in columns)
+            if decoded > most_bytes or len(rows) + batch.num_rows > most_rows:
+                raise DatasetError(too_big)
+            rows.extend(pa.RecordBatch.from_arrays(columns, names=batch.schema.names).to_pylist())
+    return rows
+
+
+def _read_parquet(path: Path) -> _Read:
     try:
-        rows = pq.read_table(path).to_pylist()
+        rows = _parquet_rows(path)
+    except DatasetError:
+        raise
     except Exception as error:  # pyarrow raises several types for a damaged file
         # pyarrow's message names the file by its path on the server: only the reason is shown
         reason = str(error).replace(str(path), path.name).replace(str(path.parent), "")

@@ -10,6 +10,7 @@ from typing import Any, Literal, get_args
 import yaml
 from pydantic import ValidationError
 
+from lanner.core import strict_json
 from lanner.core.spec import SPEC_VERSION, JobSpec, Tracker
 
 # Limits on a YAML file: its size, how deep it nests, and how many values it holds once every
@@ -72,14 +73,35 @@ def load_yaml(text: str | bytes) -> Any:
         if node is None:
             raise SpecFileError("The file is empty.")
         _check_size(node)
-        return loader.construct_document(node)
+        data = loader.construct_document(node)
     except yaml.YAMLError as error:
         raise SpecFileError(f"The file is not valid YAML: {error}") from None
+    except SpecFileError:
+        raise
+    except ValueError as error:  # an integer of more digits than Python converts
+        raise SpecFileError(f"The file holds a value that cannot be read: {error}") from None
     except RecursionError:
         raise SpecFileError(f"The file nests deeper than {MAX_YAML_DEPTH} levels.") from None
     finally:
         if loader is not None:
             loader.dispose()
+    _check_text(data)
+    return data
+
+
+def _check_text(data: Any) -> None:
+    """Refuses text that no answer or database could carry: YAML's escapes make a NUL (\\0) or a lone
+    surrogate (\\ud800), as JSON's do (lanner.core.strict_json)."""
+    pending = [data]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str) and (reason := strict_json.unstorable_text_reason(item)):
+            raise SpecFileError(f"A text value {reason}.")
+        if isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple, set)):
+            pending.extend(item)
 
 
 def _check_size(root: yaml.Node) -> None:

@@ -37,7 +37,7 @@ from lanner.backend.schemas.common import PathId, errors
 from lanner.backend.schemas.jobs import JobOut
 from lanner.backend.schemas.playground import (EvaluationOut, GenerateRequest, GpuSessionCreate, PlaygroundJobOut,
                                                socket_message)
-from lanner.core import db
+from lanner.core import db, strict_json
 from lanner.core.errors import UserError
 from lanner.core.messages.chat import AnswerError
 from lanner.core.models import Job, JobKind, JobStatus, User
@@ -140,9 +140,11 @@ async def playground_socket(websocket: WebSocket) -> None:
     current: Answers | None = None
     try:
         while True:
-            text = await websocket.receive_text()
-            try:
-                message = json.loads(text)
+            received = await websocket.receive()
+            if received["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(received.get("code", 1000))
+            try:  # strict: NaN, nesting too deep to parse or a lone surrogate is a bad request, not a dropped socket
+                message = strict_json.loads(received["text"]) if received.get("text") is not None else None
                 kind = message.get("type") if isinstance(message, dict) else None
             except ValueError:
                 kind = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from redis import Redis
 from sqlalchemy import false, func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from lanner.backend.schemas.accounts import NewTeamUser, NewUser, OwnUpdate, UserUpdate
@@ -99,12 +100,17 @@ def user_by_email(session: Session, email: str) -> User:
 
 
 def create_user(session: Session, body: NewTeamUser) -> User:
+    taken = UserError(409, f"A user with the email {body.email} exists already")
     if session.scalar(select(User).where(User.email == body.email)) is not None:
-        raise UserError(409, f"A user with the email {body.email} exists already")
+        raise taken
     user = User(email=body.email, display_name=body.display_name, role=body.role,
                 password_hash=hash_password(body.password))
     session.add(user)
-    session.commit()
+    try:
+        session.commit()
+    except IntegrityError:  # the same email created by another request since the check above
+        session.rollback()
+        raise taken from None
     return user
 
 

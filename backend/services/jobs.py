@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from redis import Redis
 from redis.exceptions import RedisError
+from sqlalchemy import delete as delete_rows
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -326,9 +327,13 @@ def queue_chat_session(session: Session, redis: Redis, settings: Settings, user:
 def cancel(session: Session, redis: Redis, user: User, job: Job) -> Job:
     """A queued job is cancelled at once; a running one is asked to stop (its worker stops the run, marks
     the job cancelled and publishes it): it is still running when this returns."""
-    if job.status == JobStatus.queued:
-        cancel_queued(session, redis, job, user.id)
-    elif job.status == JobStatus.running:
+    job_id = job.id
+    if job.status == JobStatus.queued and cancel_queued(session, redis, job, user.id):
+        return job
+    # not queued, or no longer: a worker claimed it (ask it to stop), another request cancelled it or deleted it
+    if session.get(Job, job_id, populate_existing=True) is None:
+        raise UserError(404, f"No job {job_id}")
+    if job.status == JobStatus.running:
         request_cancel(redis, job.id)
         queue_order.publish_job_event(redis, job.id, CancelRequested(by=user.id))
     else:
@@ -365,8 +370,16 @@ def delete(session: Session, redis: Redis, settings: Settings, job: Job) -> None
     artifacts = list(session.scalars(select(Artifact).where(Artifact.job_id == job.id)))
     summary = queue_order.job_summary(job)
     job_id = job.id
-    session.delete(job)
+    # only while it is not running: a worker may have claimed it since it was read, and two deletes at
+    # once delete it once (the database cascades to its metrics, samples and artifacts)
+    deleted = session.execute(delete_rows(Job).where(Job.id == job_id, Job.status != JobStatus.running)
+                              .execution_options(synchronize_session=False)).rowcount
     session.commit()
+    if not deleted:
+        if session.get(Job, job_id, populate_existing=True) is None:
+            raise UserError(404, f"No job {job_id}")
+        raise UserError(409, f"Job {job_id} is running: cancel it first")
+    session.expunge(job)
     _delete_files(settings, job, artifacts)
     try:
         redis.delete(job_stream(job_id), cancel_key(job_id))

@@ -64,13 +64,22 @@ def enqueue(session: Session, redis: Redis, settings: Settings, jobs: list[Job])
     wake_workers(settings)  # never raises: a job not announced waits in the database, where idle workers look
 
 
-def cancel_queued(session: Session, redis: Redis, job: Job, by_user_id: int) -> None:
-    """Cancels a job that is still queued, at once, and says so on its stream and the queue's."""
-    job.status = JobStatus.cancelled
-    job.finished_at = datetime.now(timezone.utc)
+def cancel_queued(session: Session, redis: Redis, job: Job, by_user_id: int) -> bool:
+    """Cancels a job that is still queued, at once, and says so on its stream and the queue's. The
+    update applies only while the row is still queued (as a claim's does), so a job a worker claimed,
+    or another request cancelled, since it was read is left as it is: False then, with `job` read
+    again (the caller asks the worker to stop a claimed one, or answers that it is done)."""
+    cancelled = session.execute(
+        update(Job).where(Job.id == job.id, Job.status == JobStatus.queued)
+        .values(status=JobStatus.cancelled, finished_at=datetime.now(timezone.utc))
+        .execution_options(synchronize_session=False)).rowcount
     session.commit()
+    session.expire(job)
+    if not cancelled:
+        return False
     queue_order.publish_job_event(redis, job.id, StatusChange(status=JobStatus.cancelled, by=by_user_id))
     queue_order.publish_queue_event(redis, "cancelled", queue_order.job_summary(job))
+    return True
 
 
 def wake_worker(settings: Settings, worker_name: str) -> bool:

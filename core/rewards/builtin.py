@@ -68,7 +68,7 @@ def json_schema_check(completion: str, schema: dict) -> float:
     fenced = CODE_FENCE.match(text)
     try:
         value = json.loads(fenced.group(1) if fenced else text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than a parser can follow
         return 0.0
     return 1.0 if schema_problem(value, schema) is None else 0.5
 
