@@ -80,28 +80,24 @@ def base_module_names(base_model_dir: Path | None) -> list[str] | None:
         return None
 
 
-def _matches(key: str, patterns) -> bool:
-    """PEFT's rule for target_modules / exclude_modules: a regex matched in full, or names matched as the key or
-    its last components."""
-    if not patterns:
-        return False
-    if isinstance(patterns, str):
-        return re.fullmatch(patterns, key) is not None
-    return any(key == name or key.endswith("." + name) for name in patterns)
-
-
 def _exact_target_modules(modules: set[str], module_names: list[str] | None, exclude_modules) -> list[str]:
     """target_modules naming exactly `modules` (the adapted modules' full names): each by its last component
     where that matches no other module of the base (less exclude_modules), else each by its full name (an adapter
     on some layers only: by the short name PEFT would add LoRA layers the file has no tensors for, which it
     initialises, and with init_lora_weights false they would change the model)."""
+    from types import SimpleNamespace
+
+    from peft.tuners.tuners_utils import check_target_module_exists
+
     by_short: dict[str, set[str]] = {}
     for module in modules:
         by_short.setdefault(module.rsplit(".", 1)[-1], set()).add(module)
     targets = []
     for short, mine in sorted(by_short.items()):
+        # PEFT's own rule for which modules a short name targets (less exclude_modules)
+        config = SimpleNamespace(target_modules=[short], exclude_modules=exclude_modules, target_parameters=None)
         matched = None if module_names is None else {
-            name for name in module_names if _matches(name, [short]) and not _matches(name, exclude_modules)}
+            name for name in module_names if check_target_module_exists(config, name)}
         targets += [short] if matched is None or matched <= mine else sorted(mine)
     return sorted(targets)
 
