@@ -86,6 +86,24 @@ def default_budget_bytes(allocated_bytes: int, free_bytes: int, memory_limit_mb:
     return int(allocated_bytes + extra)
 
 
+# What _shape reads from a config that has no default: a config without one of them (another kind of model, e.g.
+# Falcon's ffn_hidden_size) or with a value that is not a positive whole number cannot be counted.
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")
+# Read when present, with a default when absent or null.
+OPTIONAL_SHAPE_KEYS = ("num_attention_heads", "num_key_value_heads", "head_dim", "num_experts", "num_local_experts",
+                       "moe_intermediate_size", "num_experts_per_tok", "experts_per_token", "decoder_sparse_step")
+
+
+def countable_shape(model) -> bool:
+    """Whether count_parameters (and so estimate_memory) can read this config."""
+    def whole(value) -> bool:
+        return type(value) is int and 0 < value < 2**40
+
+    return (isinstance(model, dict) and all(whole(model.get(key)) for key in SHAPE_KEYS)
+            and all(model.get(key) is None or whole(model[key]) for key in OPTIONAL_SHAPE_KEYS)
+            and all(type(layer) is int for layer in model.get("mlp_only_layers") or ()))
+
+
 def _shape(model: dict[str, Any]) -> dict[str, int]:
     hidden = int(model["hidden_size"])
     heads = int(model.get("num_attention_heads") or 1)

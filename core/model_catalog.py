@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lanner.core import default_model  # imports no torch
 from lanner.core.default_model import DEFAULT_MODEL_ID
-from lanner.core.memory_estimate import count_parameters, estimate_memory
+from lanner.core.memory_estimate import count_parameters, countable_shape, estimate_memory
 from lanner.core.spec import JobSpec
 
 # (hub id, family, parameters in billions, needs an access request on the hub)
@@ -84,28 +84,11 @@ def model_shape(model: str, models_dir: Path) -> dict | None:
     if config.is_file():
         try:
             shape = json.loads(config.read_text())
-            if _countable(shape):
+            if countable_shape(shape):
                 return shape
         except (OSError, ValueError):
             pass
     return fallback
-
-
-# What count_parameters reads from a config that has no default: a config without one of them (another kind of
-# model, e.g. Falcon's ffn_hidden_size) or with a value that is not a positive whole number gets no estimate.
-SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")
-# Read when present, with a default when absent or null.
-OPTIONAL_SHAPE_KEYS = ("num_attention_heads", "num_key_value_heads", "head_dim", "num_experts", "num_local_experts",
-                       "moe_intermediate_size", "num_experts_per_tok", "experts_per_token", "decoder_sparse_step")
-
-
-def _countable(shape) -> bool:
-    def whole(value) -> bool:
-        return type(value) is int and 0 < value < 2**40
-
-    return (isinstance(shape, dict) and all(whole(shape.get(key)) for key in SHAPE_KEYS)
-            and all(shape.get(key) is None or whole(shape[key]) for key in OPTIONAL_SHAPE_KEYS)
-            and all(type(layer) is int for layer in shape.get("mlp_only_layers") or ()))
 
 
 def estimate_job_memory(spec: JobSpec, models_dir: Path, gpu_bytes: int | None = None,
