@@ -90,6 +90,15 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
+def _top1_changes(ref: np.ndarray, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per position of two equally long logit arrays: cand's top-1 token, whether it is not ref's, and whether
+    that change is a near-tie (ref's own gap between the two tokens below TIE_MARGIN)."""
+    top_ref, top_cand = ref.argmax(-1), cand.argmax(-1)
+    changed = top_ref != top_cand
+    gap = ref[np.arange(len(ref)), top_ref] - ref[np.arange(len(ref)), top_cand]
+    return top_cand, changed, changed & (gap < TIE_MARGIN)
+
+
 def compare_logits(reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict:
     """Max/mean |diff|, top-1 agreement (with near-ties counted apart) and mean KL(ref || cand)."""
     max_diff, abs_sum, count, agree, ties, kl_sum = 0.0, 0.0, 0, 0, 0, 0.0
@@ -99,12 +108,9 @@ def compare_logits(reference: list[np.ndarray], candidate: list[np.ndarray]) -> 
         diff = np.abs(ref - cand)
         max_diff = max(max_diff, float(diff.max()))
         abs_sum += float(diff.mean()) * n
-        top_ref, top_cand = ref.argmax(-1), cand.argmax(-1)
-        same = top_ref == top_cand
-        agree += int(same.sum())
-        rows = np.arange(n)
-        gap = ref[rows, top_ref] - ref[rows, top_cand]
-        ties += int(((~same) & (gap < TIE_MARGIN)).sum())
+        _, changed, near_tie = _top1_changes(ref, cand)
+        agree += int((~changed).sum())
+        ties += int(near_tie.sum())
         p, q = _log_softmax(ref), _log_softmax(cand)
         kl_sum += float((np.exp(p) * (p - q)).sum(-1).sum())
         count += n
@@ -187,11 +193,8 @@ def _top1_changes_as_one_cast(reference: list[np.ndarray], candidate: list[np.nd
     count = 0
     for ref, cand, cast in zip(reference, candidate, one_cast):
         n = min(len(ref), len(cand), len(cast))
-        ref, cand, cast = ref[:n], cand[:n], cast[:n]
-        top_ref, top_cand, top_cast = ref.argmax(-1), cand.argmax(-1), cast.argmax(-1)
-        rows = np.arange(n)
-        gap = ref[rows, top_ref] - ref[rows, top_cand]
-        count += int(((top_cand != top_ref) & (gap >= TIE_MARGIN) & (top_cand == top_cast)).sum())
+        top_cand, changed, near_tie = _top1_changes(ref[:n], cand[:n])
+        count += int((changed & ~near_tie & (top_cand == cast[:n].argmax(-1))).sum())
     return count
 
 
