@@ -55,8 +55,10 @@ def validate_spec(data: dict[str, Any]) -> JobSpec:
         raise RequestValidationError(errors) from None
 
 
-def get_job(session: Session, job_id: int) -> Job:
-    job = session.get(Job, job_id)
+def get_job(session: Session, job_id: int, fresh: bool = False) -> Job:
+    """The job, or a 404; fresh: read from the database again, not from the session (another request or a
+    worker may have changed or deleted it since)."""
+    job = session.get(Job, job_id, populate_existing=fresh)
     if job is None:
         raise UserError(404, f"No job {job_id}")
     return job
@@ -331,8 +333,7 @@ def cancel(session: Session, redis: Redis, user: User, job: Job) -> Job:
     if job.status == JobStatus.queued and cancel_queued(session, redis, job, user.id):
         return job
     # not queued, or no longer: a worker claimed it (ask it to stop), another request cancelled it or deleted it
-    if session.get(Job, job_id, populate_existing=True) is None:
-        raise UserError(404, f"No job {job_id}")
+    job = get_job(session, job_id, fresh=True)
     if job.status == JobStatus.running:
         request_cancel(redis, job.id)
         queue_order.publish_job_event(redis, job.id, CancelRequested(by=user.id))
@@ -364,8 +365,6 @@ def _delete_files(settings: Settings, job: Job, artifacts: list[Artifact]) -> No
 
 def delete(session: Session, redis: Redis, settings: Settings, job: Job) -> None:
     """Deletes a job that is not running, with its metrics, artifacts and their files, and its event stream."""
-    if job.status == JobStatus.running:
-        raise UserError(409, f"Job {job.id} is running: cancel it first")
     was_queued = job.status == JobStatus.queued
     artifacts = list(session.scalars(select(Artifact).where(Artifact.job_id == job.id)))
     summary = queue_order.job_summary(job)
@@ -376,8 +375,7 @@ def delete(session: Session, redis: Redis, settings: Settings, job: Job) -> None
                               .execution_options(synchronize_session=False)).rowcount
     session.commit()
     if not deleted:
-        if session.get(Job, job_id, populate_existing=True) is None:
-            raise UserError(404, f"No job {job_id}")
+        get_job(session, job_id, fresh=True)  # a 404 where another request deleted it
         raise UserError(409, f"Job {job_id} is running: cancel it first")
     session.expunge(job)
     _delete_files(settings, job, artifacts)
