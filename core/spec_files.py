@@ -85,23 +85,11 @@ def load_yaml(text: str | bytes) -> Any:
     finally:
         if loader is not None:
             loader.dispose()
-    _check_text(data)
+    try:  # YAML's escapes make a NUL (\0) or a lone surrogate (\ud800), as JSON's do
+        strict_json.check_strings(data)
+    except strict_json.UnstorableJson as error:
+        raise SpecFileError(f"{error}.") from None
     return data
-
-
-def _check_text(data: Any) -> None:
-    """Refuses text that no answer or database could carry: YAML's escapes make a NUL (\\0) or a lone
-    surrogate (\\ud800), as JSON's do (lanner.core.strict_json)."""
-    pending = [data]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, str) and (reason := strict_json.unstorable_text_reason(item)):
-            raise SpecFileError(f"A text value {reason}.")
-        if isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, (list, tuple, set)):
-            pending.extend(item)
 
 
 def _check_size(root: yaml.Node) -> None:

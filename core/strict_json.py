@@ -36,7 +36,8 @@ def unstorable_text_reason(text: str) -> str | None:
     return None
 
 
-def _check_strings(value: Any) -> None:
+def check_strings(value: Any) -> None:
+    """Raises UnstorableJson where a string in value (keys too, at any depth) cannot be stored as text."""
     pending = [value]
     while pending:  # iterative: the depth was bounded by the parser, but a walk needs no stack either
         item = pending.pop()
@@ -47,7 +48,7 @@ def _check_strings(value: Any) -> None:
         elif isinstance(item, dict):
             pending.extend(item.keys())
             pending.extend(item.values())
-        elif isinstance(item, list):
+        elif isinstance(item, (list, tuple, set)):  # (YAML makes sets and tuples too)
             pending.extend(item)
 
 
@@ -64,5 +65,5 @@ def loads(text: str | bytes, object_pairs_hook: Callable[[list[tuple[str, Any]]]
         raise UnstorableJson("The JSON is nested too deeply to read; flatten it") from None
     except ValueError as error:  # an integer of more digits than Python converts
         raise UnstorableJson(f"A number in the JSON cannot be read: {error}") from None
-    _check_strings(value)
+    check_strings(value)
     return value
