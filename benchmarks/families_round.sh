@@ -12,8 +12,9 @@
 # fails, HF + PEFT + bitsandbytes instead of Liger. At each length, last, plain HF + PEFT (bitsandbytes in 4
 # bits) from the same weights: the reference the bar's losses compare with (REFERENCE=off leaves it out).
 # Usage, from the repository root, with .peers carried:
-#     OUT=dir [METHOD=lora|qlora] [LENGTHS="2048x4 8192x1"] bash benchmarks/families_round.sh [BUDGET] [SHAPE...]
-# (LENGTHS: the seq x batch pairs, in order; one of them alone finishes a shape's missing row in a short call)
+#     OUT=dir [METHOD=lora|qlora] [LENGTHS="2048x4 8192x1"] [UNSLOTH=off] bash benchmarks/families_round.sh [BUDGET] [SHAPE...]
+# (LENGTHS: the seq x batch pairs, in order; one of them alone finishes a shape's missing row in a short call;
+# UNSLOTH=off: straight to the fallback peer, for shapes Unsloth is known to fail on, e.g. Gemma 1 on torch 2.11)
 # Default shapes, most decisive first: qwen2.5-7b qwen3-8b (plain causal attention: no compile, Unsloth's
 # own fast paths), gemma2-9b (soft-caps, windows), phi-4-mini, gemma3-12b (Unsloth's generic FastModel path).
 set -o pipefail
@@ -44,7 +45,7 @@ lanner_rows() {  # lanner_rows PEER SEQ BS: Lanner's default plan, and under the
 cd benchmarks
 versions torch triton transformers peft unsloth unsloth_zoo liger-kernel
 for shape in "${shapes[@]}"; do
-  unsloth_runs=1
+  unsloth_runs=$([[ ${UNSLOTH:-on} == off ]] && echo 0 || echo 1)
   for length in ${LENGTHS:-2048x4 8192x1}; do
     IFS=x read -r seq bs <<< "$length"
     peer=$unsloth
