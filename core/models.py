@@ -55,8 +55,14 @@ class JobStatus(str, enum.Enum):
     cancelled = "cancelled"
 
 
+# SQLite gives a deleted row's id again unless the table says AUTOINCREMENT: every table whose ids the API
+# shows says it (migration 0008), so an id once deleted never names another row.
+IDS_NEVER_REUSED = {"sqlite_autoincrement": True}
+
+
 class User(Base):
     __tablename__ = "users"
+    __table_args__ = IDS_NEVER_REUSED
 
     id: Mapped[int] = mapped_column(primary_key=True)
     email: Mapped[str] = mapped_column(String(320), unique=True, index=True)
@@ -73,6 +79,7 @@ class ApiToken(Base):
     """A bearer token for scripts; only its SHA-256 is stored, the token itself is shown once."""
 
     __tablename__ = "api_tokens"
+    __table_args__ = IDS_NEVER_REUSED
 
     id: Mapped[int] = mapped_column(primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
@@ -86,6 +93,7 @@ class ApiToken(Base):
 
 class Dataset(Base):
     __tablename__ = "datasets"
+    __table_args__ = IDS_NEVER_REUSED
 
     id: Mapped[int] = mapped_column(primary_key=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
@@ -104,7 +112,7 @@ class Job(Base):
     """A training or export job. The database, not Celery, holds the queue: status, priority, order."""
 
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_queue", "status", "priority", "queue_order"),)
+    __table_args__ = (Index("ix_jobs_queue", "status", "priority", "queue_order"), IDS_NEVER_REUSED)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
@@ -145,6 +153,7 @@ class Sweep(Base):
     (Job.sweep_id), queued as any; its status is theirs, derived when read, never stored."""
 
     __tablename__ = "sweeps"
+    __table_args__ = IDS_NEVER_REUSED
 
     id: Mapped[int] = mapped_column(primary_key=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
@@ -183,6 +192,7 @@ class Artifact(Base):
     """A file or folder a job produced: checkpoint, adapter, merged model, GGUF, Modelfile."""
 
     __tablename__ = "artifacts"
+    __table_args__ = IDS_NEVER_REUSED
 
     id: Mapped[int] = mapped_column(primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
@@ -199,6 +209,7 @@ class Webhook(Base):
     secret (kept in clear: signing needs it; shown once, at creation)."""
 
     __tablename__ = "webhooks"
+    __table_args__ = IDS_NEVER_REUSED
 
     id: Mapped[int] = mapped_column(primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)

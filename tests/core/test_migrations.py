@@ -127,3 +127,51 @@ def test_0007_adds_the_host_and_worker_instance_of_a_job_and_takes_them_away_aga
     command.downgrade(db.alembic_config(database_url), "0006")
     assert not {"host", "worker_instance"} & {column["name"] for column in inspect(engine).get_columns("jobs")}
     engine.dispose()
+
+
+def test_0008_a_deleted_id_is_never_given_again_and_every_row_stays(database_url):
+    """SQLite handed the newest row's id to the next one once it was deleted; 0008 copies the tables into
+    AUTOINCREMENT ones (PostgreSQL's sequences never went back)."""
+    from alembic import command
+
+    from lanner.core.models import Dataset, Job, JobMetric, Role, User
+
+    db.migrate(database_url, "0007")
+    sessions = db.session_factory(database_url)
+
+    def new_job(session, owner, **fields):
+        job = Job(owner_id=owner, name="j", method="lora", model="m", config={}, **fields)
+        session.add(job)
+        session.commit()
+        return job.id
+
+    with sessions() as session:
+        user = User(email="a@example.com", display_name="A", role=Role.admin, password_hash="x")
+        session.add(user)
+        session.commit()
+        dataset = Dataset(owner_id=user.id, name="d", filename="d.jsonl", path="d", size_bytes=1)
+        session.add(dataset)
+        session.commit()
+        parent = new_job(session, user.id, dataset_id=dataset.id)
+        child = new_job(session, user.id, parent_job_id=parent)
+        session.add(JobMetric(job_id=parent, step=1, values={"loss": 1.0}))
+        session.commit()
+    db.migrate(database_url)
+    with sessions() as session:
+        assert (session.get(Job, child).parent_job_id, session.get(Job, parent).dataset_id) == (parent, dataset.id)
+        assert session.query(JobMetric).filter_by(job_id=parent).count() == 1
+        session.delete(session.get(Job, child))
+        session.delete(session.get(Dataset, dataset.id))
+        session.commit()
+        assert new_job(session, user.id) > child
+        again = Dataset(owner_id=user.id, name="d", filename="d.jsonl", path="d", size_bytes=1)
+        session.add(again)
+        session.commit()
+        assert again.id > dataset.id
+        session.delete(session.get(Job, parent))  # foreign keys still cascade in the copied tables
+        session.commit()
+        assert session.query(JobMetric).count() == 0
+    command.downgrade(db.alembic_config(database_url), "0007")
+    with sessions() as session:
+        assert session.query(Job).count() == 1 and session.query(User).count() == 1
+    db.get_engine(database_url).dispose()
