@@ -205,10 +205,23 @@ def _check_against_machines(redis: Redis, spec: JobSpec) -> str | None:
 
 def create(session: Session, redis: Redis, settings: Settings, user: User, spec: JobSpec,
            parent: Job | None = None) -> Job:
-    """Queues a training job (a clone or retry names the job it came from)."""
+    """Queues a training job (a clone or retry names the job it came from, whose checkpoint it may resume from)."""
     job = training_job(session, redis, settings, user, spec, parent_job_id=parent.id if parent else None)
     enqueue(session, redis, settings, [job])
     return job
+
+
+def _check_resume_point(session: Session, spec: JobSpec, parent_job_id: int | None) -> None:
+    if spec.resume_from is None:
+        return
+    if parent_job_id is None:
+        raise field_error("resume_from", "a new job has no checkpoint to resume from: retry a failed or cancelled "
+                                         "job with resume_from (or clone one) to continue from one of its checkpoints")
+    checkpoint = session.scalar(select(Artifact).where(Artifact.job_id == parent_job_id,
+                                                       Artifact.kind == ArtifactKind.checkpoint,
+                                                       Artifact.name == spec.resume_from))
+    if checkpoint is None:
+        raise field_error("resume_from", f"job {parent_job_id} has no checkpoint named {spec.resume_from!r}")
 
 
 def default_name(session: Session, spec: JobSpec) -> str:
@@ -221,6 +234,7 @@ def training_job(session: Session, redis: Redis, settings: Settings, user: User,
     """A training job of a checked spec, added to the session at its fair place in the queue (not
     committed); `links`: the job it came from (parent_job_id) or the sweep it is a run of (sweep_id)."""
     dataset = _check_against_database(session, spec, user)
+    _check_resume_point(session, spec, links.get("parent_job_id"))
     waiting = _check_against_machines(redis, spec)
     datasets.refresh_token_stats(session, settings, [dataset])  # measured once its tokenizer is here
     estimate = memory_estimate(spec, settings, redis, session, dataset)
@@ -247,14 +261,8 @@ def retry(session: Session, redis: Redis, settings: Settings, user: User, job: J
     if job.status not in (JobStatus.failed, JobStatus.cancelled):
         raise UserError(409, f"Only failed or cancelled jobs are retried; job {job.id} is {job.status.value} "
                              "(clone it to run it again)")
-    data = _stored_spec(job)
-    if resume_from:
-        checkpoint = session.scalar(select(Artifact).where(Artifact.job_id == job.id,
-                                                           Artifact.kind == ArtifactKind.checkpoint,
-                                                           Artifact.name == resume_from))
-        if checkpoint is None:
-            raise field_error("resume_from", f"job {job.id} has no checkpoint named {resume_from!r}")
-        data["resume_from"] = resume_from
+    # without resume_from it starts over: the failed job's own resume_from named a checkpoint of its parent
+    data = {**_stored_spec(job), "resume_from": resume_from or None}
     spec = validate_spec(data)
     if spec.priority > 0 and user.role != Role.admin:
         spec.priority = 0

@@ -201,6 +201,16 @@ def test_retry_queues_a_copy_and_may_resume_from_a_checkpoint(team, chat, wakes)
     assert retried.status_code == 201, retried.text
     assert retried.json()["parent_job_id"] == job and retried.json()["resume_from"] == "checkpoint-100"
     assert team.admin.post(f"/api/jobs/{job}/retry").status_code == 201
+    # a retry of the resumed retry starts over: checkpoint-100 is its parent's, not its own
+    set_status(team.api, retried.json()["id"], JobStatus.failed, error="OOM")
+    again = team.alice.post(f"/api/jobs/{retried.json()['id']}/retry")
+    assert again.status_code == 201 and again.json()["resume_from"] is None
+    # a new job has no checkpoint; a clone resumes only from one its source has
+    assert ("resume_from",) in field_errors(submit(team.alice, chat, resume_from="checkpoint-100"))
+    clone = team.alice.post(f"/api/jobs/{job}/clone", json={"resume_from": "checkpoint-7"})
+    assert ("resume_from",) in field_errors(clone)
+    clone = team.alice.post(f"/api/jobs/{job}/clone", json={"resume_from": "checkpoint-100"})
+    assert clone.status_code == 201 and clone.json()["resume_from"] == "checkpoint-100"
 
 
 def test_clone_with_changes(team, chat, wakes):
