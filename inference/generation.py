@@ -174,18 +174,73 @@ def chat_template(llama, override: str | None) -> str:
     return template
 
 
-def render_prompt(llama, messages: list[dict[str, str]], template: str) -> str:
-    """The conversation as the model was trained to read it, ending where the assistant answers."""
-    from jinja2 import TemplateError
+# A chat template is a program of the job's owner: it renders in a child process of its own, given this long
+# and this much memory above what the child starts with (a conversation renders in milliseconds, in kilobytes),
+# so that a template's endless loop or huge string costs neither the API's memory nor a thread forever.
+RENDER_SECONDS = 10.0
+RENDER_MEMORY_BYTES = 2**30
+RENDER_MODULE = "llama_cpp.llama_chat_format"
+_render_context_lock = threading.Lock()
+
+
+def _render_context():
+    """A forkserver that has imported the formatter: each render forks from it (milliseconds), not from the
+    API process and its threads."""
+    import multiprocessing
+
+    with _render_context_lock:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([RENDER_MODULE])
+        return context
+
+
+def _render_child(connection, template: str, messages: list[dict[str, str]], eos: str, bos: str) -> None:
+    """In the child: the prompt, or why the template could not make it, sent back as (kind, text)."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as statm:  # address space in use, in pages
+            in_use = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (in_use + RENDER_MEMORY_BYTES, in_use + RENDER_MEMORY_BYTES))
+    except (OSError, ValueError, ImportError):  # no /proc (not Linux): the time limit still holds
+        pass
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    formatter = Jinja2ChatFormatter(template, eos_token=_special_text(llama, llama.token_eos()),
-                                    bos_token=_special_text(llama, llama.token_bos()), add_generation_prompt=True)
     try:
-        return formatter(messages=messages).prompt
-    except TemplateError as error:
-        raise UserError(422, f"The chat template refused this conversation: {error}",
-                        code="bad_chat_template") from None
+        formatter = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
+        outcome = ("prompt", formatter(messages=messages).prompt)
+    except MemoryError:
+        outcome = ("refused", f"it needed more than {RENDER_MEMORY_BYTES // 2**20} MiB")
+    except RecursionError:
+        outcome = ("refused", "it recursed without end")
+    except Exception as error:  # TemplateError, the template's own raise_exception, an overflow...
+        outcome = ("refused", f"{type(error).__name__}: {error}")
+    connection.send(outcome)
+
+
+def render_prompt(llama, messages: list[dict[str, str]], template: str) -> str:
+    """The conversation as the model was trained to read it, ending where the assistant answers."""
+    context = _render_context()
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_render_child, daemon=True, args=(
+        sender, template, messages, _special_text(llama, llama.token_eos()), _special_text(llama, llama.token_bos())))
+    child.start()
+    sender.close()
+    try:
+        if not receiver.poll(RENDER_SECONDS):
+            kind, text = "refused", f"it did not finish within {RENDER_SECONDS:g} s"
+        else:
+            kind, text = receiver.recv()
+    except EOFError:  # the child died without a word
+        kind, text = "refused", f"it stopped its process (exit code {child.join(1) or child.exitcode})"
+    finally:
+        receiver.close()
+        if child.is_alive():
+            child.kill()
+        child.join()
+    if kind != "prompt":
+        raise UserError(422, f"The chat template could not render this conversation: {text}", code="bad_chat_template")
+    return text
 
 
 def stream_answer(llama, prompt: str, sampling: Sampling, stopped: Callable[[], bool]) -> Iterator[dict[str, Any]]:
