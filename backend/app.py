@@ -9,6 +9,7 @@ from fastapi.responses import RedirectResponse
 
 from lanner.backend.errors import BodyLimit, document_common_errors, install_error_handlers
 from lanner.backend.frontend_files import mount_frontend
+from lanner.backend.head_requests import HeadAsGet
 from lanner.backend.openapi_document import document_messages
 from lanner.backend.origin_check import SameOriginWrites
 from lanner.backend.security_headers import SecurityHeaders
@@ -69,6 +70,7 @@ def create_app() -> FastAPI:
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    app.add_middleware(HeadAsGet, router=app.router)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, exempt=STREAMING_UPLOAD_PATHS)
     app.add_middleware(SameOriginWrites)  # a forged request is refused before its body is read
     app.add_middleware(SecurityHeaders)  # outermost: refusals carry the headers too

@@ -159,3 +159,14 @@ def test_an_unexpected_error_says_the_connection_closes(api, monkeypatch):
     response = TestClient(api.app, raise_server_exceptions=False).get("/api/setup")
     assert response.status_code == 500 and response.headers["connection"] == "close"
     assert "a bug" not in response.text
+
+
+def test_head_answers_every_get_route_with_its_headers_alone(team):
+    get, head = team.alice.get("/api/health"), team.alice.head("/api/health")
+    assert head.status_code == get.status_code == 200 and head.content == b""
+    assert (head.headers["content-type"], head.headers["content-length"]) == (
+        get.headers["content-type"], get.headers["content-length"])
+    assert team.alice.head("/api/jobs").status_code == 200
+    assert team.anonymous.head("/api/jobs").status_code == 401
+    assert team.alice.head("/").status_code == team.alice.get("/").status_code != 405  # the web UI's page
+    assert team.alice.head("/api/no-such-route").status_code == 404
