@@ -7,11 +7,11 @@ import math
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import IntegrityError
-from starlette.requests import HTTPConnection
+from starlette.requests import ClientDisconnect, HTTPConnection
 
 from lanner.backend.input_guard import body_refusal, send_refusal, url_refusal
 from lanner.core.errors import UserError
@@ -99,6 +99,13 @@ def install_error_handlers(app: FastAPI) -> None:
             await connection.close(TRY_AGAIN_LATER, "Redis is not answering: connect again in a moment")
             return None
         return JSONResponse({"detail": REDIS_AWAY}, status_code=503, headers={"Retry-After": "5"})
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_left(request: Request, _: ClientDisconnect) -> Response:
+        # a dropped upload: nothing to answer (the route's cleanup has run) and nothing went wrong here
+        log.info("%s %s: the client closed the connection before its request was read", request.method,
+                 request.url.path)
+        return Response(status_code=400)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -170,3 +170,28 @@ def test_head_answers_every_get_route_with_its_headers_alone(team):
     assert team.anonymous.head("/api/jobs").status_code == 401
     assert team.alice.head("/").status_code == team.alice.get("/").status_code != 405  # the web UI's page
     assert team.alice.head("/api/no-such-route").status_code == 404
+
+
+def test_an_upload_the_client_drops_is_no_error_and_leaves_nothing(team, caplog):
+    import asyncio
+
+    token = team.alice.post("/api/tokens", json={"name": "script"}).json()["token"]
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "server": ("testserver", 80), "client": ("127.0.0.1", 1),
+             "root_path": "", "path": "/api/datasets", "raw_path": b"/api/datasets", "query_string": b"filename=a.jsonl",
+             "headers": [(b"host", b"testserver"), (b"authorization", f"Bearer {token}".encode()),
+                         (b"content-length", b"100000"), (b"content-type", b"application/octet-stream")]}
+    messages = iter([{"type": "http.request", "body": b'{"messages": [', "more_body": True}, {"type": "http.disconnect"}])
+    sent = []
+
+    async def receive():
+        return next(messages)
+
+    async def send(message):
+        sent.append(message)
+
+    with caplog.at_level("INFO"):
+        asyncio.run(team.api.app(scope, receive, send))
+    assert not [record for record in caplog.records if record.levelname in ("ERROR", "CRITICAL")]
+    assert "the client closed the connection" in caplog.text
+    assert not list((team.api.settings.datasets_dir / ".incoming").iterdir())
