@@ -2,9 +2,18 @@
 whole studio started the way `./lanner up` starts it."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import pytest
+import torch
+
+# Without a GPU the kernels (and the NF4 quantiser that tests of the estimate and the export reach too) run
+# under Triton's interpreter; this must be set before triton is imported (transformers' model modules import
+# it), so it lives at the top of the root conftest, whichever folder of tests runs.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 from support import TEST_CACHE, RunningStack, fresh_postgres_database, free_port, stack_env
 

@@ -1,17 +1,13 @@
 import os
 
+import pytest
 import torch
 
-# Without a GPU the kernels run under Triton's interpreter; this must be set before triton is
-# imported (transformers' model modules import it), so it lives at the top of the conftest.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from lanner.kernels.ops import _utils
 
-import pytest  # noqa: E402
+import hopper_compile
 
-from lanner.kernels.ops import _utils  # noqa: E402
-
-import hopper_compile  # noqa: E402
+# (Without a GPU TRITON_INTERPRET=1: the root conftest sets it before triton is imported.)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
