@@ -23,6 +23,7 @@ from lanner.core.export_spec import ExportSpec
 from lanner.core.messages.records import CancelRequested
 from lanner.core.messages.signals import cancel_key, request_cancel
 from lanner.core.model_catalog import estimate_job_memory
+from lanner.core.model_modules import target_modules_problem
 from lanner.core.models import (TRAINED_KINDS, Artifact, ArtifactKind, Dataset, Job, JobKind, JobStatus, Role, User,
                                 trained_weights)
 from lanner.core.queue import order as queue_order
@@ -224,6 +225,16 @@ def _check_resume_point(session: Session, spec: JobSpec, parent_job_id: int | No
         raise field_error("resume_from", f"job {parent_job_id} has no checkpoint named {spec.resume_from!r}")
 
 
+def _check_lora_targets(settings: Settings, spec: JobSpec) -> None:
+    """A list of LoRA targets names layers of the model, where its checkpoint is on this machine (the worker's
+    PEFT would fail the job on a name that matches none, after its wait in the queue)."""
+    if spec.lora is None or isinstance(spec.lora.target_modules, str):
+        return
+    problem = target_modules_problem(spec.model, spec.lora.target_modules, settings)
+    if problem is not None:
+        raise field_error("lora", problem)
+
+
 def default_name(session: Session, spec: JobSpec) -> str:
     dataset = session.get(Dataset, spec.dataset_id)
     return f"{spec.method} {spec.model.rsplit('/', 1)[-1]} on {dataset.name if dataset else spec.dataset_id}"
@@ -235,6 +246,7 @@ def training_job(session: Session, redis: Redis, settings: Settings, user: User,
     committed); `links`: the job it came from (parent_job_id) or the sweep it is a run of (sweep_id)."""
     dataset = _check_against_database(session, spec, user)
     _check_resume_point(session, spec, links.get("parent_job_id"))
+    _check_lora_targets(settings, spec)
     waiting = _check_against_machines(redis, spec)
     datasets.refresh_token_stats(session, settings, [dataset])  # measured once its tokenizer is here
     estimate = memory_estimate(spec, settings, redis, session, dataset)

@@ -85,6 +85,28 @@ def test_what_only_the_database_knows_is_refused_per_field_too(team, chat):
         assert field in errors and words in errors[field], errors
 
 
+def test_lora_targets_that_name_no_layer_of_the_model_are_refused_when_queued(team, chat, wakes, smollm2_dir):
+    """Checked against the checkpoint's weight names (the built-in model once imported: here the test cache's
+    import), not when the worker's PEFT fails after the wait in the queue."""
+    from lanner.core.default_model import builtin_dir
+    from lanner.core.spec import LORA_TARGET_CHOICES
+
+    builtin_dir(team.api.settings.models_dir).symlink_to(smollm2_dir, target_is_directory=True)
+    refused = field_errors(submit(team.alice, chat, lora={"target_modules": ["nonexistent_proj"]}))
+    assert refused[("lora",)] == (
+        "lora.target_modules: 'nonexistent_proj' names no layer of SmolLM2-135M-Instruct that LoRA can adapt; its "
+        "linear and embedding layers are q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, "
+        "embed_tokens, lm_head (or all-linear)")
+    for junk in (["q_projx", "v_proj"], [""], ["input_layernorm"]):
+        assert "that LoRA can adapt" in field_errors(submit(team.alice, chat, lora={"target_modules": junk}))[("lora",)]
+    job = submit(team.alice, chat).json()["id"]
+    clone = team.alice.post(f"/api/jobs/{job}/clone", json={"lora": {"target_modules": ["norm"]}})
+    assert "'norm' names no layer" in field_errors(clone)[("lora",)]
+    for targets in ("all-linear", ["q_proj", "v_proj"], *LORA_TARGET_CHOICES.values(), ["lm_head", "self_attn.o_proj"]):
+        queued = submit(team.alice, chat, lora={"target_modules": targets})
+        assert queued.status_code == 201, queued.text
+
+
 def test_several_wrong_fields_are_all_reported(team, chat):
     errors = field_errors(submit(team.alice, chat, hyperparameters={"learning_rate": 0, "batch_size": 0}))
     assert {("hyperparameters", "learning_rate"), ("hyperparameters", "batch_size")} <= set(errors)
