@@ -52,6 +52,7 @@ FUSED_TARGET_NAMES = {
 # The MLP targets under the stacked expert weights' names (gate and up are one concatenated weight).
 MOE_TARGET_PARAMETERS = {
     "gate_proj": "experts.gate_up_proj", "up_proj": "experts.gate_up_proj", "down_proj": "experts.down_proj",
+    "gate_up_proj": "experts.gate_up_proj",  # the stacked weight's own name
 }
 
 

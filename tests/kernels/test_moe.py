@@ -15,7 +15,7 @@ from lanner.kernels.ops import grouped_lora, grouped_mm_lora
 from lanner.kernels.ops.moe_combine import moe_combine, moe_weight_grad_
 from lanner.kernels.patching import patch_model
 from lanner.kernels.patching.moe import lora_experts, moe_experts_blocker
-from lora_twins import assert_same_moe_step, lora_grads, max_relative_error, token_batches, twins
+from lora_twins import assert_same_moe_step, lora_grads, max_relative_error, tiny_model, token_batches, twins
 from test_convergence import assert_same_training
 
 TOL = 2e-5  # float32 kernels against float64 references, relative to the largest element
@@ -492,3 +492,15 @@ def test_mixtral_router_jitter_trains_like_plain_peft(device):
     out_plain.loss.backward()
     out_fast.loss.backward()
     assert max_relative_error(lora_grads(fast), lora_grads(plain)) < 1e-4
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_the_stacked_weights_own_name_targets_it(family, device):
+    """gate_up_proj, the stacked weight's name in transformers, adapts it (PEFT matched no module by that name: the
+    experts' gate and up went unadapted without a word when another target matched)."""
+    from lanner.kernels import get_lora_model
+
+    for targets, adapted in ((["q_proj", "gate_up_proj", "down_proj"], 2), (["gate_up_proj"], 1)):
+        model = get_lora_model(tiny_model(family, device=device), r=2, target_modules=targets)
+        experts = model.get_base_model().model.layers[0].mlp.experts
+        assert sum(1 for name, _ in experts.named_parameters() if "lora_A" in name) == adapted, targets
