@@ -179,6 +179,8 @@ def chat_template(llama, override: str | None) -> str:
 # so that a template's endless loop or huge string costs neither the API's memory nor a thread forever.
 RENDER_SECONDS = 10.0
 RENDER_MEMORY_BYTES = 2**30
+# A prompt longer than this holds far more tokens than any context the playground gives a model: not sent back.
+PROMPT_MAX_CHARS = 2**24
 RENDER_MODULE = "llama_cpp.llama_chat_format"
 _render_context_lock = threading.Lock()
 
@@ -208,7 +210,9 @@ def _render_child(connection, template: str, messages: list[dict[str, str]], eos
 
     try:
         formatter = Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos, add_generation_prompt=True)
-        outcome = ("prompt", formatter(messages=messages).prompt)
+        prompt = formatter(messages=messages).prompt
+        outcome = ("prompt", prompt) if len(prompt) <= PROMPT_MAX_CHARS else (
+            "refused", f"it made a prompt of {len(prompt):,} characters, far more than a model's context holds")
     except MemoryError:
         outcome = ("refused", f"it needed more than {RENDER_MEMORY_BYTES // 2**20} MiB")
     except RecursionError:
@@ -232,7 +236,8 @@ def render_prompt(llama, messages: list[dict[str, str]], template: str) -> str:
         else:
             kind, text = receiver.recv()
     except EOFError:  # the child died without a word
-        kind, text = "refused", f"it stopped its process (exit code {child.join(1) or child.exitcode})"
+        child.join(1)
+        kind, text = "refused", f"its process ended without an answer (exit code {child.exitcode})"
     finally:
         receiver.close()
         if child.is_alive():

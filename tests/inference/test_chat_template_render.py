@@ -32,6 +32,7 @@ def test_the_models_own_template_renders_as_before(llama):
 
 @pytest.mark.parametrize("template, why", [
     ("{{ 'x' * 100000 * 100000 }}", "MiB"),                                     # a 10 GB string
+    ("{{ 'x' * 100000 * 200 }}", "characters"),                                 # 20 MB: no context holds it
     ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "recursed"),
     ("{{ raise_exception('roles must alternate') }}", "roles must alternate"),  # the template's own refusal
     ("{% for m in messages %}{{ m.content }}", "TemplateSyntaxError"),
