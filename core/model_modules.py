@@ -26,7 +26,9 @@ from lanner.core.spec import LORA_TARGET_CHOICES
 # shapes), a .bin index (names alone). A lone pytorch_model.bin is a pickle, which only torch reads: not checked.
 SAFETENSORS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
-MAX_HEADER_BYTES = 100 * 2**20  # the safetensors format's own limit
+# A header this long is not read (the format allows 100 MB; a real shard's is kilobytes, ~150 bytes a tensor):
+# such a checkpoint is not checked, and the parsed headers the API caches stay small.
+MAX_HEADER_BYTES = 16 * 2**20
 # The studio's names for a causal LM's layers (the projections of LORA_TARGET_CHOICES, the embeddings, the head),
 # taken whatever the checkpoint holds: a tied head has no weight of its own, the worker maps the MLP names onto a
 # mixture's experts (and Phi-3's fused projections), and transformers renames some checkpoints' layers to them on
