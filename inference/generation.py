@@ -5,6 +5,7 @@ or, by default, the one stored in the GGUF, so the model sees exactly the layout
 Everything here blocks: the router runs it on a thread of its own."""
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import threading
@@ -182,18 +183,17 @@ RENDER_MEMORY_BYTES = 2**30
 # A prompt longer than this holds far more tokens than any context the playground gives a model: not sent back.
 PROMPT_MAX_CHARS = 2**24
 RENDER_MODULE = "llama_cpp.llama_chat_format"
-_render_context_lock = threading.Lock()
 
 
+@functools.cache
 def _render_context():
     """A forkserver that has imported the formatter: each render forks from it (milliseconds), not from the
-    API process and its threads."""
+    API process and its threads. Set up once (two first calls at once would only set the same preload twice)."""
     import multiprocessing
 
-    with _render_context_lock:
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([RENDER_MODULE])
-        return context
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([RENDER_MODULE])
+    return context
 
 
 def _render_child(connection, template: str, messages: list[dict[str, str]], eos: str, bos: str) -> None:
