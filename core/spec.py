@@ -344,6 +344,11 @@ class JobSpec(BaseModel):
             raise ValueError(f"LoRA settings (rank, alpha, …) do not apply to {method}, which trains every weight")
         if (method in ADAPTER_METHODS or method in RL_METHODS) and value is None:
             return LoraSettings()
+        if method in REWARD_MODEL_METHODS and value is not None and isinstance(value.target_modules, list) \
+                and "lm_head" in value.target_modules:
+            # PEFT would skip it beside other targets and fail the job on it alone, after the queue
+            raise ValueError("lora.target_modules: a reward model has no lm_head: its score head replaces it and is "
+                             "always trained whole")
         return value
 
     @field_validator("preference")

@@ -76,3 +76,13 @@ def test_a_spec_stored_before_trackers_existed_reads_back_without_any():
     stored = stored_config(JobSpec.model_validate(BASE))
     del stored["spec"]["trackers"]
     assert load_spec(stored).trackers == []
+
+
+def test_a_reward_model_lora_on_lm_head_is_refused_at_creation():
+    """A reward model's score head replaces lm_head: PEFT would drop the name beside others and fail on it alone."""
+    reward = {**BASE, "method": "reward"}
+    with pytest.raises(ValidationError, match="score head replaces it") as refused:
+        JobSpec.model_validate({**reward, "lora": {"target_modules": ["q_proj", "lm_head"]}})
+    assert [error["loc"] for error in refused.value.errors()] == [("lora",)]
+    assert JobSpec.model_validate({**reward, "lora": {"target_modules": ["q_proj"]}}).lora.target_modules == ["q_proj"]
+    assert JobSpec.model_validate({**BASE, "lora": {"target_modules": ["q_proj", "lm_head"]}}).lora is not None
