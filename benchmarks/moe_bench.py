@@ -216,8 +216,12 @@ def build(args):
     if args.mode == "unsloth":
         import unsloth  # noqa: F401  (must precede transformers)
         from unsloth import FastLanguageModel
-        model, _ = FastLanguageModel.from_pretrained(saved_dir(args), max_seq_length=args.seq, dtype=torch.bfloat16,
+        started = time.perf_counter()
+        path = saved_dir(args)
+        print(f"random weights saved in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+        model, _ = FastLanguageModel.from_pretrained(path, max_seq_length=args.seq, dtype=torch.bfloat16,
                                                      load_in_4bit=args.load_in_4bit, local_files_only=True)
+        print(f"loaded by unsloth at {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
         return FastLanguageModel.get_peft_model(model, r=args.rank, lora_alpha=args.rank, lora_dropout=0,
                                                 bias="none", target_modules=TARGETS,
                                                 use_gradient_checkpointing="unsloth")
@@ -301,10 +305,16 @@ def run_all(args) -> None:
                    "--rank", str(args.rank), "--gate-up", args.gate_up] + (["--layers", str(args.layers)] if args.layers else []) \
             + (["--kernel-profile-dir", args.kernel_profile_dir] if args.kernel_profile_dir else []) \
             + (["--load-in-4bit"] if args.load_in_4bit else []) + list(extra)
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-        json_lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        lines.append(json.loads(json_lines[-1]) if json_lines else
-                     dict(mode=mode, error=" | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])))
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired as late:  # say so and go on to the next mode
+            err = late.stderr or ""
+            tail = (err.decode(errors="replace") if isinstance(err, bytes) else err).strip().splitlines()[-3:]
+            lines.append(dict(mode=mode, error=f"timed out after {args.timeout} s | " + " | ".join(tail)))
+        else:
+            json_lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+            lines.append(json.loads(json_lines[-1]) if json_lines else
+                         dict(mode=mode, error=" | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])))
         print(json.dumps(lines[-1]), flush=True)
 
     for mode in args.modes:

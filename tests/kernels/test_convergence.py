@@ -14,10 +14,10 @@ LOSS_RTOL = 1e-4
 WEIGHT_RTOL = 1e-3
 
 
-def train(model, batches, lr=1e-2):
-    """Plain loop: forward with labels, backward, AdamW; returns the per-step losses."""
+def train(model, batches, lr=1e-2, optimizer=torch.optim.AdamW):
+    """Plain loop: forward with labels, backward, an optimizer step; returns the per-step losses."""
     model.train()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    optimizer = optimizer([p for p in model.parameters() if p.requires_grad], lr=lr)
     losses = []
     for ids in batches:
         loss = model(input_ids=ids, labels=ids).loss
@@ -28,9 +28,9 @@ def train(model, batches, lr=1e-2):
     return losses
 
 
-def assert_same_training(plain, fast, batches, lr=1e-2, weight_rtol=WEIGHT_RTOL):
-    losses_plain = train(plain, batches, lr)
-    losses_fast = train(fast, batches, lr)
+def assert_same_training(plain, fast, batches, lr=1e-2, weight_rtol=WEIGHT_RTOL, optimizer=torch.optim.AdamW):
+    losses_plain = train(plain, batches, lr, optimizer)
+    losses_fast = train(fast, batches, lr, optimizer)
     assert losses_plain[-1] < losses_plain[0] - 0.05  # it learns: the comparison is not between two flat lines
     for step, (ours, reference) in enumerate(zip(losses_fast, losses_plain, strict=True)):
         assert abs(ours - reference) <= LOSS_RTOL * abs(reference), f"step {step}: {ours} vs {reference}"

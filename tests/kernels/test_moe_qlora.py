@@ -83,9 +83,10 @@ def test_a_few_tokens_read_only_their_experts(device):
 def test_nf4_experts_train_like_peft_under_the_memory_engine(device):
     plain, ours = nf4_twins("qwen3_moe", device, gradient_checkpointing=True)
     batches = token_batches(1, 1, 6, plain.config.vocab_size, device=device) * 3
-    # Per step the gradients agree to 1e-6; AdamW moves an element by ~lr whatever its gradient's size, so
-    # near-zero elements (k_proj's B here, 0.17% of its largest after three steps) carry the summation order.
-    assert_same_training(plain, ours, batches, lr=1e-2, weight_rtol=3e-3)
+    # SGD: the weights then differ by lr times the gradients' differences, which is what is compared. AdamW
+    # moves an element by ~lr whatever its gradient's size, so elements whose gradient is near zero took the
+    # GPU's summation order to 4% of the largest weight.
+    assert_same_training(plain, ours, batches, lr=0.3, weight_rtol=1e-4, optimizer=torch.optim.SGD)
 
 
 def test_frozen_nf4_experts_run_on_the_grouped_kernels(caplog, device):
