@@ -295,6 +295,12 @@ def step_bench(args) -> dict:
                 lora_params=sum(p.numel() for p in params), gpu=torch.cuda.get_device_name())
 
 
+def last_lines(output: str | bytes | None) -> str:
+    """A step process's last three lines of output, on one line (a timed-out run's come as bytes)."""
+    text = output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+    return " | ".join(text.strip().splitlines()[-3:])
+
+
 def run_all(args) -> None:
     lines = []
     unsloth_missing = subprocess.run([sys.executable, "-c", "import unsloth"], capture_output=True).returncode
@@ -308,13 +314,11 @@ def run_all(args) -> None:
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired as late:  # say so and go on to the next mode
-            err = late.stderr or ""
-            tail = (err.decode(errors="replace") if isinstance(err, bytes) else err).strip().splitlines()[-3:]
-            lines.append(dict(mode=mode, error=f"timed out after {args.timeout} s | " + " | ".join(tail)))
+            lines.append(dict(mode=mode, error=f"timed out after {args.timeout} s | {last_lines(late.stderr)}"))
         else:
             json_lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
             lines.append(json.loads(json_lines[-1]) if json_lines else
-                         dict(mode=mode, error=" | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])))
+                         dict(mode=mode, error=last_lines(done.stderr or done.stdout)))
         print(json.dumps(lines[-1]), flush=True)
 
     for mode in args.modes:
