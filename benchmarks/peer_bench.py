@@ -212,6 +212,7 @@ def main():
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--budget", type=float, default=None, help="lanner: memory budget in GiB")
     ap.add_argument("--offload", choices=["on", "off", "auto"], default="auto", help="lanner: checkpoint offloading")
+    ap.add_argument("--graphs", choices=["on", "off"], default="on", help="lanner: CUDA graphs of the layers")
     ap.add_argument("--memory-profile", default=None,
                     help="write memory_profile.py's report of the last step's peak to this file")
     ap.add_argument("--kernel-profile", default=None,
@@ -236,6 +237,8 @@ def main():
         # Unsloth sizes its RoPE cache from it: room for the checked lengths
         a.seq = max([131072, *(a.fits[1] if a.fits else [])])
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if a.graphs == "off":
+        os.environ["LANNER_CUDA_GRAPHS"] = "0"
     import torch
     if a.mode.startswith("unsloth"):
         import unsloth  # noqa: F401  (must precede transformers)
@@ -370,12 +373,14 @@ def main():
         engine = memory_engine_of(model)
         if engine is not None and engine.plan is not None:
             plan = engine.plan
-            extra = dict(budget=a.budget, offload=a.offload,
+            graphed = engine.graphs_allowed and engine.graphs.off_reason is None
+            extra = dict(budget=a.budget, offload=a.offload, graphs=graphed,
                          predicted_peak_gib=round(plan.predicted_peak_bytes / 2**30, 2),
                          plan=" ".join(p.code for p in plan.layers))
     print(json.dumps(dict(**extra, mode=a.mode, model=a.model, seq=a.seq, bs=a.bs, rank=a.rank,
                           step_ms=round(ms, 1), tok_s=round(a.bs * a.seq / ms * 1000),
                           peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                          reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 2),
                           loss=round(loss, 4), losses=losses, same_weights=a.same_weights,
                           process_s=round(time.perf_counter() - STARTED, 1), gpu=torch.cuda.get_device_name() if gpu else "cpu",
                           held_by_step=held_by_step, peak_by_step=peak_by_step)), flush=True)

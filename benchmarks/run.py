@@ -49,10 +49,12 @@ def environment() -> dict:
 
 
 def variant_args(variant: str) -> list[str]:
-    """'budget=19.4,offload=on' -> ['--budget', '19.4', '--offload', 'on'] (peer_bench's lanner options)."""
+    """'budget=19.4,offload=on' -> ['--budget', '19.4', '--offload', 'on'] (peer_bench's lanner options; also
+    graphs=off: the layers without CUDA graphs)."""
     pairs = [item.split("=", 1) for item in variant.split(",") if item]
-    if any(len(pair) != 2 or pair[0] not in ("budget", "offload") for pair in pairs):
-        raise SystemExit(f"bad --lanner-variants entry {variant!r}: expected budget=GIB and/or offload=on|off|auto")
+    if any(len(pair) != 2 or pair[0] not in ("budget", "offload", "graphs") for pair in pairs):
+        raise SystemExit(f"bad --lanner-variants entry {variant!r}: expected budget=GIB, offload=on|off|auto "
+                         "and/or graphs=on|off")
     return [arg for key, value in pairs for arg in (f"--{key}", value)]
 
 
@@ -147,7 +149,7 @@ def main() -> int:
                         help="lanner/hf/liger start from the weights the loaders read (peer_bench --same-weights)")
     parser.add_argument("--out", type=Path, default=None, help="write every result as one JSON line here")
     parser.add_argument("--lanner-variants", nargs="*", default=[],
-                        help="extra Lanner runs per shape, each e.g. budget=19.4,offload=on (memory engine)")
+                        help="extra Lanner runs per shape, each e.g. budget=19.4,offload=on (memory engine) or graphs=off")
     parser.add_argument("--variant-system", default="lanner", choices=list(VARIANT_PEERS),
                         help="the Lanner mode the --lanner-variants run as (lanner4: QLoRA, lanner8: FP8 base)")
     args = parser.parse_args()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -124,7 +125,7 @@ def factor_in(factor: torch.Tensor, dtype: torch.dtype, scaling: float = 1.0) ->
     """factor * scaling in dtype, from the cache above when the factor has not changed since it was made."""
     if factor.dtype == dtype and scaling == 1:
         return factor
-    cached = not torch.is_grad_enabled()
+    cached = _factor_casts_cached and not torch.is_grad_enabled()
     key = (id(factor), dtype, scaling)
     hit = _FACTOR_CASTS.get(key) if cached else None
     if hit is not None and hit[0]() is factor and hit[1] == factor._version:
@@ -137,6 +138,22 @@ def factor_in(factor: torch.Tensor, dtype: torch.dtype, scaling: float = 1.0) ->
 
 def clear_factor_casts(*_args) -> None:
     _FACTOR_CASTS.clear()
+
+
+_factor_casts_cached = True
+
+
+@contextmanager
+def factor_casts_uncached():
+    """Inside the block every cast is made anew and none is kept: a CUDA graph captured there records its casts
+    (memory/graphs.py) instead of reading a cached one that the next optimizer step lets go of."""
+    global _factor_casts_cached
+    clear_factor_casts()
+    _factor_casts_cached = False
+    try:
+        yield
+    finally:
+        _factor_casts_cached = True
 
 
 register_optimizer_step_post_hook(clear_factor_casts)

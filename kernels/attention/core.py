@@ -253,6 +253,11 @@ def _mask_mod(window, padding, segments):
 _WINDOW_BLOCK_MASKS: dict = {}
 
 
+def window_block_masks() -> list:
+    """The window-only block masks cached now (a CUDA graph that read one keeps it: memory/graphs.py)."""
+    return list(_WINDOW_BLOCK_MASKS.values())
+
+
 def _block_mask(q, window, padding, segments, cache, compiled):
     length = q.shape[2]
     if padding is None and segments is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from contextlib import contextmanager
+from dataclasses import replace
 
 import psutil
 import torch
@@ -18,6 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..lora import MLPStash
+from .graphs import LayerGraphs, graph_buffer_bytes, graphs_wanted
 from .host_embedding import move_input_embeddings_to_host
 from .layer_run import LayerRun
 from .offload import HostOffloader, OffloadedStash
@@ -51,6 +53,8 @@ class MemoryEngine:
         self.plan: MemoryPlan | None = None
         self.planned_tokens = 0
         self.offloader = HostOffloader()
+        self.graphs = LayerGraphs() if graphs_wanted() and not _draws_random(model) else None
+        self.graphs_allowed = False  # by the plan: see _make_plan
         self.install()
 
     def install(self) -> None:
@@ -77,7 +81,13 @@ class MemoryEngine:
         else:
             stash = None
         previous_up_offloaded = index > 0 and self.plan.layers[index - 1].offload_up
-        run = LayerRun(stash, skip_mlp_output=not hasattr(self.layers[index], "post_feedforward_layernorm"),
+        skip_mlp_output = not hasattr(self.layers[index], "post_feedforward_layernorm")
+        if self.graphs_allowed and hidden_states.is_cuda:
+            out = self.graphs.run(index, self.layers[index], forward, hidden_states, args, functools.partial(
+                LayerRun, None, skip_mlp_output, self.plan.mlp_tile_rows, self.plan.dh_tile_rows), id(self.plan))
+            if out is not None:
+                return out
+        run = LayerRun(stash, skip_mlp_output=skip_mlp_output,
                        mlp_tile_rows=self.plan.mlp_tile_rows, mlp_dh_tile_rows=self.plan.dh_tile_rows,
                        after_mlp_backward=self.offloader.prefetch_last_stash if previous_up_offloaded else None)
         if not layer_plan.offload_input:
@@ -106,6 +116,14 @@ class MemoryEngine:
         self.plan = plan_memory(len(self.layers), costs, base, self.budget_bytes, self.offload, MLP_TILE_ROWS,
                                 DH_TILE_ROWS, host_room)
         self.planned_tokens = tokens
+        # Graphs for plain recompute only (a kept or offloaded layer's memory would sit in a second pool beside the
+        # graphs'), and where their buffers fit the budget too (memory/graphs.py).
+        self.graphs_allowed = self.graphs is not None and costs.dense_mlp and all(
+            layer.mode == "recompute" and not (layer.offload_input or layer.offload_up) for layer in self.plan.layers)
+        if self.graphs_allowed:
+            graphed = replace(self.plan, graph_bytes=graph_buffer_bytes(costs.input_bytes, self.layers))
+            self.graphs_allowed = graphed.fits
+            self.plan = graphed if graphed.fits else self.plan
         print(self.plan.describe(), flush=True)
         if not self.plan.fits:
             logger.warning("lanner.kernels: the memory budget is below the smallest plan's predicted peak")
@@ -202,6 +220,14 @@ def _run_backward_matmuls(like: torch.Tensor) -> None:
     with torch.enable_grad():
         a = torch.ones(16, 16, device=like.device, dtype=like.dtype, requires_grad=True)
         torch.addmm(torch.ones(16, device=like.device, dtype=like.dtype), a, a.t()).sum().backward()
+
+
+def _draws_random(model: nn.Module) -> bool:
+    """Dropout anywhere in training (attention's, LoRA's): a graph would replay one draw, so no graphs."""
+    config = getattr(model, "config", None)
+    if getattr(config, "attention_dropout", 0) or getattr(config, "hidden_dropout", 0):
+        return True
+    return any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules())
 
 
 def _forward_held(forward, held, *args):

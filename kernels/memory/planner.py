@@ -96,6 +96,7 @@ class MemoryPlan:
     budget_bytes: int | None
     mlp_tile_rows: int | None = None  # recomputed layers run their MLP over tiles of this many rows
     dh_tile_rows: int | None = None  # checkpointed layers' MLP backward builds dh this many rows at a time
+    graph_bytes: int = 0  # the CUDA graphs' own buffers when the layers run graphed (memory/graphs.py)
 
     @property
     def tiled(self) -> bool:
@@ -111,7 +112,7 @@ class MemoryPlan:
             backward = max(backward, held + self.working_bytes(layer))
             held += layer.held_bytes(self.costs)
         prefetch = self.costs.input_bytes if any(layer.offload_input for layer in self.layers) else 0
-        return self.base_bytes + backward + prefetch
+        return self.base_bytes + backward + prefetch + self.graph_bytes
 
     def working_bytes(self, layer: LayerPlan) -> int:
         if layer.mode == "keep":  # no checkpoint: a kept layer's MLP is whole, backward too
@@ -143,7 +144,8 @@ class MemoryPlan:
             f"({self.costs.up_bytes / GIB:.3f} GiB each), {self.host_bytes / GIB:.2f} GiB in all",
             f"  base (weights, LoRA + optimizer, head) {self.base_bytes / GIB:.2f} GiB, "
             f"one layer's backward {self.working_bytes(self.layers[0]) / GIB:.2f} GiB"
-            + (f" (MLP in tiles of {self.mlp_tile_rows} tokens)" if self.tiled else ""),
+            + (f" (MLP in tiles of {self.mlp_tile_rows} tokens)" if self.tiled else "")
+            + (f", CUDA graphs' buffers {self.graph_bytes / GIB:.2f} GiB" if self.graph_bytes else ""),
             "  per layer: " + " ".join(_short(layer) for layer in self.layers),
         ]
         return "\n".join(lines)

@@ -25,6 +25,11 @@ def shared_buffer(numel: int, device: torch.device, dtype: torch.dtype, purpose:
     return buffer[:numel]
 
 
+def shared_buffers() -> list[torch.Tensor]:
+    """The shared buffers now (a CUDA graph that wrote into one keeps it: memory/graphs.py)."""
+    return list(_BUFFERS.values())
+
+
 def release_buffers() -> None:
     """Drop the shared buffers (they come back, sized as needed, on the next use)."""
     _BUFFERS.clear()

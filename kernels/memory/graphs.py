@@ -1,0 +1,443 @@
+"""CUDA graphs of recomputed decoder layers: each layer's forward, and its recompute with backward, replayed
+from one graph apiece instead of ~150 launches and ~900 host-side ops.
+
+Small models' steps are host-bound: Qwen2.5-1.5B at 8,192 tokens kept the H100 busy 170 ms of a 300 ms
+step, the rest waiting on Python, PEFT's dispatch, autograd and ~860 aten ops per layer (docs/benchmarks.md,
+twenty-fourth round). A graph replays a layer's kernels with no host work.
+
+What a graph needs, and what is done when it is not there:
+- the same shapes each step: graphs are made for one batch shape at a time, once it has come twice in a row;
+  another shape runs the ordinary checkpoint (a run of batches of varying shapes keeps the ordinary path, after
+  three shape changes for good);
+- a layer whose inputs are tensors, plain values and the "lanner" attention's layout of a whole causal sequence
+  with no padding or packing (a packed or padded batch carries per-batch tensors inside the layout: ordinary path);
+- every layer recomputed, none offloaded, no MoE experts (their routing is data-dependent), no dropout: the
+  engine asks only then (MemoryEngine.graphs_allowed);
+- no CPU synchronisation inside the layer: a capture that fails turns graphs off for the run, in one log line.
+
+Each graph reads fixed buffers: a layer's input is the previous layer's graph output (no copy), the first
+layer's and the other tensors a layer takes (RoPE tables) are copied in once a forward, the input gradient
+alternates between two buffers down the layers. All graphs of a shape share one memory pool, captured in the
+order they replay (forwards up, backwards down), so their working memory is one layer's, as without graphs.
+A forward whose layer still waits for the backward of the previous one (two forwards before a backward, as some
+preference trainers run) takes the ordinary path for that call.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import warnings
+import weakref
+from contextlib import contextmanager
+
+import torch
+
+from ..attention.core import window_block_masks
+from ..attention.transformers_glue import AttentionLayout
+from ..lora import factor_casts_uncached
+from ..quant.quantised_linear import shared_buffers
+
+logger = logging.getLogger("lanner.kernels")
+# A shape is graphed once it has come this many times in a row; after this many shape changes that dropped
+# graphs, the run keeps the ordinary path.
+_REPEATS_BEFORE_CAPTURE = 2
+_MAX_DROPS = 3
+
+
+def graphs_wanted() -> bool:
+    """LANNER_CUDA_GRAPHS=0 turns layer graphs off (on by default where CUDA is)."""
+    return os.environ.get("LANNER_CUDA_GRAPHS", "1") != "0" and torch.cuda.is_available()
+
+
+def graph_buffer_bytes(input_bytes: int, layers) -> int:
+    """What graphed layers hold beyond the ordinary path at its peak: the first layer's input, the top gradient and
+    the two input-gradient buffers, and each layer's parameter gradients (copied to .grad from there)."""
+    grads = sum(p.numel() * p.element_size() for layer in layers for p in layer.parameters() if p.requires_grad)
+    return 4 * input_bytes + grads
+
+
+class _NotGraphable(Exception):
+    pass
+
+
+def _signature(value):
+    """What a graph captured from `value` depends on, hashable; raises _NotGraphable for what it cannot hold."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
+        return value
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad:
+            raise _NotGraphable("a layer argument other than the hidden states needs a gradient")
+        return _described(value)
+    if isinstance(value, (tuple, list)):
+        return type(value).__name__, tuple(_signature(v) for v in value)
+    if isinstance(value, dict):
+        return "dict", tuple((k, _signature(v)) for k, v in value.items())
+    if isinstance(value, AttentionLayout):
+        if not value.whole_sequence or value.padding is not None or value.segments is not None:
+            raise _NotGraphable("a padded or packed batch")
+        return "layout", value.q_length, value.kv_length, value.window
+    raise _NotGraphable(f"a layer argument of type {type(value).__name__}")
+
+
+def _no_token():
+    return None
+
+
+def _described(tensor: torch.Tensor):
+    return "tensor", tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.device
+
+
+class _Token:
+    """Lives as long as the autograd node of one graphed forward (which a loss kept after its backward keeps alive)."""
+
+
+class _ShapeGraphs:
+    """The graphs of every layer for one batch shape, and the buffers they share."""
+
+    def __init__(self, key, owner: "LayerGraphs"):
+        self.key, self.owner = key, owner
+        self.fresh = True  # no step has replayed these graphs yet
+        self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream()
+        self.layers: dict[int, _LayerGraph] = {}
+        # Static copies of the layers' tensor arguments: one per tensor a forward passes (layers given the same
+        # tensor share its copy; Gemma 3's local and global RoPE tables get one each), with the tensor last
+        # copied into it and that tensor's version.
+        self.arg_buffers: list[list] = []  # [[buffer, source, version]]
+        self.first_input: torch.Tensor | None = None
+        self.grad_buffers: list[torch.Tensor] = []  # [top gradient, input gradient of even, of odd layers]
+        # What the graphs may read or write outside their pool and a cache could let go of: the quantised layers'
+        # scratch buffers, FlexAttention's window masks.
+        self.kept: list = []
+
+    def outputs(self):
+        return {layer.static_out.data_ptr(): layer for layer in self.layers.values()}
+
+    def pending(self) -> bool:
+        return any(layer.pending() for layer in self.layers.values())
+
+    def static_kwargs(self, kwargs: dict):
+        """(kwargs with each tensor replaced by its static copy, [(path, copy's entry)]) for a layer's capture."""
+        links = []
+
+        def static(path, tensor):
+            entry = next((e for e in self.arg_buffers if e[1] is tensor), None)
+            if entry is None:
+                buffer = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=tensor.device)
+                buffer.copy_(tensor)
+                entry = [buffer, tensor, tensor._version]
+                self.arg_buffers.append(entry)
+            links.append((path, entry))
+            return entry[0]
+        return _map_tensors(kwargs, static), links
+
+    def grad_buffer(self, like: torch.Tensor, which: int) -> torch.Tensor:
+        while len(self.grad_buffers) <= which:
+            self.grad_buffers.append(torch.empty_like(like, memory_format=torch.contiguous_format))
+        return self.grad_buffers[which]
+
+
+@torch.no_grad()
+def _copy_in_arguments(kwargs: dict, links) -> None:
+    """A layer's tensor arguments into its static copies, unless already there (its layers share them)."""
+    for path, entry in links:
+        tensor = kwargs
+        for part in path:
+            tensor = tensor[part]
+        if entry[1] is not tensor or entry[2] != tensor._version:
+            entry[0].copy_(tensor)
+            entry[1], entry[2] = tensor, tensor._version
+
+
+def _map_tensors(value, fn, path=()):
+    if isinstance(value, torch.Tensor):
+        return fn(path, value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map_tensors(v, fn, (*path, i)) for i, v in enumerate(value))
+    if isinstance(value, dict):
+        return {k: _map_tensors(v, fn, (*path, k)) for k, v in value.items()}
+    return value
+
+
+class _LayerGraph:
+    """One layer's forward graph (captured at its first graphed forward) and backward graph (at its first backward)."""
+
+    def __init__(self, shape: _ShapeGraphs, index: int, layer: torch.nn.Module, signature, links, call, run_factory,
+                 needs_input_grad: bool, static_in: torch.Tensor):
+        self.shape, self.index, self.call, self.run_factory = shape, index, call, run_factory
+        self.signature, self.links = signature, links  # of the layer's arguments; their static copies
+        self.needs_input_grad, self.static_in = needs_input_grad, static_in
+        # The trainable parameters, where each lives, and an alias of each (same memory) for the backward's capture:
+        # differentiating the parameters themselves there would meet the accumulators autograd made for them on
+        # the training stream, whose wait on that stream no capture can hold.
+        places = {}
+        for module in layer.modules():
+            for name, param in module._parameters.items():
+                if param is not None and param.requires_grad:
+                    places.setdefault(param, []).append((module, name))
+        self.params = list(places)
+        self.places = list(places.values())
+        self.aliases = [param.detach().requires_grad_() for param in self.params]
+        self.forward_graph = torch.cuda.CUDAGraph()
+        self.backward_graph: torch.cuda.CUDAGraph | None = None
+        self.static_out: torch.Tensor | None = None
+        self.static_grad_out: torch.Tensor | None = None
+        self.static_grads: tuple = ()
+        self._token = _no_token
+
+    def pending(self) -> bool:
+        """Whether the buffers hold a forward whose backward is still to come (its autograd node alive, its
+        backward not run)."""
+        return self._token() is not None
+
+    def start(self, token: _Token) -> None:
+        self._token = weakref.ref(token)
+
+    def backward_done(self) -> None:
+        self._token = _no_token
+
+    def _forward(self):
+        with torch.no_grad(), factor_casts_uncached(), self.run_factory().contexts()[0]:
+            return self.call(self.static_in)
+
+    def _backward(self):
+        with torch.enable_grad(), factor_casts_uncached(), self.run_factory().contexts()[1], self._aliased():
+            x = self.static_in.detach().requires_grad_(self.needs_input_grad)
+            out = self.call(x)
+            inputs = ([x] if self.needs_input_grad else []) + self.aliases
+            grads = torch.autograd.grad(out, inputs, self.static_grad_out, allow_unused=True)
+        if self.needs_input_grad:
+            self.shape.grad_buffer(x, 1 + self.index % 2).copy_(grads[0])
+            grads = grads[1:]
+        return grads
+
+    @contextmanager
+    def _aliased(self):
+        for places, alias in zip(self.places, self.aliases):
+            for module, name in places:
+                module._parameters[name] = alias
+        try:
+            yield
+        finally:
+            for places, param in zip(self.places, self.params):
+                for module, name in places:
+                    module._parameters[name] = param
+
+    def capture_forward(self) -> None:
+        def check(out):
+            if not isinstance(out, torch.Tensor):
+                raise _NotGraphable(f"the layer returns a {type(out).__name__}")
+        self.static_out = _capture(self.forward_graph, self.shape, self._forward, check)
+
+    def capture_backward(self, grad_out: torch.Tensor) -> None:
+        which = 1 + (self.index + 1) % 2
+        above = self.shape.grad_buffers[which] if len(self.shape.grad_buffers) > which else None
+        if above is not None and above.data_ptr() == grad_out.data_ptr() and above.shape == grad_out.shape:
+            self.static_grad_out = above  # the layer above's graph writes it: no copy
+        else:
+            self.static_grad_out = self.shape.grad_buffer(grad_out, 0)
+            self.static_grad_out.copy_(grad_out)
+        if self.needs_input_grad:
+            self.shape.grad_buffer(self.static_in, 1 + self.index % 2)
+        graph = torch.cuda.CUDAGraph()
+        self.static_grads = _capture(graph, self.shape, self._backward)
+        self.backward_graph = graph
+
+    def replay_backward(self, grad_out: torch.Tensor):
+        if self.static_grad_out.data_ptr() != grad_out.data_ptr():
+            with torch.no_grad():
+                self.static_grad_out.copy_(grad_out)
+        self.backward_graph.replay()
+        return self.input_grad(), self.static_grads
+
+    def input_grad(self) -> torch.Tensor | None:
+        return self.shape.grad_buffers[1 + self.index % 2] if self.needs_input_grad else None
+
+
+def _capture(graph: torch.cuda.CUDAGraph, shape: _ShapeGraphs, fn, check=None):
+    """fn's result, captured into graph, and the graph replayed once. fn runs once before, on the capture's stream:
+    kernels that compile or tune, and cuBLAS's workspace for that stream, do so outside the capture."""
+    stream = shape.stream
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        warm_up = fn()
+        if check is not None:
+            check(warm_up)
+        del warm_up
+        graph.capture_begin(pool=shape.pool, capture_error_mode="thread_local")
+        try:
+            result = fn()
+        except BaseException:
+            _end_failed_capture(graph)
+            raise
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    shape.kept.extend(b for b in shared_buffers() + window_block_masks() if all(b is not k for k in shape.kept))
+    graph.replay()
+    return result
+
+
+def _end_failed_capture(graph: torch.cuda.CUDAGraph) -> None:
+    """Ends a capture that an operation broke. torch then skips giving the CUDA random generator back from capture
+    mode (every later draw would raise "Offset increment outside graph capture"); an empty capture gives it back."""
+    try:
+        graph.capture_end()
+    except Exception:  # noqa: BLE001 - it reports the break the caller raises anyway
+        pass
+    empty = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(torch.cuda.Stream()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "the CUDA graph is empty"
+        empty.capture_begin(capture_error_mode="thread_local")
+        empty.capture_end()
+
+
+class _Replay(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, layer_graph: _LayerGraph, hidden_states, *params):
+        ctx.layer_graph = layer_graph
+        ctx.token = _Token()
+        layer_graph.start(ctx.token)
+        return layer_graph.static_out.detach()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        layer_graph = ctx.layer_graph
+        layer_graph.backward_done()
+        if layer_graph.backward_graph is None:
+            return None, *layer_graph.shape.owner.capture_backward(layer_graph, grad_out)
+        dx, grads = layer_graph.replay_backward(grad_out)
+        return None, dx, *grads
+
+
+class LayerGraphs:
+    """The memory engine's graphed layers (see the module docstring)."""
+
+    def __init__(self):
+        self.current: _ShapeGraphs | None = None
+        self.candidate, self.candidate_count = None, 0
+        self.drops = 0
+        self.off_reason: str | None = None
+        self.forward_key = None  # the key this forward's layers run graphed with (None: the ordinary path)
+        self.graphed_forwards = 0  # forwards whose first layer ran from its graph (or was captured)
+
+    def off(self, reason: str) -> None:
+        if self.off_reason is None:
+            self.off_reason = reason
+            logger.warning("lanner.kernels: CUDA graphs of the decoder layers are off for this run: %s", reason)
+        self._drop()
+
+    def _drop(self) -> None:
+        """Lets go of the current shape's graphs and buffers (a layer whose backward is still to come keeps its own
+        until then): the shape and its layers refer to each other, which would wait for Python's collector."""
+        if self.current is not None:
+            self.current.layers.clear()
+            self.current = None
+
+    def run(self, index: int, layer: torch.nn.Module, forward, hidden_states: torch.Tensor, args, run_factory,
+            plan_id: int):
+        """The layer's output from its graph, or None when this call takes the ordinary path."""
+        if self.off_reason is not None or args or not isinstance(forward, functools.partial):
+            return None
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        try:
+            # The batch's shape (what graphs are made for) and this layer's arguments (layers may differ in them:
+            # Gemma's sliding and global layers take different masks and RoPE tables).
+            key = (plan_id, _described(hidden_states), hidden_states.requires_grad,
+                   torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"))
+            signature = _signature(forward.keywords)
+        except _NotGraphable:
+            self.forward_key = None
+            return None
+        if index == 0:
+            self._choose(key)
+        if key != self.forward_key or self.current is None:
+            return None
+        shape = self.current
+        layer_graph = shape.layers.get(index)
+        if layer_graph is None:
+            try:
+                layer_graph = self._capture_forward(shape, index, layer, forward, hidden_states, signature,
+                                                    run_factory)
+            except Exception as error:  # noqa: BLE001 - any failure to capture means the ordinary path, said once
+                self.off(f"layer {index} could not be captured ({type(error).__name__}: {error})")
+                return None
+            if layer_graph is None:
+                return None
+        elif layer_graph.pending() or not self._replay_forward(shape, layer_graph, hidden_states, forward.keywords,
+                                                               signature):
+            return None
+        self.graphed_forwards += index == 0
+        return _Replay.apply(layer_graph, hidden_states, *layer_graph.params)
+
+    def _choose(self, key) -> None:
+        """At the first layer: graphs for this forward's shape, made, kept, dropped or not yet."""
+        self.forward_key = None
+        if self.current is not None and self.current.key == key:
+            self.forward_key = key
+            if self.current.fresh:  # what the ordinary path's steps left cached is not needed while graphs run
+                self.current.fresh = False
+                torch.cuda.empty_cache()
+            return
+        self.candidate_count = self.candidate_count + 1 if key == self.candidate else 1
+        self.candidate = key
+        if self.candidate_count < _REPEATS_BEFORE_CAPTURE:
+            return
+        if self.current is not None:
+            if self.current.pending():
+                return
+            self.drops += 1
+            self._drop()
+            torch.cuda.empty_cache()
+            if self.drops >= _MAX_DROPS:
+                self.off(f"the batch shape changed {self.drops} times (batches of one length are graphed)")
+                return
+        self.current = _ShapeGraphs(key, self)
+        self.forward_key = key
+
+    def _capture_forward(self, shape, index, layer, forward, hidden_states, signature, run_factory):
+        owner = shape.outputs().get(hidden_states.data_ptr())
+        if owner is not None and owner.static_out.shape == hidden_states.shape:
+            static_in = owner.static_out  # the layer below's graph output: read in place
+        elif index == 0:
+            static_in = shape.first_input = hidden_states.detach().clone(memory_format=torch.contiguous_format)
+        else:
+            return None  # the layer below ran the ordinary path: this one too (its input has no fixed place)
+        kwargs, links = shape.static_kwargs(forward.keywords)
+        _copy_in_arguments(forward.keywords, links)
+        call = functools.partial(forward.func, *forward.args, **kwargs)
+        layer_graph = _LayerGraph(shape, index, layer, signature, links, call, run_factory,
+                                  hidden_states.requires_grad, static_in)
+        layer_graph.capture_forward()
+        shape.layers[index] = layer_graph
+        return layer_graph
+
+    def _replay_forward(self, shape, layer_graph, hidden_states, kwargs, signature) -> bool:
+        if signature != layer_graph.signature:
+            return False
+        static_in = layer_graph.static_in
+        if static_in.data_ptr() != hidden_states.data_ptr():
+            if static_in is not shape.first_input:
+                return False  # its input is the layer below's output, which ran the ordinary path this time
+            # (Not recorded by autograd: a copy of a tensor that needs a gradient would give the buffer a history,
+            # each step's linked to the last, keeping every step's input alive.)
+            with torch.no_grad():
+                static_in.copy_(hidden_states)
+        _copy_in_arguments(kwargs, layer_graph.links)
+        layer_graph.forward_graph.replay()
+        return True
+
+    def capture_backward(self, layer_graph: _LayerGraph, grad_out: torch.Tensor):
+        """(input gradient, parameter gradients) of the layer's first graphed backward, which captures its graph;
+        computed without a graph when the capture fails (graphs then stay off)."""
+        if self.off_reason is None:
+            try:
+                layer_graph.capture_backward(grad_out)  # (which replays it once)
+                return layer_graph.input_grad(), *layer_graph.static_grads
+            except Exception as error:  # noqa: BLE001 - as for forwards; this step's gradients still come
+                self.off(f"layer {layer_graph.index}'s backward could not be captured "
+                         f"({type(error).__name__}: {error})")
+        layer_graph.static_grad_out = grad_out
+        grads = layer_graph._backward()
+        return layer_graph.input_grad(), *grads

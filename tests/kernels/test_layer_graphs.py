@@ -1,0 +1,108 @@
+"""CUDA graphs of the memory engine's recomputed layers (memory/graphs.py): the same training as the ordinary path,
+step for step, through shape changes, two forwards before a backward, and a layer that cannot be captured."""
+import pytest
+import torch
+
+from lanner.kernels import get_lora_model
+from lanner.kernels.attention.transformers_glue import AttentionLayout
+from lanner.kernels.memory import memory_engine_of
+from lanner.kernels.memory.graphs import _NotGraphable, _signature
+from lora_twins import lora_weights, max_relative_error, randomise_lora, tiny_model, token_batches
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+
+def test_a_padded_or_packed_batch_is_not_graphed():
+    """The layout of a batch with padding or packed samples holds that batch's tensors: such layers run as they
+    would without graphs. A whole causal sequence, and a padding mask that keeps every token, are graphed."""
+    def layout(mask, position_ids=None):
+        return AttentionLayout(dict(q_length=4, kv_length=4, attention_mask=mask, position_ids=position_ids))
+
+    assert _signature(layout(None)) == _signature(layout(torch.ones(2, 4, dtype=torch.long)))
+    with pytest.raises(_NotGraphable):
+        _signature(layout(torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])))
+    with pytest.raises(_NotGraphable):
+        _signature(torch.zeros(2, requires_grad=True))
+    with pytest.raises(_NotGraphable):
+        _signature(object())
+
+
+def _trained(family, batches, monkeypatch, graphs: bool, two_forwards_at=(), hook=None):
+    """Losses, final LoRA weights, the memory engine and the bytes allocated as each step starts, of SGD steps on
+    `batches` (float32); at the steps in two_forwards_at, two forwards (this batch and the next) before one
+    backward."""
+    monkeypatch.setenv("LANNER_CUDA_GRAPHS", "1" if graphs else "0")
+    layer_types = dict(layer_types=["sliding_attention", "full_attention", "sliding_attention"]) \
+        if family == "gemma3" else {}
+    model = get_lora_model(tiny_model(family, device="cuda", num_hidden_layers=3, **layer_types), r=8, lora_alpha=8)
+    randomise_lora(model)
+    model.train()
+    if hook is not None:
+        hook(model)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    losses, i = [], 0
+    held = []  # bytes allocated as each step starts
+    while i < len(batches):
+        held.append(torch.cuda.memory_allocated())
+        extra = 1 if i in two_forwards_at else 0
+        loss = sum(model(input_ids=ids, labels=ids).loss for ids in batches[i:i + 1 + extra])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        i += 1 + extra
+    return losses, lora_weights(model), memory_engine_of(model), held
+
+
+@gpu
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_graphed_layers_train_as_the_ordinary_path(family, monkeypatch):
+    """Six steps: the first two ordinary (planning, then the shape's second sight captures), the rest replayed.
+    Gemma 3: sliding and global layers, each with its own mask and RoPE tables."""
+    batches = token_batches(6, 2, 24, 96, device="cuda")
+    losses, weights, engine, held = _trained(family, batches, monkeypatch, graphs=True)
+    plain_losses, plain_weights, _, _ = _trained(family, batches, monkeypatch, graphs=False)
+    graphs = engine.graphs
+    assert graphs.off_reason is None and graphs.current is not None
+    assert sorted(graphs.current.layers) == [0, 1, 2]
+    assert all(layer.backward_graph is not None for layer in graphs.current.layers.values())
+    assert graphs.graphed_forwards == 5  # every step from the capture on (a loss kept alive does not hold them back)
+    assert len(set(held[2:])) == 1  # replayed steps leave nothing behind
+    torch.testing.assert_close(losses, plain_losses, rtol=1e-5, atol=0)
+    assert max_relative_error(weights, plain_weights) < 1e-5
+
+
+@gpu
+def test_shape_changes_and_two_forwards_before_a_backward(monkeypatch):
+    """A shape graphed, then two forwards of it before one backward (the second runs the ordinary path), then
+    another shape twice (the first shape's graphs dropped, the new one's made), then the first again (ordinary
+    until it repeats): every step as without graphs."""
+    a = token_batches(6, 2, 24, 96, device="cuda")
+    b = token_batches(3, 1, 16, 96, seed=3, device="cuda")
+    batches = [a[0], a[1], a[2], a[3], a[4], b[0], b[1], b[2], a[5]]
+    losses, weights, engine, _ = _trained("llama", batches, monkeypatch, graphs=True, two_forwards_at=(3,))
+    plain_losses, plain_weights, _, _ = _trained("llama", batches, monkeypatch, graphs=False, two_forwards_at=(3,))
+    torch.testing.assert_close(losses, plain_losses, rtol=1e-5, atol=0)
+    assert max_relative_error(weights, plain_weights) < 1e-5
+    graphs = engine.graphs
+    assert graphs.off_reason is None and graphs.drops == 1
+    assert graphs.current.key[1][1] == (1, 16, 48)  # the second shape's graphs are the ones kept
+
+
+@gpu
+def test_a_layer_that_cannot_be_captured_turns_graphs_off_and_trains_on(monkeypatch, caplog):
+    """A layer that reads a value back to the host (no graph can hold that): the capture fails at that layer,
+    graphs go off with one log line, and the steps (the layers below it captured already among them) train as
+    without graphs. The CUDA random generator, which a broken capture leaves in capture mode, draws again."""
+    def sync_in_layer_1(model):
+        mlp = model.get_base_model().model.layers[1].mlp
+        mlp.register_forward_pre_hook(lambda module, args: (args[0].sum().item(), None)[1])
+
+    batches = token_batches(4, 2, 24, 96, device="cuda")
+    losses, weights, engine, _ = _trained("llama", batches, monkeypatch, graphs=True, hook=sync_in_layer_1)
+    plain_losses, plain_weights, _, _ = _trained("llama", batches, monkeypatch, graphs=False, hook=sync_in_layer_1)
+    assert engine.graphs.off_reason.startswith("layer 1 could not be captured")
+    assert "CUDA graphs of the decoder layers are off" in caplog.text
+    torch.testing.assert_close(losses, plain_losses, rtol=1e-5, atol=0)
+    assert max_relative_error(weights, plain_weights) < 1e-5
+    torch.randint(0, 9, (4,), device="cuda")
