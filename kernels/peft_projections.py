@@ -106,6 +106,12 @@ def lora_projection(module: nn.Module) -> LoRAProjection:
     )
 
 
+def adapter_state(module: nn.Module):
+    """What a LoRA layer's forward on the kernels reads besides tensors (its active adapter, and whether the fast
+    path runs at all), hashable: a CUDA graph of the layer stands only while it is unchanged (memory/graphs.py)."""
+    return tuple(module.active_adapters), fast_path_blocker(module)
+
+
 def first_blocker(modules) -> str | None:
     for module in modules:
         reason = fast_path_blocker(module)

@@ -36,6 +36,7 @@ import torch
 from ..attention.core import window_block_masks
 from ..attention.transformers_glue import AttentionLayout
 from ..lora import factor_casts_uncached
+from ..peft_projections import adapter_state
 from ..quant.quantised_linear import shared_buffers
 
 logger = logging.getLogger("lanner.kernels")
@@ -320,6 +321,7 @@ class LayerGraphs:
         self.off_reason: str | None = None
         self.forward_key = None  # the key this forward's layers run graphed with (None: the ordinary path)
         self.graphed_forwards = 0  # forwards whose first layer ran from its graph (or was captured)
+        self.lora_modules: dict[int, list] = {}  # by layer index
 
     def off(self, reason: str) -> None:
         if self.off_reason is None:
@@ -346,7 +348,7 @@ class LayerGraphs:
             # Gemma's sliding and global layers take different masks and RoPE tables).
             key = (plan_id, _described(hidden_states), hidden_states.requires_grad,
                    torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"))
-            signature = _signature(forward.keywords)
+            signature = _signature(forward.keywords), layer.training, self._adapters_of(index, layer)
         except _NotGraphable:
             self.forward_key = None
             return None
@@ -370,6 +372,13 @@ class LayerGraphs:
             return None
         self.graphed_forwards += index == 0
         return _Replay.apply(layer_graph, hidden_states, *layer_graph.params)
+
+    def _adapters_of(self, index: int, layer: torch.nn.Module) -> tuple:
+        """The state of the layer's LoRA layers (adapters switched, disabled or merged change its forward)."""
+        modules = self.lora_modules.get(index)
+        if modules is None:
+            modules = self.lora_modules[index] = [m for m in layer.modules() if hasattr(m, "lora_A")]
+        return tuple(adapter_state(m) for m in modules)
 
     def _choose(self, key) -> None:
         """At the first layer: graphs for this forward's shape, made, kept, dropped or not yet."""

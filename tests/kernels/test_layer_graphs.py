@@ -106,3 +106,23 @@ def test_a_layer_that_cannot_be_captured_turns_graphs_off_and_trains_on(monkeypa
     torch.testing.assert_close(losses, plain_losses, rtol=1e-5, atol=0)
     assert max_relative_error(weights, plain_weights) < 1e-5
     torch.randint(0, 9, (4,), device="cuda")
+
+
+@gpu
+def test_a_forward_with_the_adapter_disabled_is_not_replayed_from_the_adapted_graphs(monkeypatch):
+    """PEFT's disable_adapter with gradients on (a reference pass some trainers take with grad): the graphs were
+    captured with the adapter on, so that forward takes the ordinary path and gives the base model's loss."""
+    batches = token_batches(4, 2, 24, 96, device="cuda")
+    losses = {}
+    for graphs in (True, False):
+        monkeypatch.setenv("LANNER_CUDA_GRAPHS", "1" if graphs else "0")
+        model = get_lora_model(tiny_model("llama", device="cuda", num_hidden_layers=3), r=8, lora_alpha=8)
+        randomise_lora(model)
+        model.train()
+        for ids in batches[:3]:  # planned, captured, replayed
+            model(input_ids=ids, labels=ids).loss.backward()
+        with model.disable_adapter():
+            losses[graphs] = [model(input_ids=batches[3], labels=batches[3]).loss.item()]
+        losses[graphs].append(model(input_ids=batches[3], labels=batches[3]).loss.item())
+    assert losses[True][0] != losses[True][1]  # the adapter matters to the loss
+    torch.testing.assert_close(losses[True], losses[False], rtol=1e-5, atol=0)
