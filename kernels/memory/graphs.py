@@ -420,6 +420,9 @@ class LayerGraphs:
                                   hidden_states.requires_grad, static_in)
         layer_graph.capture_forward()
         shape.layers[index] = layer_graph
+        if index == 0:  # (in the job's log beside the plan)
+            print(f"lanner.kernels: decoder layers run from CUDA graphs for batches of shape "
+                  f"{tuple(hidden_states.shape[:-1])}", flush=True)
         return layer_graph
 
     def _replay_forward(self, shape, layer_graph, hidden_states, kwargs, signature) -> bool:

@@ -64,6 +64,8 @@ def test_moe_engine_gives_the_gradients_of_no_checkpointing(monkeypatch, grouped
     kernels and on torch._grouped_mm (forced on the CPU, as test_moe.py does)."""
     from lanner.kernels.ops import grouped_mm_lora
     monkeypatch.setattr(grouped_mm_lora, "ENABLED", grouped_mm or None)
+    if device == "cuda":  # its once-per-device check calls torch._grouped_mm (twice): done before counting
+        grouped_mm_lora.grouped_mm_works(f"cuda:{torch.cuda.current_device()}")
     calls, real = [], torch._grouped_mm
     monkeypatch.setattr(torch, "_grouped_mm", lambda *args, **kwargs: (calls.append(1), real(*args, **kwargs))[1])
     _assert_engine_gives_the_gradients_of_no_checkpointing("qwen3_moe", ["keep_mlp", "recompute", "keep"], (), device)
