@@ -13,7 +13,8 @@ What a graph needs, and what is done when it is not there:
   with no padding or packing (a packed or padded batch carries per-batch tensors inside the layout: ordinary path);
 - every layer recomputed, none offloaded, no MoE experts (their routing is data-dependent), no dropout: the
   engine asks only then (MemoryEngine.graphs_allowed);
-- no CPU synchronisation inside the layer: a capture that fails turns graphs off for the run, in one log line.
+- no CPU synchronisation inside the layer: a capture that fails turns graphs off for the run, in one log line;
+- weights that stay where they are (FSDP gathers sharded ones anew each step): graphs end when one has moved.
 
 Each graph reads fixed buffers: a layer's input is the previous layer's graph output (no copy), the first
 layer's and the other tensors a layer takes (RoPE tables) are copied in once a forward, the input gradient
@@ -180,6 +181,14 @@ class _LayerGraph:
         self.params = list(places)
         self.places = list(places.values())
         self.aliases = [param.detach().requires_grad_() for param in self.params]
+        # Where every weight was at the capture: a graph reads those addresses, so weights that move or are replaced
+        # (sharded ones gathered anew each step, say) end the graphs. Read from the modules each time, not kept.
+        self.weight_slots = [(tensors, name) for module in layer.modules()
+                             for tensors in (module._parameters, module._buffers) for name in tensors]
+        self.addresses = self.weight_addresses()
+
+    def weight_addresses(self) -> tuple:
+        return tuple(getattr(tensors.get(name), "data_ptr", int)() for tensors, name in self.weight_slots)
         self.forward_graph = torch.cuda.CUDAGraph()
         self.backward_graph: torch.cuda.CUDAGraph | None = None
         self.static_out: torch.Tensor | None = None
@@ -427,6 +436,9 @@ class LayerGraphs:
 
     def _replay_forward(self, shape, layer_graph, hidden_states, kwargs, signature) -> bool:
         if signature != layer_graph.signature:
+            return False
+        if layer_graph.weight_addresses() != layer_graph.addresses:
+            self.off(f"layer {layer_graph.index}'s weights moved since its capture (sharded or reloaded weights)")
             return False
         static_in = layer_graph.static_in
         if static_in.data_ptr() != hidden_states.data_ptr():

@@ -126,3 +126,24 @@ def test_a_forward_with_the_adapter_disabled_is_not_replayed_from_the_adapted_gr
         losses[graphs].append(model(input_ids=batches[3], labels=batches[3]).loss.item())
     assert losses[True][0] != losses[True][1]  # the adapter matters to the loss
     torch.testing.assert_close(losses[True], losses[False], rtol=1e-5, atol=0)
+
+
+@gpu
+def test_a_replaced_weight_ends_the_graphs(monkeypatch):
+    """A graph reads its weights where they were at the capture: a weight replaced afterwards (as sharded weights
+    gathered anew would be) turns graphs off at that layer, and the loss is the new weight's."""
+    batches = token_batches(4, 2, 24, 96, device="cuda")
+    losses, engines = {}, {}
+    for graphs in (True, False):
+        monkeypatch.setenv("LANNER_CUDA_GRAPHS", "1" if graphs else "0")
+        model = get_lora_model(tiny_model("llama", device="cuda", num_hidden_layers=3), r=8, lora_alpha=8)
+        randomise_lora(model)
+        model.train()
+        for ids in batches[:3]:
+            model(input_ids=ids, labels=ids).loss.backward()
+        factor = model.get_base_model().model.layers[1].self_attn.q_proj.lora_B["default"]
+        factor.weight = torch.nn.Parameter(factor.weight.detach() * 2)
+        losses[graphs] = model(input_ids=batches[3], labels=batches[3]).loss.item()
+        engines[graphs] = memory_engine_of(model)
+    assert engines[True].graphs.off_reason.startswith("layer 1's weights moved")
+    torch.testing.assert_close(losses[True], losses[False], rtol=1e-5, atol=0)
