@@ -170,6 +170,7 @@ class _LayerGraph:
         self.shape, self.index, self.call, self.run_factory = shape, index, call, run_factory
         self.signature, self.links = signature, links  # of the layer's arguments; their static copies
         self.needs_input_grad, self.static_in = needs_input_grad, static_in
+        self.autocast = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
         # The trainable parameters, where each lives, and an alias of each (same memory) for the backward's capture:
         # differentiating the parameters themselves there would meet the accumulators autograd made for them on
         # the training stream, whose wait on that stream no capture can hold.
@@ -208,11 +209,13 @@ class _LayerGraph:
         self._token = _no_token
 
     def _forward(self):
-        with torch.no_grad(), factor_casts_uncached(), self.run_factory().contexts()[0]:
+        with torch.no_grad(), self._autocast(), factor_casts_uncached(), self.run_factory().contexts()[0]:
             return self.call(self.static_in)
 
     def _backward(self):
-        with torch.enable_grad(), factor_casts_uncached(), self.run_factory().contexts()[1], self._aliased():
+        # (Autocast as in the forward: backward runs on autograd's thread, which does not carry it.)
+        with torch.enable_grad(), self._autocast(), factor_casts_uncached(), self.run_factory().contexts()[1], \
+                self._aliased():
             x = self.static_in.detach().requires_grad_(self.needs_input_grad)
             out = self.call(x)
             inputs = ([x] if self.needs_input_grad else []) + self.aliases
@@ -221,6 +224,10 @@ class _LayerGraph:
             self.shape.grad_buffer(x, 1 + self.index % 2).copy_(grads[0])
             grads = grads[1:]
         return grads
+
+    def _autocast(self):
+        enabled, dtype = self.autocast
+        return torch.autocast("cuda", dtype=dtype, enabled=enabled)
 
     @contextmanager
     def _aliased(self):

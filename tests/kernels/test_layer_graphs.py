@@ -147,3 +147,16 @@ def test_a_replaced_weight_ends_the_graphs(monkeypatch):
         engines[graphs] = memory_engine_of(model)
     assert engines[True].graphs.off_reason.startswith("layer 1's weights moved")
     torch.testing.assert_close(losses[True], losses[False], rtol=1e-5, atol=0)
+
+
+@gpu
+def test_graphed_layers_under_autocast_train_as_the_ordinary_path(monkeypatch):
+    """A float32 model under bf16 autocast (a trainer's mixed precision): the backward's graph recomputes under the
+    forward's autocast, as torch's checkpoint does, though autograd's thread does not carry it."""
+    batches = token_batches(5, 2, 24, 96, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        losses, weights, engine, _ = _trained("llama", batches, monkeypatch, graphs=True)
+        plain_losses, plain_weights, _, _ = _trained("llama", batches, monkeypatch, graphs=False)
+    assert engine.graphs.graphed_forwards == 4
+    torch.testing.assert_close(losses, plain_losses, rtol=1e-3, atol=0)
+    assert max_relative_error(weights, plain_weights) < 1e-2
