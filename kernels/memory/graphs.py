@@ -105,8 +105,9 @@ class _ShapeGraphs:
         self.layers: dict[int, _LayerGraph] = {}
         # Static copies of the layers' tensor arguments: one per tensor a forward passes (layers given the same
         # tensor share its copy; Gemma 3's local and global RoPE tables get one each), with the tensor last
-        # copied into it and that tensor's version.
-        self.arg_buffers: list[list] = []  # [[buffer, source, version]]
+        # copied into it, that tensor's version and the forward it was copied in.
+        self.arg_buffers: list[list] = []  # [[buffer, source, version, forward]]
+        self.forwards = 0  # graphed forwards begun
         self.first_input: torch.Tensor | None = None
         self.grad_buffers: list[torch.Tensor] = []  # [top gradient, input gradient of even, of odd layers]
         # What the graphs may read or write outside their pool and a cache could let go of: the quantised layers'
@@ -128,7 +129,7 @@ class _ShapeGraphs:
             if entry is None:
                 buffer = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=tensor.device)
                 buffer.copy_(tensor)
-                entry = [buffer, tensor, tensor._version]
+                entry = [buffer, tensor, tensor._version, self.forwards]
                 self.arg_buffers.append(entry)
             links.append((path, entry))
             return entry[0]
@@ -141,15 +142,20 @@ class _ShapeGraphs:
 
 
 @torch.no_grad()
-def _copy_in_arguments(kwargs: dict, links) -> None:
-    """A layer's tensor arguments into its static copies, unless already there (its layers share them)."""
+def _copy_in_arguments(kwargs: dict, links, forward: int) -> bool:
+    """A layer's tensor arguments into its static copies, unless already there (its layers share them). False
+    when a copy that layers shared at the capture was given another tensor earlier in this forward: the backward
+    graphs read the copies, so layers that now take different tensors cannot share one."""
     for path, entry in links:
         tensor = kwargs
         for part in path:
             tensor = tensor[part]
         if entry[1] is not tensor or entry[2] != tensor._version:
+            if entry[3] == forward:
+                return False
             entry[0].copy_(tensor)
-            entry[1], entry[2] = tensor, tensor._version
+            entry[1], entry[2], entry[3] = tensor, tensor._version, forward
+    return True
 
 
 def _map_tensors(value, fn, path=()):
@@ -370,6 +376,8 @@ class LayerGraphs:
             return None
         if index == 0:
             self._choose(key)
+            if self.forward_key is not None:
+                self.current.forwards += 1
         if key != self.forward_key or self.current is None:
             return None
         shape = self.current
@@ -430,7 +438,7 @@ class LayerGraphs:
         else:
             return None  # the layer below ran the ordinary path: this one too (its input has no fixed place)
         kwargs, links = shape.static_kwargs(forward.keywords)
-        _copy_in_arguments(forward.keywords, links)
+        _copy_in_arguments(forward.keywords, links, shape.forwards)
         call = functools.partial(forward.func, *forward.args, **kwargs)
         layer_graph = _LayerGraph(shape, index, layer, signature, links, call, run_factory,
                                   hidden_states.requires_grad, static_in)
@@ -455,7 +463,9 @@ class LayerGraphs:
             # each step's linked to the last, keeping every step's input alive.)
             with torch.no_grad():
                 static_in.copy_(hidden_states)
-        _copy_in_arguments(kwargs, layer_graph.links)
+        if not _copy_in_arguments(kwargs, layer_graph.links, shape.forwards):
+            self.off(f"layer {layer_graph.index} took another tensor where the layers shared one at the capture")
+            return False
         layer_graph.forward_graph.replay()
         return True
 
