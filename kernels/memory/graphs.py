@@ -368,9 +368,11 @@ class LayerGraphs:
         try:
             # The batch's shape (what graphs are made for) and this layer's arguments (layers may differ in them:
             # Gemma's sliding and global layers take different masks and RoPE tables).
-            key = (plan_id, _described(hidden_states), hidden_states.requires_grad,
-                   torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"))
-            signature = _signature(forward.keywords), layer.training, self._adapters_of(index, layer)
+            key = (plan_id, _described(hidden_states), torch.is_autocast_enabled("cuda"),
+                   torch.get_autocast_dtype("cuda"))
+            # (Whether the input needs a gradient is the layer's: the first layer's often does not, the others' do.)
+            signature = (_signature(forward.keywords), hidden_states.requires_grad, layer.training,
+                         self._adapters_of(index, layer))
         except _NotGraphable:
             self.forward_key = None
             return None

@@ -160,3 +160,21 @@ def test_graphed_layers_under_autocast_train_as_the_ordinary_path(monkeypatch):
     assert engine.graphs.graphed_forwards == 4
     torch.testing.assert_close(losses, plain_losses, rtol=1e-3, atol=0)
     assert max_relative_error(weights, plain_weights) < 1e-2
+
+
+@gpu
+def test_a_first_layer_whose_input_needs_no_gradient(monkeypatch):
+    """Without PEFT's input-gradient hook the embeddings' output needs no gradient: the first layer's graph computes
+    no input gradient, and the layers above (whose inputs do need one) are graphed all the same."""
+    def frozen_input(model):
+        base = model.get_base_model()
+        if hasattr(base, "_require_grads_hook"):
+            base.disable_input_require_grads()
+
+    batches = token_batches(4, 2, 24, 96, device="cuda")
+    losses, weights, engine, _ = _trained("llama", batches, monkeypatch, graphs=True, hook=frozen_input)
+    plain_losses, plain_weights, _, _ = _trained("llama", batches, monkeypatch, graphs=False, hook=frozen_input)
+    layers = engine.graphs.current.layers
+    assert sorted(layers) == [0, 1, 2] and not layers[0].needs_input_grad and layers[1].needs_input_grad
+    torch.testing.assert_close(losses, plain_losses, rtol=1e-5, atol=0)
+    assert max_relative_error(weights, plain_weights) < 1e-5
