@@ -82,7 +82,7 @@ class MemoryEngine:
             stash = None
         previous_up_offloaded = index > 0 and self.plan.layers[index - 1].offload_up
         skip_mlp_output = not hasattr(self.layers[index], "post_feedforward_layernorm")
-        if self.graphs_allowed and hidden_states.is_cuda:
+        if self.graphs_allowed:
             out = self.graphs.run(index, self.layers[index], forward, hidden_states, args, functools.partial(
                 LayerRun, None, skip_mlp_output, self.plan.mlp_tile_rows, self.plan.dh_tile_rows), id(self.plan))
             if out is not None:

@@ -6,9 +6,9 @@ step, the rest waiting on Python, PEFT's dispatch, autograd and ~860 aten ops pe
 twenty-fourth round). A graph replays a layer's kernels with no host work.
 
 What a graph needs, and what is done when it is not there:
-- the same shapes each step: graphs are made for one batch shape at a time, once it has come twice in a row;
-  another shape runs the ordinary checkpoint (a run of batches of varying shapes keeps the ordinary path, after
-  three shape changes for good);
+- the same shapes each step: graphs are made for one batch shape (and first-layer state) at a time, once it has
+  come twice in a row; another shape runs the ordinary checkpoint (a run of batches of varying shapes keeps the
+  ordinary path, after three changes for good);
 - a layer whose inputs are tensors, plain values and the "lanner" attention's layout of a whole causal sequence
   with no padding or packing (a packed or padded batch carries per-batch tensors inside the layout: ordinary path);
 - every layer recomputed, none offloaded, no MoE experts (their routing is data-dependent), no dropout: the
@@ -80,6 +80,10 @@ def _signature(value):
             raise _NotGraphable("a padded or packed batch")
         return "layout", value.q_length, value.kv_length, value.window
     raise _NotGraphable(f"a layer argument of type {type(value).__name__}")
+
+
+def _on_graph_device(tensor: torch.Tensor) -> bool:
+    return tensor.is_cuda  # (a model on the CPU in a process with a GPU: its ops would not be captured)
 
 
 def _no_token():
@@ -193,15 +197,15 @@ class _LayerGraph:
         self.weight_slots = [(tensors, name) for module in layer.modules()
                              for tensors in (module._parameters, module._buffers) for name in tensors]
         self.addresses = self.weight_addresses()
-
-    def weight_addresses(self) -> tuple:
-        return tuple(getattr(tensors.get(name), "data_ptr", int)() for tensors, name in self.weight_slots)
         self.forward_graph = torch.cuda.CUDAGraph()
         self.backward_graph: torch.cuda.CUDAGraph | None = None
         self.static_out: torch.Tensor | None = None
         self.static_grad_out: torch.Tensor | None = None
         self.static_grads: tuple = ()
         self._token = _no_token
+
+    def weight_addresses(self) -> tuple:
+        return tuple(getattr(tensors.get(name), "data_ptr", int)() for tensors, name in self.weight_slots)
 
     def pending(self) -> bool:
         """Whether the buffers hold a forward whose backward is still to come (its autograd node alive, its
@@ -363,24 +367,26 @@ class LayerGraphs:
         """The layer's output from its graph, or None when this call takes the ordinary path."""
         if self.off_reason is not None or args or not isinstance(forward, functools.partial):
             return None
-        if torch.cuda.is_current_stream_capturing():
+        if not _on_graph_device(hidden_states) or torch.cuda.is_current_stream_capturing():
             return None
         try:
-            # The batch's shape (what graphs are made for) and this layer's arguments (layers may differ in them:
-            # Gemma's sliding and global layers take different masks and RoPE tables).
-            key = (plan_id, _described(hidden_states), torch.is_autocast_enabled("cuda"),
-                   torch.get_autocast_dtype("cuda"))
-            # (Whether the input needs a gradient is the layer's: the first layer's often does not, the others' do.)
+            # The batch's shape, and this layer's arguments and state (layers may differ in them: Gemma's sliding
+            # and global layers take different masks and RoPE tables; the first layer's input often needs no
+            # gradient where the others' do). Graphs are made for a shape and the first layer's signature: a
+            # lasting change of either (an adapter switched, say) makes them anew, as a new shape does.
+            shape_key = (plan_id, _described(hidden_states), torch.is_autocast_enabled("cuda"),
+                         torch.get_autocast_dtype("cuda"))
             signature = (_signature(forward.keywords), hidden_states.requires_grad, layer.training,
                          self._adapters_of(index, layer))
         except _NotGraphable:
-            self.forward_key = None
+            if index == 0:
+                self.forward_key = None
             return None
         if index == 0:
-            self._choose(key)
+            self._choose((shape_key, signature))
             if self.forward_key is not None:
                 self.current.forwards += 1
-        if key != self.forward_key or self.current is None:
+        if self.forward_key is None or shape_key != self.forward_key[0] or self.current is None:
             return None
         shape = self.current
         layer_graph = shape.layers.get(index)
@@ -426,7 +432,8 @@ class LayerGraphs:
             self._drop()
             torch.cuda.empty_cache()
             if self.drops >= _MAX_DROPS:
-                self.off(f"the batch shape changed {self.drops} times (batches of one length are graphed)")
+                self.off(f"the batch shape or the layers' state changed {self.drops} times (graphs stand for "
+                         "batches of one shape)")
                 return
         self.current = _ShapeGraphs(key, self)
         self.forward_key = key
