@@ -373,7 +373,8 @@ def main():
         engine = memory_engine_of(model)
         if engine is not None and engine.plan is not None:
             plan = engine.plan
-            graphed = engine.graphs_allowed and engine.graphs.off_reason is None
+            graphs = engine.graphs
+            graphed = bool(engine.graphs_allowed and graphs.graphed_forwards and graphs.off_reason is None)
             extra = dict(budget=a.budget, offload=a.offload, graphs=graphed,
                          predicted_peak_gib=round(plan.predicted_peak_bytes / 2**30, 2),
                          plan=" ".join(p.code for p in plan.layers))

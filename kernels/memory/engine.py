@@ -84,7 +84,7 @@ class MemoryEngine:
         skip_mlp_output = not hasattr(self.layers[index], "post_feedforward_layernorm")
         if self.graphs_allowed:
             out = self.graphs.run(index, self.layers[index], forward, hidden_states, args, functools.partial(
-                LayerRun, None, skip_mlp_output, self.plan.mlp_tile_rows, self.plan.dh_tile_rows), id(self.plan))
+                LayerRun, None, skip_mlp_output, self.plan.mlp_tile_rows, self.plan.dh_tile_rows))
             if out is not None:
                 return out
         run = LayerRun(stash, skip_mlp_output=skip_mlp_output,
@@ -116,6 +116,8 @@ class MemoryEngine:
         self.plan = plan_memory(len(self.layers), costs, base, self.budget_bytes, self.offload, MLP_TILE_ROWS,
                                 DH_TILE_ROWS, host_room)
         self.planned_tokens = tokens
+        if self.graphs is not None:
+            self.graphs.new_plan()
         # Graphs for plain recompute only (a kept or offloaded layer's memory would sit in a second pool beside the
         # graphs'), and where their buffers fit the budget too (memory/graphs.py).
         self.graphs_allowed = self.graphs is not None and costs.dense_mlp and all(

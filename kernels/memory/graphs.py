@@ -355,6 +355,11 @@ class LayerGraphs:
             logger.warning("lanner.kernels: CUDA graphs of the decoder layers are off for this run: %s", reason)
         self._drop()
 
+    def new_plan(self) -> None:
+        """The engine planned anew (a longer batch): graphs captured under the old plan's options are let go of."""
+        self._drop()
+        self.candidate, self.candidate_count = None, 0
+
     def _drop(self) -> None:
         """Lets go of the current shape's graphs and buffers (a layer whose backward is still to come keeps its own
         until then): the shape and its layers refer to each other, which would wait for Python's collector."""
@@ -362,8 +367,7 @@ class LayerGraphs:
             self.current.layers.clear()
             self.current = None
 
-    def run(self, index: int, layer: torch.nn.Module, forward, hidden_states: torch.Tensor, args, run_factory,
-            plan_id: int):
+    def run(self, index: int, layer: torch.nn.Module, forward, hidden_states: torch.Tensor, args, run_factory):
         """The layer's output from its graph, or None when this call takes the ordinary path."""
         if self.off_reason is not None or args or not isinstance(forward, functools.partial):
             return None
@@ -374,8 +378,7 @@ class LayerGraphs:
             # and global layers take different masks and RoPE tables; the first layer's input often needs no
             # gradient where the others' do). Graphs are made for a shape and the first layer's signature: a
             # lasting change of either (an adapter switched, say) makes them anew, as a new shape does.
-            shape_key = (plan_id, _described(hidden_states), torch.is_autocast_enabled("cuda"),
-                         torch.get_autocast_dtype("cuda"))
+            shape_key = (_described(hidden_states), torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"))
             signature = (_signature(forward.keywords), hidden_states.requires_grad, layer.training,
                          self._adapters_of(index, layer))
         except _NotGraphable:
@@ -447,7 +450,6 @@ class LayerGraphs:
         else:
             return None  # the layer below ran the ordinary path: this one too (its input has no fixed place)
         kwargs, links = shape.static_kwargs(forward.keywords)
-        _copy_in_arguments(forward.keywords, links, shape.forwards)
         call = functools.partial(forward.func, *forward.args, **kwargs)
         layer_graph = _LayerGraph(shape, index, layer, signature, links, call, run_factory,
                                   hidden_states.requires_grad, static_in)

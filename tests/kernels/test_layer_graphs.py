@@ -160,7 +160,7 @@ def test_shape_changes_and_two_forwards_before_a_backward(monkeypatch):
     assert max_relative_error(weights, plain_weights) < 1e-5
     graphs = engine.graphs
     assert graphs.off_reason is None and graphs.drops == 1
-    assert graphs.current.key[0][1][1] == (1, 16, 48)  # the second shape's graphs are the ones kept
+    assert graphs.current.key[0][0][1] == (1, 16, 48)  # the second shape's graphs are the ones kept
 
 
 @gpu
