@@ -105,7 +105,7 @@ def table(results: list[dict]) -> str:
                 rows.append(f"| {label} | {name} | failed: {r['error']} | | | | | | |")
                 continue
             speed = f"{ours['tok_s'] / r['tok_s']:.2f}x" if ours else "-"
-            memory = f"{ours['peak_gib'] / r['peak_gib']:.2f}x" if ours else "-"
+            memory = f"{ours['peak_gib'] / r['peak_gib']:.2f}x" if ours and r["peak_gib"] else "-"  # (0 on the CPU)
             first = r.get("losses", ["-"])[0]
             rows.append(f"| {label} | {name} | {r['tok_s']:,} | {r['step_ms']} | {r['peak_gib']} | {first} | {r['loss']} "
                         f"| {speed} | {memory} |")
@@ -125,7 +125,7 @@ def variants_table(results: list[dict]) -> str:
         peer = next(peers, None)
         name = SYSTEMS[peer["mode"]] if peer else "-"
         speed = f"{r['tok_s'] / peer['tok_s']:.2f}x" if peer else "-"
-        memory = f"{r['peak_gib'] / peer['peak_gib']:.2f}x" if peer else "-"
+        memory = f"{r['peak_gib'] / peer['peak_gib']:.2f}x" if peer and peer["peak_gib"] else "-"
         rows.append(f"| {shape_label(r)} | {r['variant']} | {r.get('plan', '-')} | {r['tok_s']:,} | {r['step_ms']} "
                     f"| {r['peak_gib']} | {r.get('predicted_peak_gib', '-')} | {r['loss']} | {name} | {speed} "
                     f"| {memory} |")

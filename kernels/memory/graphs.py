@@ -59,6 +59,16 @@ def graph_buffer_bytes(input_bytes: int, layers) -> int:
     return 4 * input_bytes + grads
 
 
+def graph_pool_free_bytes() -> int:
+    """Bytes the CUDA-graph memory pools hold beyond their live tensors: the graphs' working memory. A replay
+    allocates nothing, so torch.cuda.max_memory_allocated() never counts it, yet no other allocation can use it:
+    a step's peak on the device is the allocated peak plus this."""
+    if not torch.cuda.is_available():
+        return 0
+    return sum(segment["total_size"] - segment["allocated_size"] for segment in torch.cuda.memory_snapshot()
+               if tuple(segment["segment_pool_id"]) != (0, 0))
+
+
 class _NotGraphable(Exception):
     pass
 

@@ -6,7 +6,7 @@ import torch
 from lanner.kernels import get_lora_model
 from lanner.kernels.attention.transformers_glue import AttentionLayout
 from lanner.kernels.memory import memory_engine_of
-from lanner.kernels.memory.graphs import _NotGraphable, _signature
+from lanner.kernels.memory.graphs import _NotGraphable, _signature, graph_pool_free_bytes
 from lora_twins import lora_weights, max_relative_error, randomise_lora, tiny_model, token_batches
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -135,6 +135,7 @@ def test_graphed_layers_train_as_the_ordinary_path(family, monkeypatch):
     Gemma 3: sliding and global layers, each with its own mask and RoPE tables."""
     batches = token_batches(6, 2, 24, 96, device="cuda")
     losses, weights, engine, held = _trained(family, batches, monkeypatch, graphs=True)
+    assert graph_pool_free_bytes() > 0  # the layers' working memory, in their pool (which the allocated bytes miss)
     plain_losses, plain_weights, _, _ = _trained(family, batches, monkeypatch, graphs=False)
     graphs = engine.graphs
     assert graphs.off_reason is None and graphs.current is not None
