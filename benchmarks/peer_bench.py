@@ -361,9 +361,9 @@ def main():
             phases.mark("optimizer step done")
             phases.active = False
         synchronize()
-        peak_by_step.append(round(device_peak_bytes() / 2**30, 3))
         if i >= a.warmup:
             times.append(time.perf_counter() - t)
+        peak_by_step.append(round(device_peak_bytes() / 2**30, 3))  # (after the timing: it reads a snapshot)
         loss = out.loss.item()
         losses.append(round(loss, 4))
         progress(f"step {i} ({'warm-up' if i < a.warmup else 'timed'}): {time.perf_counter() - t:.2f} s, "
@@ -447,7 +447,8 @@ def long_context(model, opt, seqs, vocab, generator, a, budgets=(24, 48, 80)):
         opt.step(); opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         del out
-        return device_peak_bytes(), time.perf_counter() - t
+        seconds = time.perf_counter() - t
+        return device_peak_bytes(), seconds
 
     points = []
     for seq in seqs:
