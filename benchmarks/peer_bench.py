@@ -24,12 +24,10 @@ if os.environ.get("BENCH_STACKS_AFTER"):  # a process that may be stopped by a t
 
 
 def device_peak_bytes():
-    """The peak GPU memory of what ran since the last reset: the allocator's peak plus what CUDA-graph pools hold
-    beyond their live tensors (Lanner's graphed layers: a replay works in that memory without allocating it, and
-    nothing else can use it; 0 for the peers)."""
-    import torch
-    from lanner.kernels.memory.graphs import graph_pool_free_bytes
-    return torch.cuda.max_memory_allocated() + graph_pool_free_bytes()
+    """The allocator's peak plus what CUDA-graph pools hold beyond their live tensors (Lanner's graphed layers work
+    there without allocating; 0 for the peers). Imported here, not at the top: Unsloth must be imported first."""
+    from lanner.kernels.memory.graphs import device_peak_bytes
+    return device_peak_bytes()
 
 
 def progress(message):

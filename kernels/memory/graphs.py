@@ -19,7 +19,8 @@ What a graph needs, and what is done when it is not there:
 Each graph reads fixed buffers: a layer's input is the previous layer's graph output (no copy), the first
 layer's and the other tensors a layer takes (RoPE tables) are copied in once a forward, the input gradient
 alternates between two buffers down the layers. All graphs of a shape share one memory pool, captured in the
-order they replay (forwards up, backwards down), so their working memory is one layer's, as without graphs.
+order they replay (forwards up, backwards down), so their working memory is one layer's; unlike the ordinary
+path's, the rest of the step (the head, the loss) cannot use it (graph_pool_free_bytes).
 A forward whose layer still waits for the backward of the previous one (two forwards before a backward, as some
 preference trainers run) takes the ordinary path for that call.
 """
@@ -67,6 +68,12 @@ def graph_pool_free_bytes() -> int:
         return 0
     return sum(segment["total_size"] - segment["allocated_size"] for segment in torch.cuda.memory_snapshot()
                if tuple(segment["segment_pool_id"]) != (0, 0))
+
+
+def device_peak_bytes() -> int:
+    """The GPU memory peak since the last reset of the allocator's peak statistics, the graphs' working memory
+    included."""
+    return torch.cuda.max_memory_allocated() + graph_pool_free_bytes()
 
 
 class _NotGraphable(Exception):
