@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import logging
 from contextlib import contextmanager
-from dataclasses import replace
 
 import psutil
 import torch
@@ -19,6 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..lora import MLPStash
+from ..ops.fused_linear_ce import work_bytes as loss_work_bytes
 from .graphs import LayerGraphs, graph_buffer_bytes, graphs_wanted
 from .host_embedding import move_input_embeddings_to_host
 from .layer_run import LayerRun
@@ -72,6 +72,13 @@ class MemoryEngine:
         if self.plan is None or tokens > self.planned_tokens:
             self._make_plan(forward, hidden_states, args, tokens)
         layer_plan = self.plan.layers[index]
+        skip_mlp_output = not hasattr(self.layers[index], "post_feedforward_layernorm")
+        if self.graphs_allowed:
+            run_factory = None if layer_plan.mode == "keep" else functools.partial(
+                LayerRun, None, skip_mlp_output, self.plan.mlp_tile_rows, self.plan.dh_tile_rows)
+            out = self.graphs.run(index, self.layers[index], forward, hidden_states, args, run_factory)
+            if out is not None:
+                return out
         if layer_plan.mode == "keep":
             return forward(hidden_states, *args)
         if layer_plan.mode == "keep_mlp":
@@ -81,12 +88,6 @@ class MemoryEngine:
         else:
             stash = None
         previous_up_offloaded = index > 0 and self.plan.layers[index - 1].offload_up
-        skip_mlp_output = not hasattr(self.layers[index], "post_feedforward_layernorm")
-        if self.graphs_allowed:
-            out = self.graphs.run(index, self.layers[index], forward, hidden_states, args, functools.partial(
-                LayerRun, None, skip_mlp_output, self.plan.mlp_tile_rows, self.plan.dh_tile_rows))
-            if out is not None:
-                return out
         run = LayerRun(stash, skip_mlp_output=skip_mlp_output,
                        mlp_tile_rows=self.plan.mlp_tile_rows, mlp_dh_tile_rows=self.plan.dh_tile_rows,
                        after_mlp_backward=self.offloader.prefetch_last_stash if previous_up_offloaded else None)
@@ -113,19 +114,20 @@ class MemoryEngine:
         if hidden_states.is_cuda:
             _run_backward_matmuls(hidden_states)
         base = self._base_bytes()
-        self.plan = plan_memory(len(self.layers), costs, base, self.budget_bytes, self.offload, MLP_TILE_ROWS,
-                                DH_TILE_ROWS, host_room)
+        planned = functools.partial(plan_memory, len(self.layers), costs, base, self.budget_bytes, self.offload,
+                                    MLP_TILE_ROWS, DH_TILE_ROWS, host_room)
+        # A plan for graphed layers where graphs can run (no MoE experts) and it fits the budget with the graphs'
+        # buffers: graphs take the host's launches out of every step, worth more than an MLP kept for its recompute
+        # or an up projection in host memory, which they cannot hold (memory/graphs.py).
+        graphed = None
+        if self.graphs is not None and costs.dense_mlp:
+            graphed = planned(graph_bytes=graph_buffer_bytes(costs.input_bytes, self.layers,
+                                                             self._head_bytes(hidden_states, tokens)))
+        self.plan = graphed if graphed is not None and graphed.fits else planned()
         self.planned_tokens = tokens
+        self.graphs_allowed = self.plan.graphed
         if self.graphs is not None:
-            self.graphs.new_plan()
-        # Graphs for plain recompute only (a kept or offloaded layer's memory would sit in a second pool beside the
-        # graphs'), and where their buffers fit the budget too (memory/graphs.py).
-        self.graphs_allowed = self.graphs is not None and costs.dense_mlp and all(
-            layer.mode == "recompute" and not (layer.offload_input or layer.offload_up) for layer in self.plan.layers)
-        if self.graphs_allowed:
-            graphed = replace(self.plan, graph_bytes=graph_buffer_bytes(costs.input_bytes, self.layers))
-            self.graphs_allowed = graphed.fits
-            self.plan = graphed if graphed.fits else self.plan
+            self.graphs.new_plan([i for i, layer in enumerate(self.plan.layers) if layer.offload_input])
         print(self.plan.describe(), flush=True)
         if not self.plan.fits:
             logger.warning("lanner.kernels: the memory budget is below the smallest plan's predicted peak")
@@ -162,6 +164,13 @@ class MemoryEngine:
             dense_mlp=not run.moe_experts_ran,
             **_recompute_flops(self.model.config, hidden_states),
         )
+
+    def _head_bytes(self, hidden_states, tokens: int) -> int:
+        """What the head allocates on a batch of `tokens`: the final norm's output and the fused loss's work."""
+        head = self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
+        vocab = head.weight.shape[0] if head is not None else getattr(self.model.config, "vocab_size", 0)
+        hidden, size = hidden_states.shape[-1], hidden_states.element_size()
+        return tokens * hidden * size + loss_work_bytes(tokens, vocab, hidden, size)
 
     def _base_bytes(self) -> int:
         """Memory the layers' activations come on top of: what is allocated now (weights, LoRA), plus the

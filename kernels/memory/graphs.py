@@ -11,8 +11,9 @@ What a graph needs, and what is done when it is not there:
   ordinary path, after three changes for good);
 - a layer whose inputs are tensors, plain values and the "lanner" attention's layout of a whole causal sequence
   with no padding or packing (a packed or padded batch carries per-batch tensors inside the layout: ordinary path);
-- every layer recomputed, none offloaded, no MoE experts (their routing is data-dependent), no dropout: the
-  engine asks only then (MemoryEngine.graphs_allowed);
+- a plan made for graphs (planner.plan_memory's graph_bytes): layers recomputed, their inputs on the GPU or in host
+  memory, or kept whole; no MoE experts (their routing is data-dependent), no dropout: the engine asks only then
+  (MemoryEngine.graphs_allowed);
 - no CPU synchronisation inside the layer: a capture that fails turns graphs off for the run, in one log line;
 - weights that stay where they are (FSDP gathers sharded ones anew each step): graphs end when one has moved.
 
@@ -21,6 +22,15 @@ layer's and the other tensors a layer takes (RoPE tables) are copied in once a f
 alternates between two buffers down the layers. All graphs of a shape share one memory pool, captured in the
 order they replay (forwards up, backwards down), so their working memory is one layer's; unlike the ordinary
 path's, the rest of the step (the head, the loss) cannot use it (graph_pool_free_bytes).
+
+A recomputed layer's graphs run its forward without autograd, and its recompute with backward. A kept layer's
+forward graph records autograd as the ordinary forward does (what it saves for backward lives in the pool from its
+capture on) and its backward graph differentiates that record (make_graphed_callables' way).
+
+Offloaded inputs: where the plan puts layer i's input in host memory, layer i-1 writes its output into one of two
+buffers the layers alternate in, layer i's forward graph copies its input to pinned host memory on a side stream
+while it computes, and layer i+1's backward graph copies it back into the same buffer while it recomputes (layer
+i's own backward copies it in first where that did not happen). The first layer's input stays in its buffer.
 A forward whose layer still waits for the backward of the previous one (two forwards before a backward, as some
 preference trainers run) takes the ordinary path for that call.
 """
@@ -31,7 +41,7 @@ import logging
 import os
 import warnings
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -40,6 +50,7 @@ from ..attention.transformers_glue import AttentionLayout
 from ..lora import factor_casts_uncached
 from ..peft_projections import adapter_state
 from ..quant.quantised_linear import shared_buffers
+from .offload import pinned_empty
 
 logger = logging.getLogger("lanner.kernels")
 # A shape is graphed once it has come this many times in a row; after this many shape changes that dropped
@@ -53,11 +64,13 @@ def graphs_wanted() -> bool:
     return os.environ.get("LANNER_CUDA_GRAPHS", "1") != "0" and torch.cuda.is_available()
 
 
-def graph_buffer_bytes(input_bytes: int, layers) -> int:
+def graph_buffer_bytes(input_bytes: int, layers, head_bytes: int) -> int:
     """What graphed layers hold beyond the ordinary path at its peak: the first layer's input, the top gradient and
-    the two input-gradient buffers, and each layer's parameter gradients (copied to .grad from there)."""
+    the two input-gradient buffers, each layer's parameter gradients (copied to .grad from there), and the head's
+    work (the loss's and the final norm's), which the layers' working memory no longer shares (it stays in the
+    graphs' pool)."""
     grads = sum(p.numel() * p.element_size() for layer in layers for p in layer.parameters() if p.requires_grad)
-    return 4 * input_bytes + grads
+    return 4 * input_bytes + grads + head_bytes
 
 
 def graph_pool_free_bytes() -> int:
@@ -131,6 +144,15 @@ class _ShapeGraphs:
         self.forwards = 0  # graphed forwards begun
         self.first_input: torch.Tensor | None = None
         self.grad_buffers: list[torch.Tensor] = []  # [top gradient, input gradient of even, of odd layers]
+        # Offloaded inputs (see the module docstring): the layers whose input goes to host memory, the two buffers
+        # their inputs alternate in, each one's host copy, the stream of the copies and the layer whose input the
+        # last backward graph brought back.
+        self.offloaded = owner.offloaded
+        self.ring: list[torch.Tensor] = []
+        self.host: dict[int, torch.Tensor] = {}
+        self.copy_stream = torch.cuda.Stream()
+        self.prefetched: int | None = None
+        self.warmed_backwards: list = []  # the kinds of layer whose backward ran eagerly before its capture
         # What the graphs may read or write outside their pool and a cache could let go of: the quantised layers'
         # scratch buffers, FlexAttention's window masks.
         self.kept: list = []
@@ -160,6 +182,37 @@ class _ShapeGraphs:
         while len(self.grad_buffers) <= which:
             self.grad_buffers.append(torch.empty_like(like, memory_format=torch.contiguous_format))
         return self.grad_buffers[which]
+
+    def ring_buffer(self, like: torch.Tensor, which: int) -> torch.Tensor:
+        while len(self.ring) <= which:
+            self.ring.append(torch.empty_like(like, memory_format=torch.contiguous_format))
+        return self.ring[which]
+
+    def host_copy(self, index: int, like: torch.Tensor) -> torch.Tensor:
+        if index not in self.host:
+            self.host[index] = (pinned_empty(like.numel(), like.dtype).view(like.shape) if like.is_cuda
+                                else torch.empty_like(like, memory_format=torch.contiguous_format))
+        return self.host[index]
+
+
+@contextmanager
+def _copying_beside(stream, copies):
+    """Each (destination, source) of copies copied on `stream` while the block runs on the current one, which waits
+    for them at its end (under capture, a fork and a join of the graph). Without a stream (the tests' CPU stand-in),
+    plain copies first."""
+    if stream is None or not copies:
+        for dst, src in copies:
+            dst.copy_(src)
+        yield
+        return
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for dst, src in copies:
+            dst.copy_(src, non_blocking=True)
+    try:
+        yield
+    finally:
+        torch.cuda.current_stream().wait_stream(stream)
 
 
 @torch.no_grad()
@@ -197,6 +250,11 @@ class _LayerGraph:
         self.shape, self.index, self.call, self.run_factory = shape, index, call, run_factory
         self.signature, self.links = signature, links  # of the layer's arguments; their static copies
         self.needs_input_grad, self.static_in = needs_input_grad, static_in
+        self.kept = run_factory is None  # no recompute: the forward records autograd, the backward differentiates it
+        self._record: tuple | None = None  # a kept layer's captured forward: (its input, its output)
+        self.offloaded = index in shape.offloaded  # its input goes to host memory between forward and backward
+        # Its output goes into one of the two alternating buffers where the next layer's input is offloaded.
+        self.output_in_ring = index + 1 in shape.offloaded
         self.autocast = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
         # The trainable parameters, where each lives, and an alias of each (same memory) for the backward's capture:
         # differentiating the parameters themselves there would meet the accumulators autograd made for them on
@@ -236,21 +294,59 @@ class _LayerGraph:
         self._token = _no_token
 
     def _forward(self):
-        with torch.no_grad(), self._autocast(), factor_casts_uncached(), self.run_factory().contexts()[0]:
-            return self.call(self.static_in)
+        to_host = [(self.shape.host_copy(self.index, self.static_in), self.static_in)] if self.offloaded else []
+        with self._autocast(), factor_casts_uncached(), _copying_beside(self.shape.copy_stream, to_host):
+            if self.kept:
+                with torch.enable_grad(), self._aliased():
+                    x = self.static_in.detach().requires_grad_(self.needs_input_grad)
+                    self._record = x, self.call(x)
+                out = self._record[1].detach() if isinstance(self._record[1], torch.Tensor) else self._record[1]
+            else:
+                with torch.no_grad(), self.run_factory().contexts()[0]:
+                    out = self.call(self.static_in)
+            if self.output_in_ring and isinstance(out, torch.Tensor):
+                ring = self.shape.ring_buffer(out, self.index % 2)
+                with torch.no_grad():
+                    ring.copy_(out)
+                out = ring
+        return out
 
-    def _backward(self):
+    def _backward(self, recorded: bool = True):
+        """The input gradient (into its buffer) and the parameters' gradients. A kept layer differentiates its
+        forward graph's record, unless not `recorded`: then a forward made here, as a recomputed layer does (the
+        warm-up before its capture: the MLP's backward writes into what the forward saved, so differentiating the
+        record twice would differ from once)."""
+        below = self.shape.layers.get(self.index - 1) if self.index - 1 in self.shape.offloaded else None
+        back = [(below.static_in, self.shape.host[below.index])] if below is not None else []
         # (Autocast as in the forward: backward runs on autograd's thread, which does not carry it.)
-        with torch.enable_grad(), self._autocast(), factor_casts_uncached(), self.run_factory().contexts()[1], \
-                self._aliased():
-            x = self.static_in.detach().requires_grad_(self.needs_input_grad)
-            out = self.call(x)
-            inputs = ([x] if self.needs_input_grad else []) + self.aliases
-            grads = torch.autograd.grad(out, inputs, self.static_grad_out, allow_unused=True)
+        with self._autocast(), factor_casts_uncached(), _copying_beside(self.shape.copy_stream, back):
+            if self.kept and recorded:
+                x, out = self._record
+                inputs = ([x] if self.needs_input_grad else []) + self.aliases
+                # (retain_graph: every replay of the forward graph rewrites what this record saved, in place.)
+                grads = torch.autograd.grad(out, inputs, self.static_grad_out, retain_graph=True, allow_unused=True)
+            else:
+                contexts = (nullcontext(),) * 2 if self.kept else self.run_factory().contexts()
+                with torch.enable_grad(), contexts[1], self._aliased():
+                    x = self.static_in.detach().requires_grad_(self.needs_input_grad)
+                    out = self.call(x)
+                    inputs = ([x] if self.needs_input_grad else []) + self.aliases
+                    grads = torch.autograd.grad(out, inputs, self.static_grad_out, allow_unused=True)
         if self.needs_input_grad:
             self.shape.grad_buffer(x, 1 + self.index % 2).copy_(grads[0])
             grads = grads[1:]
         return grads
+
+    def bring_back_input(self) -> None:
+        """Before its backward: an offloaded input, unless the layer above's backward graph brought it back."""
+        if self.offloaded and self.shape.prefetched != self.index:
+            with torch.no_grad():
+                self.static_in.copy_(self.shape.host[self.index], non_blocking=True)
+        self.shape.prefetched = None
+
+    def brought_back(self) -> None:
+        """After its backward graph: which layer's input that graph brought back."""
+        self.shape.prefetched = self.index - 1 if self.index - 1 in self.shape.offloaded else None
 
     def _autocast(self):
         enabled, dtype = self.autocast
@@ -272,7 +368,7 @@ class _LayerGraph:
         def check(out):
             if not isinstance(out, torch.Tensor):
                 raise _NotGraphable(f"the layer returns a {type(out).__name__}")
-        self.static_out = _capture(self.forward_graph, self.shape, self._forward, check)
+        self.static_out = _capture(self.forward_graph, self.shape, self._forward, check, warm_up=self._forward)
 
     def capture_backward(self, grad_out: torch.Tensor) -> None:
         which = 1 + (self.index + 1) % 2
@@ -284,31 +380,43 @@ class _LayerGraph:
             self.static_grad_out.copy_(grad_out)
         if self.needs_input_grad:
             self.shape.grad_buffer(self.static_in, 1 + self.index % 2)
+        self.bring_back_input()
         graph = torch.cuda.CUDAGraph()
-        self.static_grads = _capture(graph, self.shape, self._backward)
+        # Warmed up once per kind of layer: an eager backward works in the ordinary pool while the graphs' pool
+        # already holds the captured layers' working memory, which made the capture step the run's peak.
+        kind, warm_up = (self.kept, self.signature, self.needs_input_grad), None
+        if kind not in self.shape.warmed_backwards:
+            self.shape.warmed_backwards.append(kind)
+            warm_up = functools.partial(self._backward, recorded=False) if self.kept else self._backward
+        self.static_grads = _capture(graph, self.shape, self._backward, warm_up=warm_up)
         self.backward_graph = graph
+        self.brought_back()
 
     def replay_backward(self, grad_out: torch.Tensor):
         if self.static_grad_out.data_ptr() != grad_out.data_ptr():
             with torch.no_grad():
                 self.static_grad_out.copy_(grad_out)
+        self.bring_back_input()
         self.backward_graph.replay()
+        self.brought_back()
         return self.input_grad(), self.static_grads
 
     def input_grad(self) -> torch.Tensor | None:
         return self.shape.grad_buffers[1 + self.index % 2] if self.needs_input_grad else None
 
 
-def _capture(graph: torch.cuda.CUDAGraph, shape: _ShapeGraphs, fn, check=None):
-    """fn's result, captured into graph, and the graph replayed once. fn runs once before, on the capture's stream:
-    kernels that compile or tune, and cuBLAS's workspace for that stream, do so outside the capture."""
+def _capture(graph: torch.cuda.CUDAGraph, shape: _ShapeGraphs, fn, check=None, warm_up=None):
+    """fn's result, captured into graph, and the graph replayed once. warm_up (fn or its stand-in), when given,
+    runs once before on the capture's stream: kernels that compile or tune, and cuBLAS's workspace for that stream
+    and thread, do so outside the capture."""
     stream = shape.stream
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        warm_up = fn()
-        if check is not None:
-            check(warm_up)
-        del warm_up
+        if warm_up is not None:
+            warmed = warm_up()
+            if check is not None:
+                check(warmed)
+            del warmed
         graph.capture_begin(pool=shape.pool, capture_error_mode="thread_local")
         try:
             result = fn()
@@ -365,6 +473,7 @@ class LayerGraphs:
         self.forward_key = None  # the key this forward's layers run graphed with (None: the ordinary path)
         self.graphed_forwards = 0  # forwards whose first layer ran from its graph (or was captured)
         self.lora_modules: dict[int, list] = {}  # by layer index
+        self.offloaded: frozenset[int] = frozenset()  # the layers whose input the plan puts in host memory
 
     def off(self, reason: str) -> None:
         if self.off_reason is None:
@@ -372,10 +481,13 @@ class LayerGraphs:
             logger.warning("lanner.kernels: CUDA graphs of the decoder layers are off for this run: %s", reason)
         self._drop()
 
-    def new_plan(self) -> None:
-        """The engine planned anew (a longer batch): graphs captured under the old plan's options are let go of."""
+    def new_plan(self, offloaded=()) -> None:
+        """The engine planned anew (a longer batch): graphs captured under the old plan's options are let go of.
+        offloaded: the layers whose input the new plan puts in host memory (the first layer's stays in the graphs'
+        buffer for it, which exists anyway)."""
         self._drop()
         self.candidate, self.candidate_count = None, 0
+        self.offloaded = frozenset(index for index in offloaded if index > 0)
 
     def _drop(self) -> None:
         """Lets go of the current shape's graphs and buffers (a layer whose backward is still to come keeps its own
@@ -385,7 +497,8 @@ class LayerGraphs:
             self.current = None
 
     def run(self, index: int, layer: torch.nn.Module, forward, hidden_states: torch.Tensor, args, run_factory):
-        """The layer's output from its graph, or None when this call takes the ordinary path."""
+        """The layer's output from its graph, or None when this call takes the ordinary path. run_factory makes the
+        LayerRun of a recomputed layer; None for a kept one."""
         if self.off_reason is not None or args or not isinstance(forward, functools.partial):
             return None
         if not _on_graph_device(hidden_states) or torch.cuda.is_current_stream_capturing():
@@ -508,5 +621,7 @@ class LayerGraphs:
                 self.off(f"layer {layer_graph.index}'s backward could not be captured "
                          f"({type(error).__name__}: {error})")
         layer_graph.static_grad_out = grad_out
+        layer_graph.bring_back_input()
         grads = layer_graph._backward()
+        layer_graph.brought_back()
         return layer_graph.input_grad(), *grads

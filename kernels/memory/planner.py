@@ -10,6 +10,8 @@ Three ways to run a layer under the budget, from least to most memory:
 The planner first offloads (inputs and up projections) if the budget needs it or when asked, then spends what is left
 of the budget on layers, the best seconds-saved-per-byte upgrade first, last layers first (their
 backward comes first, which gives offloaded copies of earlier layers time to come back).
+A plan for layers run from CUDA graphs (memory/graphs.py) offloads inputs only and keeps whole layers only: the
+graphs hold neither an MLP stash nor an up projection in host memory.
 """
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ MODES = ("recompute", "keep_mlp", "keep")
 # flash SDPA, Llama-3 8B shape, 65k to 377k tokens, docs/memory-engine.md); its float32 dq
 # accumulator alone is two. They set the peak once long batches tile the MLP.
 ATTENTION_BACKWARD_INPUTS = 3.5
+# The CUDA graphs' pool over one layer's predicted backward: it holds that layer's working memory and the blocks
+# its captures left apart (Qwen3-1.7B at 8,192 tokens on the H100: 0.71 GiB against 0.55 predicted).
+GRAPH_POOL_OVER_WORKING = 1.3
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class MemoryPlan:
     mlp_tile_rows: int | None = None  # recomputed layers run their MLP over tiles of this many rows
     dh_tile_rows: int | None = None  # checkpointed layers' MLP backward builds dh this many rows at a time
     graph_bytes: int = 0  # the CUDA graphs' own buffers when the layers run graphed (memory/graphs.py)
+    graphed: bool = False  # the layers run from CUDA graphs
 
     @property
     def tiled(self) -> bool:
@@ -107,12 +113,20 @@ class MemoryPlan:
         # The peak is a layer's MLP backward, while every layer before it still holds what it keeps:
         # the last layer's when all work alike. The previous layer's offloaded input is coming back
         # meanwhile; its up projection starts coming back only once this MLP backward is over.
+        # Graphed layers do their work in the graphs' own pool, held apart from everything else: the peak is
+        # then all the layers hold, the pool, and the graphs' buffers (the head's work among them); an offloaded
+        # input comes back into one of the two buffers their outputs alternate in.
+        offloading = any(layer.offload_input for layer in self.layers)
+        prefetch = self.costs.input_bytes * (1 + self.graphed) if offloading else 0
+        if self.graphed:
+            held = sum(layer.held_bytes(self.costs) for layer in self.layers)
+            pool = GRAPH_POOL_OVER_WORKING * max(self.working_bytes(layer) for layer in self.layers)
+            return self.base_bytes + held + int(pool) + prefetch + self.graph_bytes
         held = backward = 0
         for layer in self.layers:
             backward = max(backward, held + self.working_bytes(layer))
             held += layer.held_bytes(self.costs)
-        prefetch = self.costs.input_bytes if any(layer.offload_input for layer in self.layers) else 0
-        return self.base_bytes + backward + prefetch + self.graph_bytes
+        return self.base_bytes + backward + prefetch
 
     def working_bytes(self, layer: LayerPlan) -> int:
         if layer.mode == "keep":  # no checkpoint: a kept layer's MLP is whole, backward too
@@ -145,7 +159,7 @@ class MemoryPlan:
             f"  base (weights, LoRA + optimizer, head) {self.base_bytes / GIB:.2f} GiB, "
             f"one layer's backward {self.working_bytes(self.layers[0]) / GIB:.2f} GiB"
             + (f" (MLP in tiles of {self.mlp_tile_rows} tokens)" if self.tiled else "")
-            + (f", CUDA graphs' buffers {self.graph_bytes / GIB:.2f} GiB" if self.graph_bytes else ""),
+            + (f", CUDA graphs' buffers {self.graph_bytes / GIB:.2f} GiB" if self.graphed else ""),
             "  per layer: " + " ".join(_short(layer) for layer in self.layers),
         ]
         return "\n".join(lines)
@@ -173,7 +187,8 @@ LayerPlan.code = property(lambda self: {"keep": "K", "keep_mlp": "M", "recompute
 
 def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes: int | None = None,
                 offload: bool | None = None, mlp_tile_rows: int | None = None,
-                dh_tile_rows: int | None = None, host_bytes: int | None = None) -> MemoryPlan:
+                dh_tile_rows: int | None = None, host_bytes: int | None = None,
+                graph_bytes: int | None = None) -> MemoryPlan:
     """The plan for n_layers identical decoder layers.
 
     budget_bytes None: every layer recomputes (plain checkpointing), inputs offloaded only if
@@ -188,22 +203,26 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
     dh_tile_rows: the MLP backward of checkpointed layers builds dh this many rows at a time.
     host_bytes: the host memory offloading may take (None: no limit). Beyond it the up projections
     stay on the GPU, then the inputs of the last layers that would offload.
+    graph_bytes: not None, a plan for layers run from CUDA graphs, whose own buffers take this many bytes: no up
+    projection in host memory, no keep_mlp.
     """
     if n_layers < 1:
         raise ValueError("plan_memory: a model with no decoder layers")
     if budget_bytes is not None and budget_bytes <= 0:
         raise ValueError(f"plan_memory: the memory budget must be positive, got {budget_bytes} bytes")
 
+    graphed = graph_bytes is not None
+
     def layer_plan(i, mode, offload_inputs, tiled):
         offload_here = offload_inputs and i < n_layers - 1
         return LayerPlan(mode, offload_here and mode != "keep",
-                         offload_here and mode == "recompute" and not tiled and costs.dense_mlp)
+                         offload_here and mode == "recompute" and not tiled and costs.dense_mlp and not graphed)
 
     def plan_of(modes, offload_inputs, tile_rows):
         tiled = costs.tiled_by(tile_rows)
         layers = [layer_plan(i, mode, offload_inputs, tiled) for i, mode in enumerate(modes)]
         return MemoryPlan(_within_host_memory(layers, costs, host_bytes), costs, base_bytes, budget_bytes,
-                          tile_rows, dh_tile_rows)
+                          tile_rows, dh_tile_rows, graph_bytes or 0, graphed)
 
     modes = ["recompute"] * n_layers
     offload_inputs = bool(offload)
@@ -236,7 +255,8 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
     passes = [("recompute", "keep_mlp"), ("keep_mlp", "keep")]
     if rest_rate > mlp_rate:
         passes = [("recompute", "keep"), ("recompute", "keep_mlp")]
-    if costs.mlp_bytes == 0:  # an MLP off the kernels keeps nothing for its recompute: keep_mlp saves nothing
+    # An MLP off the kernels keeps nothing for its recompute (keep_mlp saves nothing); graphs hold no MLP stash.
+    if costs.mlp_bytes == 0 or graphed:
         passes = [("recompute", "keep")]
     for src, dst in passes:
         for i in reversed(range(n_layers)):

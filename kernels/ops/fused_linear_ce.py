@@ -97,6 +97,13 @@ def _default_chunk_size(n_rows, vocab, hidden, element_size):
     return max(liger, floor)
 
 
+def work_bytes(n_rows, vocab, hidden_size, element_size) -> int:
+    """What the loss allocates beyond its input on a batch of n_rows: one chunk's logits, the input gradient and
+    the rows' losses."""
+    chunk = min(_default_chunk_size(n_rows, vocab, hidden_size, element_size), n_rows)
+    return chunk * vocab * element_size + n_rows * hidden_size * element_size + n_rows * 4
+
+
 def _compute_dtype(hidden, weight):
     if torch.is_autocast_enabled(hidden.device.type):
         return torch.get_autocast_dtype(hidden.device.type)
@@ -137,14 +144,17 @@ def _fused_linear_cross_entropy_forward(
 
     chunk_size = chunk_size or _default_chunk_size(n_rows, vocab, hidden_size, compute_dtype.itemsize)
     block = min(triton.next_power_of_2(vocab), MAX_BLOCK_SIZE)
+    # One buffer for every chunk's logits: a chunk's own would be made while the previous one's is still held.
+    logits_buffer = torch.empty((min(chunk_size, n_rows), vocab), dtype=compute_dtype, device=device)
     with torch.autocast(device_type=device.type, enabled=False):
         for start in range(0, n_rows, chunk_size):
             end = min(start + chunk_size, n_rows)
             hidden_chunk = hidden_c[start:end]
+            logits = logits_buffer[:end - start]
             if bias_c is None:
-                logits = hidden_chunk @ weight_c.t()
+                torch.mm(hidden_chunk, weight_c.t(), out=logits)
             else:
-                logits = torch.addmm(bias_c, hidden_chunk, weight_c.t())
+                torch.addmm(bias_c, hidden_chunk, weight_c.t(), out=logits)
             _cross_entropy_kernel[(end - start,)](
                 logits, labels[start:end], loss_rows[start:end], scale,
                 logits.stride(0),

@@ -1,5 +1,8 @@
 """CUDA graphs of the memory engine's recomputed layers (memory/graphs.py): the same training as the ordinary path,
 step for step, through shape changes, two forwards before a backward, and a layer that cannot be captured."""
+import dataclasses
+import os
+
 import pytest
 import torch
 
@@ -7,6 +10,7 @@ from lanner.kernels import get_lora_model
 from lanner.kernels.attention.transformers_glue import AttentionLayout
 from lanner.kernels.memory import memory_engine_of
 from lanner.kernels.memory.graphs import _NotGraphable, _signature, graph_pool_free_bytes
+from lanner.kernels.memory.planner import LayerPlan
 from lora_twins import lora_weights, max_relative_error, randomise_lora, tiny_model, token_batches
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -35,10 +39,11 @@ class _GraphStandIn:
     replay = None
 
 
-def _captured_on_the_cpu(graph, shape, fn, check=None):
-    warm_up = fn()
-    if check is not None:
-        check(warm_up)
+def _captured_on_the_cpu(graph, shape, fn, check=None, warm_up=None):
+    if warm_up is not None:
+        warmed = warm_up()
+        if check is not None:
+            check(warmed)
     result = fn()
 
     def replay():
@@ -51,21 +56,32 @@ def _captured_on_the_cpu(graph, shape, fn, check=None):
     return result
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU stand-in; the GPU tests below use real graphs")
-def test_the_graphs_bookkeeping_on_the_cpu(monkeypatch):
-    """The layer graphs' bookkeeping on the CPU, with a stand-in for torch's CUDA graph (see _GraphStandIn): a
-    shape graphed and replayed, two forwards before a backward, another shape, a forward with the adapter
-    disabled, a first layer whose input needs no gradient, then a replaced weight: every loss and the final weights
-    as the ordinary path gives them. The GPU tests run the same cases on real graphs."""
+@pytest.fixture
+def graphs_device(monkeypatch):
+    """"cuda" where there is one; on the CPU, "cpu" with the stand-in for torch's CUDA graphs (see _GraphStandIn)."""
+    if torch.cuda.is_available():
+        return "cuda"
     from lanner.kernels.memory import engine as engine_module
     from lanner.kernels.memory import graphs as graphs_module
 
     monkeypatch.setattr(graphs_module, "_capture", _captured_on_the_cpu)
     monkeypatch.setattr(graphs_module, "_on_graph_device", lambda tensor: True)
+    monkeypatch.setattr(engine_module, "graphs_wanted", lambda: os.environ.get("LANNER_CUDA_GRAPHS") != "0")
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _GraphStandIn)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(torch.cuda, "Stream", lambda: None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    return "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU stand-in; the GPU tests below use real graphs")
+def test_the_graphs_bookkeeping_on_the_cpu(monkeypatch, graphs_device):
+    """The layer graphs' bookkeeping on the CPU, with a stand-in for torch's CUDA graph (see _GraphStandIn): a
+    shape graphed and replayed, two forwards before a backward, another shape, a forward with the adapter
+    disabled, a first layer whose input needs no gradient, then a replaced weight: every loss and the final weights
+    as the ordinary path gives them. The GPU tests run the same cases on real graphs."""
+    from lanner.kernels.memory import engine as engine_module
+
     a = token_batches(6, 2, 8, 96)
     b = token_batches(2, 1, 6, 96, seed=3)
     results = {}
@@ -101,14 +117,16 @@ def test_the_graphs_bookkeeping_on_the_cpu(monkeypatch):
     assert max_relative_error(weights, plain_weights) < 1e-5
 
 
-def _trained(family, batches, monkeypatch, graphs: bool, two_forwards_at=(), hook=None):
+def _trained(family, batches, monkeypatch, graphs: bool, two_forwards_at=(), hook=None, layers=3):
     """Losses, final LoRA weights, the memory engine and the bytes allocated as each step starts, of SGD steps on
-    `batches` (float32); at the steps in two_forwards_at, two forwards (this batch and the next) before one
-    backward."""
+    `batches` (float32, on the batches' device); at the steps in two_forwards_at, two forwards (this batch and the
+    next) before one backward."""
     monkeypatch.setenv("LANNER_CUDA_GRAPHS", "1" if graphs else "0")
     layer_types = dict(layer_types=["sliding_attention", "full_attention", "sliding_attention"]) \
         if family == "gemma3" else {}
-    model = get_lora_model(tiny_model(family, device="cuda", num_hidden_layers=3, **layer_types), r=8, lora_alpha=8)
+    device = batches[0].device
+    model = get_lora_model(tiny_model(family, device=device, num_hidden_layers=layers, **layer_types),
+                           r=8, lora_alpha=8)
     randomise_lora(model)
     model.train()
     if hook is not None:
@@ -117,7 +135,7 @@ def _trained(family, batches, monkeypatch, graphs: bool, two_forwards_at=(), hoo
     losses, i = [], 0
     held = []  # bytes allocated as each step starts
     while i < len(batches):
-        held.append(torch.cuda.memory_allocated())
+        held.append(torch.cuda.memory_allocated() if device.type == "cuda" else 0)
         extra = 1 if i in two_forwards_at else 0
         loss = sum(model(input_ids=ids, labels=ids).loss for ids in batches[i:i + 1 + extra])
         loss.backward()
@@ -249,5 +267,32 @@ def test_a_first_layer_whose_input_needs_no_gradient(monkeypatch):
     plain_losses, plain_weights, _, _ = _trained("llama", batches, monkeypatch, graphs=False, hook=frozen_input)
     layers = engine.graphs.current.layers
     assert sorted(layers) == [0, 1, 2] and not layers[0].needs_input_grad and layers[1].needs_input_grad
+    torch.testing.assert_close(losses, plain_losses, rtol=1e-5, atol=0)
+    assert max_relative_error(weights, plain_weights) < 1e-5
+
+
+def test_offloaded_inputs_and_kept_layers_run_graphed_as_the_ordinary_path(monkeypatch, graphs_device):
+    """A plan of five layers, R Ro Ro K Ro (o: input in host memory; the planner never offloads the last layer's,
+    graphs take it all the same): inputs go out from their layer's forward graph and come back in the backward graph
+    of the layer above (a kept one's too), or in their own where none did; outputs alternate in two buffers; kept
+    layers' graphs record autograd and differentiate it. Every loss and the final weights as the same plan gives
+    them without graphs."""
+    from lanner.kernels.memory import engine as engine_module
+
+    codes = ["R", "Ro", "Ro", "K", "Ro"]
+    layers = tuple(LayerPlan("keep" if code == "K" else "recompute", code.endswith("o")) for code in codes)
+    planned = engine_module.plan_memory
+    monkeypatch.setattr(engine_module, "plan_memory",
+                        lambda *args, **kwargs: dataclasses.replace(planned(*args, **kwargs), layers=layers))
+    batches = token_batches(4, 1, 8, 96, device=graphs_device)
+    losses, weights, engine, held = _trained("llama", batches, monkeypatch, graphs=True, layers=len(codes))
+    plain_losses, plain_weights, plain, _ = _trained("llama", batches, monkeypatch, graphs=False, layers=len(codes))
+    assert plain.graphs is None and [layer.code for layer in plain.plan.layers] == codes
+    graphs = engine.graphs
+    assert engine.plan.graphed and graphs.off_reason is None and graphs.graphed_forwards == 3
+    shape = graphs.current
+    assert sorted(shape.layers) == list(range(len(codes))) and sorted(shape.host) == [1, 2, 4]
+    assert [layer.kept for layer in shape.layers.values()] == [code == "K" for code in codes]
+    assert len(shape.ring) == 2 and held[2] == held[3]
     torch.testing.assert_close(losses, plain_losses, rtol=1e-5, atol=0)
     assert max_relative_error(weights, plain_weights) < 1e-5

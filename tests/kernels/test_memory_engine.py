@@ -560,7 +560,7 @@ def test_the_predicted_peak_bounds_the_measured_one_on_the_gpu():
         return plan, measured
 
     plain, plain_peak = planned_and_measured()
-    budget = (plain.predicted_peak_bytes + 2.5 * plain.costs.mlp_bytes) / GIB
+    budget = (plain.predicted_peak_bytes + 1.5 * plain.costs.saved_bytes) / GIB  # room to keep a layer, graphed or not
     cases = [(plain, plain_peak), planned_and_measured(offload_checkpoints=True),
              planned_and_measured(memory_budget_gib=budget)]
     assert set(_modes(cases[2][0])) != {"recompute"} and cases[1][0].layers[0].offload_input
