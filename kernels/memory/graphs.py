@@ -89,6 +89,19 @@ def device_peak_bytes() -> int:
     return torch.cuda.max_memory_allocated() + graph_pool_free_bytes()
 
 
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _capture_stream() -> torch.cuda.Stream:
+    """The stream graphs are captured on: one per device for the process. cuBLAS keeps a workspace for each stream
+    (and thread) it has run on until the process ends, so a stream per set of graphs left some behind at every new
+    batch shape or model."""
+    device = torch.cuda.current_device()
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream()
+    return _CAPTURE_STREAMS[device]
+
+
 class _NotGraphable(Exception):
     pass
 
@@ -135,7 +148,7 @@ class _ShapeGraphs:
         self.key, self.owner = key, owner
         self.fresh = True  # no step has replayed these graphs yet
         self.pool = torch.cuda.graph_pool_handle()
-        self.stream = torch.cuda.Stream()
+        self.stream = _capture_stream()
         self.layers: dict[int, _LayerGraph] = {}
         # Static copies of the layers' tensor arguments: one per tensor a forward passes (layers given the same
         # tensor share its copy; Gemma 3's local and global RoPE tables get one each), with the tensor last

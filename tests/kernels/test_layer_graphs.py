@@ -66,6 +66,7 @@ def graphs_device(monkeypatch):
 
     monkeypatch.setattr(graphs_module, "_capture", _captured_on_the_cpu)
     monkeypatch.setattr(graphs_module, "_on_graph_device", lambda tensor: True)
+    monkeypatch.setattr(graphs_module, "_capture_stream", lambda: None)
     monkeypatch.setattr(engine_module, "graphs_wanted", lambda: os.environ.get("LANNER_CUDA_GRAPHS") != "0")
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _GraphStandIn)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)

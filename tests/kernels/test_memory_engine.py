@@ -560,7 +560,8 @@ def test_the_predicted_peak_bounds_the_measured_one_on_the_gpu():
         return plan, measured
 
     plain, plain_peak = planned_and_measured()
-    budget = (plain.predicted_peak_bytes + 1.5 * plain.costs.saved_bytes) / GIB  # room to keep a layer, graphed or not
+    # Room to keep a layer, graphed or not (a graphed kept layer's whole backward also grows the graphs' pool).
+    budget = (plain.predicted_peak_bytes + 3 * plain.costs.saved_bytes) / GIB
     cases = [(plain, plain_peak), planned_and_measured(offload_checkpoints=True),
              planned_and_measured(memory_budget_gib=budget)]
     assert set(_modes(cases[2][0])) != {"recompute"} and cases[1][0].layers[0].offload_input
