@@ -116,11 +116,12 @@ class MemoryEngine:
         base = self._base_bytes()
         planned = functools.partial(plan_memory, len(self.layers), costs, base, self.budget_bytes, self.offload,
                                     MLP_TILE_ROWS, DH_TILE_ROWS, host_room)
-        # A plan for graphed layers where graphs can run (no MoE experts) and it fits the budget with the graphs'
-        # buffers: graphs take the host's launches out of every step, worth more than an MLP kept for its recompute
-        # or an up projection in host memory, which they cannot hold (memory/graphs.py).
+        # A plan for graphed layers where graphs can run (no MoE experts, a batch that is neither padded nor packed)
+        # and it fits the budget with the graphs' buffers: graphs take the host's launches out of every step, worth
+        # more than an MLP kept for its recompute or an up projection in host memory, which they cannot hold
+        # (memory/graphs.py).
         graphed = None
-        if self.graphs is not None and costs.dense_mlp:
+        if self.graphs is not None and costs.dense_mlp and self.graphs.could_run(forward, hidden_states, args):
             graphed = planned(graph_bytes=graph_buffer_bytes(costs.input_bytes, self.layers,
                                                              self._head_bytes(hidden_states, tokens)))
         self.plan = graphed if graphed is not None and graphed.fits else planned()

@@ -509,6 +509,17 @@ class LayerGraphs:
             self.current.layers.clear()
             self.current = None
 
+    def could_run(self, forward, hidden_states: torch.Tensor, args) -> bool:
+        """Whether a layer called so could run from graphs (not a padded or packed batch, say): the engine plans for
+        graphs only then."""
+        if self.off_reason is not None or args or not isinstance(forward, functools.partial):
+            return False
+        try:
+            _signature(forward.keywords)
+        except _NotGraphable:
+            return False
+        return _on_graph_device(hidden_states)
+
     def run(self, index: int, layer: torch.nn.Module, forward, hidden_states: torch.Tensor, args, run_factory):
         """The layer's output from its graph, or None when this call takes the ordinary path. run_factory makes the
         LayerRun of a recomputed layer; None for a kept one."""

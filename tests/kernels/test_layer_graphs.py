@@ -297,3 +297,19 @@ def test_offloaded_inputs_and_kept_layers_run_graphed_as_the_ordinary_path(monke
     assert len(shape.ring) == 2 and held[2] == held[3]
     torch.testing.assert_close(losses, plain_losses, rtol=1e-5, atol=0)
     assert max_relative_error(weights, plain_weights) < 1e-5
+
+
+def test_the_engine_plans_for_graphs_only_where_the_batch_could_be_graphed(monkeypatch, graphs_device):
+    """A padded first batch gets the ordinary plan (which may keep MLPs and put up projections in host memory,
+    what graphs cannot hold); a whole causal batch, a plan for graphs."""
+    monkeypatch.setenv("LANNER_CUDA_GRAPHS", "1")
+    graphed = {}
+    for padded in (True, False):
+        model = get_lora_model(tiny_model("llama", device=graphs_device, num_hidden_layers=2), r=4, lora_alpha=4)
+        model.train()
+        ids = token_batches(1, 2, 8, 96, device=graphs_device)[0]
+        mask = torch.ones_like(ids)
+        mask[0, -3:] = 0 if padded else 1
+        model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+        graphed[padded] = memory_engine_of(model).plan.graphed
+    assert graphed == {True: False, False: True}
