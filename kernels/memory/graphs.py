@@ -395,8 +395,9 @@ class _LayerGraph:
             self.shape.grad_buffer(self.static_in, 1 + self.index % 2)
         self.bring_back_input()
         graph = torch.cuda.CUDAGraph()
-        # Warmed up once per kind of layer: an eager backward works in the ordinary pool while the graphs' pool
-        # already holds the captured layers' working memory, which made the capture step the run's peak.
+        # Warmed up once per kind of layer: the others find their kernels tuned and their workspaces made, and each
+        # eager backward spends a layer's working memory outside the graphs' pool (the first one still sets the
+        # capture step's allocated peak: docs/memory-engine.md).
         kind, warm_up = (self.kept, self.signature, self.needs_input_grad), None
         if kind not in self.shape.warmed_backwards:
             self.shape.warmed_backwards.append(kind)
