@@ -192,20 +192,23 @@ class _ShapeGraphs:
         return _map_tensors(kwargs, static), links
 
     def grad_buffer(self, like: torch.Tensor, which: int) -> torch.Tensor:
-        while len(self.grad_buffers) <= which:
-            self.grad_buffers.append(torch.empty_like(like, memory_format=torch.contiguous_format))
-        return self.grad_buffers[which]
+        return _nth_buffer(self.grad_buffers, like, which)
 
     def ring_buffer(self, like: torch.Tensor, which: int) -> torch.Tensor:
-        while len(self.ring) <= which:
-            self.ring.append(torch.empty_like(like, memory_format=torch.contiguous_format))
-        return self.ring[which]
+        return _nth_buffer(self.ring, like, which)
 
     def host_copy(self, index: int, like: torch.Tensor) -> torch.Tensor:
         if index not in self.host:
             self.host[index] = (pinned_empty(like.numel(), like.dtype).view(like.shape) if like.is_cuda
                                 else torch.empty_like(like, memory_format=torch.contiguous_format))
         return self.host[index]
+
+
+def _nth_buffer(buffers: list, like: torch.Tensor, which: int) -> torch.Tensor:
+    """buffers[which], the list grown with contiguous buffers shaped like `like` as far as needed."""
+    while len(buffers) <= which:
+        buffers.append(torch.empty_like(like, memory_format=torch.contiguous_format))
+    return buffers[which]
 
 
 @contextmanager
@@ -510,23 +513,26 @@ class LayerGraphs:
             self.current.layers.clear()
             self.current = None
 
+    def _callable_from_graphs(self, forward, hidden_states: torch.Tensor, args) -> bool:
+        """Graphs on, and a layer called with keyword arguments only, on the graphs' device."""
+        return (self.off_reason is None and not args and isinstance(forward, functools.partial)
+                and _on_graph_device(hidden_states))
+
     def could_run(self, forward, hidden_states: torch.Tensor, args) -> bool:
         """Whether a layer called so could run from graphs (not a padded or packed batch, say): the engine plans for
         graphs only then."""
-        if self.off_reason is not None or args or not isinstance(forward, functools.partial):
+        if not self._callable_from_graphs(forward, hidden_states, args):
             return False
         try:
             _signature(forward.keywords)
         except _NotGraphable:
             return False
-        return _on_graph_device(hidden_states)
+        return True
 
     def run(self, index: int, layer: torch.nn.Module, forward, hidden_states: torch.Tensor, args, run_factory):
         """The layer's output from its graph, or None when this call takes the ordinary path. run_factory makes the
         LayerRun of a recomputed layer; None for a kept one."""
-        if self.off_reason is not None or args or not isinstance(forward, functools.partial):
-            return None
-        if not _on_graph_device(hidden_states) or torch.cuda.is_current_stream_capturing():
+        if not self._callable_from_graphs(forward, hidden_states, args) or torch.cuda.is_current_stream_capturing():
             return None
         try:
             # The batch's shape, and this layer's arguments and state (layers may differ in them: Gemma's sliding
