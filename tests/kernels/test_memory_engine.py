@@ -16,7 +16,7 @@ from torch import nn
 from lanner.kernels import get_lora_model, lora
 from lanner.kernels.memory import LayerCosts, LayerPlan, MemoryPlan, memory_engine_of, plan_memory
 from lanner.kernels.memory.graphs import device_peak_bytes
-from lanner.kernels.memory.planner import ATTENTION_BACKWARD_INPUTS
+from lanner.kernels.memory.planner import ATTENTION_BACKWARD_INPUTS, GRAPH_POOL_OVER_WORKING
 from lora_twins import lora_grads, max_relative_error, randomise_lora, tiny_model, token_batches
 
 LOSS_RTOL, GRAD_RTOL = 1e-6, 1e-5
@@ -345,6 +345,21 @@ def test_no_budget_recomputes_every_layer():
     # and, when offloading, the previous layer's input coming back (its up projection comes back
     # only after the MLP backward).
     assert offloaded.predicted_peak_bytes == plan.predicted_peak_bytes - 31 * COSTS.input_bytes + COSTS.input_bytes
+
+
+def test_a_plan_for_graphs_offloads_inputs_only_keeps_whole_layers_and_counts_the_pool():
+    """Graphs hold no MLP stash and no up projection in host memory; their working memory sits in their own pool,
+    apart from what the layers hold, with an offloaded input coming back into one of two alternating buffers."""
+    graph_bytes = 5 * COSTS.input_bytes
+    offloaded = plan_memory(32, COSTS, BASE, offload=True, graph_bytes=graph_bytes)
+    assert offloaded.graphed and sum(layer.offload_input for layer in offloaded.layers) == 31
+    assert not any(layer.offload_up for layer in offloaded.layers)
+    pool = int(GRAPH_POOL_OVER_WORKING * offloaded.working_bytes(offloaded.layers[0]))
+    assert offloaded.predicted_peak_bytes == BASE + COSTS.input_bytes + pool + 2 * COSTS.input_bytes + graph_bytes
+    budget = int(plan_memory(32, COSTS, BASE, graph_bytes=graph_bytes).predicted_peak_bytes + 4 * GIB)
+    upgraded = plan_memory(32, COSTS, BASE, budget, graph_bytes=graph_bytes)
+    assert upgraded.fits and "keep" in _modes(upgraded) and "keep_mlp" not in _modes(upgraded)
+    assert "keep_mlp" in _modes(plan_memory(32, COSTS, BASE, budget))  # (the ordinary plan would keep MLPs)
 
 
 def test_dh_tiles_take_most_of_one_up_projection_off_checkpointed_layers():
