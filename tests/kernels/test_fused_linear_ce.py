@@ -195,3 +195,18 @@ def test_default_chunks_are_tall_enough_for_the_tensor_cores_within_their_memory
     if element_size == 2:
         assert chunk >= 512 or chunk == liger  # not a ~128-row GEMM against the whole vocabulary
     assert chunk == liger or chunk * vocab * element_size <= 256 * 2**20
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA caching allocator's peak")
+def test_the_loss_holds_one_chunk_of_logits_at_a_time():
+    """Four chunks of 1,024 rows (62.5 MiB of logits each): the loss allocates what work_bytes says (one chunk's
+    logits, the input gradient, the rows' losses), not two chunks at once, beyond allocator rounding."""
+    n_rows, hidden_size, vocab = 4096, 256, 32000
+    hidden, weight, labels, _ = _problem(n_rows, hidden_size, vocab, torch.bfloat16, "cuda")
+    fused_linear_cross_entropy(hidden, weight, labels)  # (cuBLAS's workspace, Triton's compile)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fused_linear_cross_entropy(hidden, weight, labels)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before <= ce_module.work_bytes(n_rows, vocab, hidden_size, 2) + 2**22
