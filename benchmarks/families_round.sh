@@ -2,7 +2,8 @@
 # Issue 21's benchmark grid in one device call (docs/benchmarks.md, "Next: the families grid"). For each shape,
 # in the order given: the random weights saved once for Unsloth's loader, Unsloth at 2048 x 4, then Lanner at its
 # default plan and under a memory budget of 1.09x Unsloth's measured peak (with offloading: the bar's memory
-# bound of 1.1x, spent on kept layers), then the same at 8192 x 1; where Unsloth fails on a shape, HF + PEFT +
+# bound of 1.1x, spent on kept layers) with the process's GPU memory capped at 1.1x that peak (the bound itself,
+# held at every moment of the run, graph captures included), then the same at 8192 x 1; where Unsloth fails on a shape, HF + PEFT +
 # Liger instead and Lanner's two rows matched to it, at that length and the next. Every process starts from the
 # same weights and batches (--same-weights), so first-step losses compare. Per-process timeouts from the ninth
 # round (7B: Lanner 28-76 s, of it ~50 s FlexAttention's first compile on windowed or soft-capped shapes; Unsloth
@@ -26,21 +27,22 @@ case ${METHOD:-lora} in
   qlora) unsloth=unsloth4 lanner=lanner4 fallback=hf4 reference=hf4 ;;
   *) echo "METHOD must be lora or qlora, not $METHOD" >&2; exit 2 ;;
 esac
-matched_budget() {  # matched_budget PEER SHAPE SEQ BS: peer_bench.MATCHED_BUDGET x the peak GiB of PEER's last row for it, empty if none
+matched_variant() {  # matched_variant PEER SHAPE SEQ BS: "budget=B,offload=on,cap=C", B and C peer_bench's MATCHED_BUDGET
+  # and MATCHED_CAP x the peak GiB of PEER's last row for it; empty if none
   python3 - "$out/results.jsonl" "$@" <<'PY'
 import json, sys
-from peer_bench import MATCHED_BUDGET
+from peer_bench import MATCHED_BUDGET, MATCHED_CAP
 path, peer, model, seq, bs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 rows = [json.loads(line) for line in open(path) if line.startswith("{")]
 peaks = [r["peak_gib"] for r in rows if r.get("mode") == peer and "peak_gib" in r
          and (r.get("model"), r.get("seq"), r.get("bs")) == (model, seq, bs)]
-print(f"{MATCHED_BUDGET * peaks[-1]:.2f}" if peaks else "")
+print(f"budget={MATCHED_BUDGET * peaks[-1]:.2f},offload=on,cap={MATCHED_CAP * peaks[-1]:.2f}" if peaks else "")
 PY
 }
-lanner_rows() {  # lanner_rows PEER SEQ BS: Lanner's default plan, and under the budget matched to PEER's peak
-  local budget_gib; budget_gib=$(matched_budget "$1" "$shape" "$2" "$3")
+lanner_rows() {  # lanner_rows PEER SEQ BS: Lanner's default plan, and under the budget and cap matched to PEER's peak
+  local variant; variant=$(matched_variant "$1" "$shape" "$2" "$3")
   one 200 --models "$shape" --systems "$lanner" --seq "$2" --bs "$3" --variant-system "$lanner" \
-    ${budget_gib:+--lanner-variants budget=$budget_gib,offload=on}
+    ${variant:+--lanner-variants $variant}
 }
 cd benchmarks
 versions torch triton transformers peft unsloth unsloth_zoo liger-kernel

@@ -18,6 +18,9 @@ STARTED = time.perf_counter()
 # Lanner's matched-budget rows run under this multiple of the peer's measured peak: the bars' memory bound is
 # 1.1x, and the engine's peak has come out up to 0.4% over its budget (gemma2-9b, round 16).
 MATCHED_BUDGET = 1.09
+# ... and under a hard cap of this multiple of it on the process's GPU memory (--cap-gib): the bar's bound itself,
+# on what the allocator reserves (graph pools and cached blocks included), from the first step to the last.
+MATCHED_CAP = 1.10
 if os.environ.get("BENCH_STACKS_AFTER"):  # a process that may be stopped by a timeout: where it was, on stderr
     import faulthandler
     faulthandler.dump_traceback_later(float(os.environ["BENCH_STACKS_AFTER"]), exit=False)
@@ -233,6 +236,10 @@ def main():
                     help="instead of timing: one batch-1 step at each length (ascending) with the allocator capped "
                          "at GIB (after one step at 8,192 tokens), reporting its peak, up to the first that runs "
                          "out of memory")
+    ap.add_argument("--cap-gib", type=float, default=None,
+                    help="a hard cap on the GPU memory this process's allocator may reserve for the steps (every "
+                         "pool, the CUDA graphs' too): a row that finishes under it needed no more at any moment; "
+                         "one that does not fails with the allocator's out-of-memory error")
     ap.add_argument("--same-weights", action="store_true",
                     help="lanner, hf, liger: start from exactly the weights saved_dir writes (the loaders' "
                          "weights), so that losses compare with unsloth's step for step")
@@ -327,6 +334,9 @@ def main():
     if gpu:  # (the cache the model's creation left, in float32, would otherwise stand as the reserved peak)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        if a.cap_gib:
+            torch.cuda.set_per_process_memory_fraction(
+                min(1.0, a.cap_gib * 2**30 / torch.cuda.get_device_properties(0).total_memory))
     times, loss, losses = [], None, []
     held_by_step, peak_by_step = [], []  # GiB allocated as each step starts; the peak so far after it
     # The warm-up steps' peak, apart from the timed steps' (a graph capture's eager warm-up runs in the first
@@ -392,6 +402,8 @@ def main():
             extra = dict(budget=a.budget, offload=a.offload, graphs=graphed,
                          predicted_peak_gib=round(plan.predicted_peak_bytes / 2**30, 2),
                          plan=" ".join(p.code for p in plan.layers))
+    if a.cap_gib:
+        extra["cap_gib"] = a.cap_gib
     print(json.dumps(dict(**extra, mode=a.mode, model=a.model, seq=a.seq, bs=a.bs, rank=a.rank,
                           step_ms=round(ms, 1), tok_s=round(a.bs * a.seq / ms * 1000),
                           peak_gib=round(max(warmup_peak, device_peak_bytes()) / 2**30, 2),

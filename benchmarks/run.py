@@ -50,12 +50,13 @@ def environment() -> dict:
 
 def variant_args(variant: str) -> list[str]:
     """'budget=19.4,offload=on' -> ['--budget', '19.4', '--offload', 'on'] (peer_bench's lanner options; also
-    graphs=off: the layers without CUDA graphs)."""
+    graphs=off: the layers without CUDA graphs, and cap=GIB: the process's GPU memory capped, --cap-gib)."""
+    options = {"budget": "--budget", "offload": "--offload", "graphs": "--graphs", "cap": "--cap-gib"}
     pairs = [item.split("=", 1) for item in variant.split(",") if item]
-    if any(len(pair) != 2 or pair[0] not in ("budget", "offload", "graphs") for pair in pairs):
-        raise SystemExit(f"bad --lanner-variants entry {variant!r}: expected budget=GIB, offload=on|off|auto "
-                         "and/or graphs=on|off")
-    return [arg for key, value in pairs for arg in (f"--{key}", value)]
+    if any(len(pair) != 2 or pair[0] not in options for pair in pairs):
+        raise SystemExit(f"bad --lanner-variants entry {variant!r}: expected budget=GIB, offload=on|off|auto, "
+                         "graphs=on|off and/or cap=GIB")
+    return [arg for key, value in pairs for arg in (options[key], value)]
 
 
 def run_one(system: str, model: str, args, env: dict, extra: list[str] = ()) -> dict:

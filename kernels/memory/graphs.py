@@ -165,7 +165,7 @@ class _ShapeGraphs:
         self.host: dict[int, torch.Tensor] = {}
         self.copy_stream = torch.cuda.Stream()
         self.prefetched: int | None = None
-        self.warmed_backwards: list = []  # the kinds of layer whose backward ran eagerly before its capture
+        self.warmed_backwards: list = []  # the kinds of layer whose backward ran eagerly (warm_up_backward)
         # What the graphs may read or write outside their pool and a cache could let go of: the quantised layers'
         # scratch buffers, FlexAttention's window masks.
         self.kept: list = []
@@ -327,27 +327,29 @@ class _LayerGraph:
                 out = ring
         return out
 
-    def _backward(self, recorded: bool = True):
-        """The input gradient (into its buffer) and the parameters' gradients. A kept layer differentiates its
-        forward graph's record, unless not `recorded`: then a forward made here, as a recomputed layer does (the
-        warm-up before its capture: the MLP's backward writes into what the forward saved, so differentiating the
-        record twice would differ from once)."""
+    def _backward(self, recorded: bool = True, grad_out: torch.Tensor | None = None, bring_back_below: bool = True):
+        """The input gradient (into its buffer) and the parameters' gradients of grad_out (the static one by default).
+        A kept layer differentiates its forward graph's record, unless not `recorded`: then a forward made here, as a
+        recomputed layer does (the warm-up: the MLP's backward writes into what the forward saved, so differentiating
+        the record twice would differ from once). bring_back_below: the offloaded input of the layer below comes back
+        beside it (not in the warm-up at the forward, where that buffer holds the next layer's input)."""
+        grad_out = self.static_grad_out if grad_out is None else grad_out
         below = self.shape.layers.get(self.index - 1) if self.index - 1 in self.shape.offloaded else None
-        back = [(below.static_in, self.shape.host[below.index])] if below is not None else []
+        back = [(below.static_in, self.shape.host[below.index])] if below is not None and bring_back_below else []
         # (Autocast as in the forward: backward runs on autograd's thread, which does not carry it.)
         with self._autocast(), factor_casts_uncached(), _copying_beside(self.shape.copy_stream, back):
             if self.kept and recorded:
                 x, out = self._record
                 inputs = ([x] if self.needs_input_grad else []) + self.aliases
                 # (retain_graph: every replay of the forward graph rewrites what this record saved, in place.)
-                grads = torch.autograd.grad(out, inputs, self.static_grad_out, retain_graph=True, allow_unused=True)
+                grads = torch.autograd.grad(out, inputs, grad_out, retain_graph=True, allow_unused=True)
             else:
                 contexts = (nullcontext(),) * 2 if self.kept else self.run_factory().contexts()
                 with torch.enable_grad(), contexts[1], self._aliased():
                     x = self.static_in.detach().requires_grad_(self.needs_input_grad)
                     out = self.call(x)
                     inputs = ([x] if self.needs_input_grad else []) + self.aliases
-                    grads = torch.autograd.grad(out, inputs, self.static_grad_out, allow_unused=True)
+                    grads = torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
         if self.needs_input_grad:
             self.shape.grad_buffer(x, 1 + self.index % 2).copy_(grads[0])
             grads = grads[1:]
@@ -385,6 +387,21 @@ class _LayerGraph:
             if not isinstance(out, torch.Tensor):
                 raise _NotGraphable(f"the layer returns a {type(out).__name__}")
         self.static_out = _capture(self.forward_graph, self.shape, self._forward, check, warm_up=self._forward)
+        self.warm_up_backward()
+
+    def warm_up_backward(self) -> None:
+        """Once per kind of layer, before the first backward capture of that kind: one eager backward on the capture
+        stream, so that Triton tunes and cuBLAS makes the workspace of autograd's thread for that stream outside any
+        capture (the others of its kind then find them ready). Run here, at the layer's forward capture, where few
+        layers' checkpoints are held, not before its backward capture, where all are: there its working memory (a
+        layer's backward, outside the graphs' pool) set the capture step's peak. A zero gradient; what it leaves
+        cached for the capture stream goes back to the device."""
+        kind = (self.kept, self.signature, self.needs_input_grad)
+        if kind in self.shape.warmed_backwards:
+            return
+        self.shape.warmed_backwards.append(kind)
+        _warm_up(self.shape, lambda: self._backward(recorded=False, grad_out=torch.zeros_like(self.static_out),
+                                                    bring_back_below=False))
 
     def capture_backward(self, grad_out: torch.Tensor) -> None:
         which = 1 + (self.index + 1) % 2
@@ -398,14 +415,7 @@ class _LayerGraph:
             self.shape.grad_buffer(self.static_in, 1 + self.index % 2)
         self.bring_back_input()
         graph = torch.cuda.CUDAGraph()
-        # Warmed up once per kind of layer: the others find their kernels tuned and their workspaces made, and each
-        # eager backward spends a layer's working memory outside the graphs' pool (the first one still sets the
-        # capture step's allocated peak: docs/memory-engine.md).
-        kind, warm_up = (self.kept, self.signature, self.needs_input_grad), None
-        if kind not in self.shape.warmed_backwards:
-            self.shape.warmed_backwards.append(kind)
-            warm_up = functools.partial(self._backward, recorded=False) if self.kept else self._backward
-        self.static_grads = _capture(graph, self.shape, self._backward, warm_up=warm_up)
+        self.static_grads = _capture(graph, self.shape, self._backward)  # (warmed up at the forward's capture)
         self.backward_graph = graph
         self.brought_back()
 
@@ -445,6 +455,19 @@ def _capture(graph: torch.cuda.CUDAGraph, shape: _ShapeGraphs, fn, check=None, w
     shape.kept.extend(b for b in shared_buffers() + window_block_masks() if all(b is not k for k in shape.kept))
     graph.replay()
     return result
+
+
+def _warm_up(shape: _ShapeGraphs, fn) -> None:
+    """fn run once, eagerly, on the capture stream (as _capture's warm_up), its result dropped; then the blocks it
+    left cached for that stream, which no other stream's allocations can take, go back to the device."""
+    if shape.stream is None:  # (the tests' CPU stand-in)
+        fn()
+        return
+    shape.stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(shape.stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(shape.stream)
+    torch.cuda.empty_cache()
 
 
 def _end_failed_capture(graph: torch.cuda.CUDAGraph) -> None:

@@ -313,3 +313,31 @@ def test_the_engine_plans_for_graphs_only_where_the_batch_could_be_graphed(monke
         model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
         graphed[padded] = memory_engine_of(model).plan.graphed
     assert graphed == {True: False, False: True}
+
+
+def test_each_kind_of_layer_warms_its_backward_up_at_its_forward_capture(monkeypatch, graphs_device):
+    """The eager backward that tunes a kind of layer's kernels before its first backward capture runs at the layer's
+    forward capture, when few checkpoints are held (before the first backward it came on top of all of them and set
+    the capture step's peak); the captured step and the next train as the ordinary path does."""
+    batches = token_batches(3, 1, 8, 96, device=graphs_device)
+    engines = []
+
+    def check_before_the_capture_steps_backward(model):
+        engines.append(memory_engine_of(model))
+        forward = model.forward
+
+        def forward_then_check(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            shape = engines[0].graphs.current
+            if shape is not None and shape.layers and not any(layer.backward_graph for layer in shape.layers.values()):
+                kinds = {(layer.kept, layer.signature, layer.needs_input_grad) for layer in shape.layers.values()}
+                engines.append(sorted(map(repr, shape.warmed_backwards)) == sorted(map(repr, kinds)))
+            return out
+        model.forward = forward_then_check
+
+    losses, weights, engine, _ = _trained("llama", batches, monkeypatch, graphs=True,
+                                          hook=check_before_the_capture_steps_backward)
+    plain_losses, plain_weights, _, _ = _trained("llama", batches, monkeypatch, graphs=False)
+    assert engine.graphs.graphed_forwards == 2 and engines[1:] == [True]
+    torch.testing.assert_close(losses, plain_losses, rtol=1e-5, atol=0)
+    assert max_relative_error(weights, plain_weights) < 1e-5
