@@ -444,6 +444,10 @@ def _capture(graph: torch.cuda.CUDAGraph, shape: _ShapeGraphs, fn, check=None, w
             if check is not None:
                 check(warmed)
             del warmed
+        # Cached blocks go back to the device first: a capture cannot free them (no cudaFree while capturing), so
+        # near the memory's end it failed for want of what the cache held (layer 0's capture under a cap of 4.98 GiB
+        # with 1.09 GiB cached: docs/benchmarks.md, twenty-eighth round). Only the capture step pays the sync.
+        torch.cuda.empty_cache()
         graph.capture_begin(pool=shape.pool, capture_error_mode="thread_local")
         try:
             result = fn()
