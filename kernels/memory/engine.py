@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from contextlib import contextmanager
 
 import psutil
@@ -276,6 +277,8 @@ def install_memory_engine(model: nn.Module, budget_gib: float | None = None,
     if not any(layer.gradient_checkpointing for layer in layers):
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     budget = None if budget_gib is None else int(budget_gib * GIB)
+    if any(p.is_cuda for p in base.parameters()):
+        _use_expandable_segments()
     if offload:  # the smallest footprint asked for: the frozen embedding table goes to host memory too
         moved = move_input_embeddings_to_host(base)
         if moved:
@@ -287,6 +290,25 @@ def install_memory_engine(model: nn.Module, budget_gib: float | None = None,
         if hasattr(base, name):
             setattr(base, name, _reinstalling(getattr(base, name), engine))
     return engine
+
+
+# The CUDA allocator's settings the engine's plans are made for, unless PYTORCH_CUDA_ALLOC_CONF says otherwise.
+ALLOCATOR_SETTINGS = "expandable_segments:True"
+
+
+def _use_expandable_segments() -> None:
+    """Segments that grow in place (ALLOCATOR_SETTINGS), so that what the process reserves stays near what the plan
+    predicts it allocates. With fixed-size segments the blocks freed between a step's phases were split and cached
+    beyond that: 0.6-1.1 GiB reserved but unallocated at Qwen3-1.7B, 8,192 tokens, where a CUDA graph's capture,
+    which cannot free cached blocks, then failed under a memory cap that the graphed plan fits (docs/benchmarks.md,
+    twenty-eighth round). A setting of the user's (the environment variable) is left as it is."""
+    if os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
+        return
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # (torch.cuda.memory's is deprecated)
+    try:
+        (setter or torch.cuda.memory._set_allocator_settings)(ALLOCATOR_SETTINGS)
+    except (AttributeError, RuntimeError) as error:  # an allocator without them (cudaMallocAsync): plain segments
+        logger.info("lanner.kernels: CUDA allocator settings %s not applied (%s)", ALLOCATOR_SETTINGS, error)
 
 
 def _reinstalling(enable, engine):

@@ -582,3 +582,28 @@ def test_the_predicted_peak_bounds_the_measured_one_on_the_gpu():
     assert set(_modes(cases[2][0])) != {"recompute"} and cases[1][0].layers[0].offload_input
     for plan, measured in cases:
         assert measured <= 1.02 * plan.predicted_peak_bytes <= 1.12 * measured, (plan.describe(), measured / GIB)
+
+
+def test_the_engine_asks_for_expandable_segments_unless_the_user_set_the_allocator(monkeypatch):
+    """The memory engine's plans are made for segments that grow in place (fixed ones left 0.6-1.1 GiB reserved
+    beyond what was allocated, and a CUDA graph's capture failed for it under a cap the plan fits); a
+    PYTORCH_CUDA_ALLOC_CONF of the user's is left alone."""
+    from lanner.kernels.memory import engine
+
+    asked = []
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", asked.append, raising=False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    engine._use_expandable_segments()
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    engine._use_expandable_segments()
+    assert asked == ["expandable_segments:True"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA allocator")
+def test_memory_the_engine_allocates_on_the_gpu_comes_from_expandable_segments(monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    get_lora_model(tiny_model("llama", device="cuda"), r=4, lora_alpha=4)
+    block = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+    segment = next(s for s in torch.cuda.memory_snapshot()
+                   if s["address"] <= block.data_ptr() < s["address"] + s["total_size"])
+    assert segment["is_expandable"]
