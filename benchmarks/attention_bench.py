@@ -1,7 +1,7 @@
 """Our attention path on the GPU: correctness against a float32 reference, and forward + backward time.
 
     python benchmarks/attention_bench.py [--out results.json] [--quick]
-    python benchmarks/attention_bench.py --tune-flex | --tune-triton
+    python benchmarks/attention_bench.py --tune-flex | --tune-triton | --sdpa-backends
 
 Correctness: bf16 inputs, causal_attention (the dispatched path) against the dense float32 reference
 of the same inputs (kernels/attention/core.py's reference), ||out - ref|| / ||ref|| for the output and
@@ -214,6 +214,42 @@ def tune_triton(checks=True):
     flash.TILES[256] = defaults
 
 
+# Plain causal GQA at head dim 128 (no window, no soft-cap): Qwen3-1.7B at 8,192 x 1 and 2,048 x 4, the Llama-3 8B
+# layer, Qwen2.5-1.5B's six query heads a key/value head.
+PLAIN_CAUSAL_SHAPES = [(1, 16, 8, 8192, 128), (4, 16, 8, 2048, 128), (1, 32, 8, 8192, 128), (1, 12, 2, 8192, 128)]
+
+
+def sdpa_backends():
+    """What "auto" runs for plain causal attention (SDPA with enable_gqa, torch's choice) against each SDPA backend
+    forced, with k/v shared (GQA) or expanded, and our Triton kernel: forward + backward, one JSON line each."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def forced(backend, expand):
+        def attend(q, k, v):
+            if expand:
+                k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], 1) for x in (k, v))
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=not expand)
+        return attend
+
+    for shape in PLAIN_CAUSAL_SHAPES:
+        b, hq, _, t, d = shape
+        kernels = {"auto (sdpa, enable_gqa)": lambda q, k, v: core.causal_attention(q, k, v),
+                   "triton": lambda q, k, v: core.causal_attention(q, k, v, backend="triton")}
+        for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+            for expand in (False, True):
+                kernels[f"{backend.name.lower()}{', k/v expanded' if expand else ''}"] = forced(backend, expand)
+        for name, attend in kernels.items():
+            entry = dict(shape=shape, kernel=name)
+            try:
+                entry["fwd_bwd_ms"] = round(fwd_bwd_ms(attend, shape)[0], 3)
+                flops = attention_flops(b, hq, t, d, visible_fraction(t))
+                entry["tflops"] = round(flops / entry["fwd_bwd_ms"] / 1e9)
+            except RuntimeError as error:  # a backend without a kernel for this call
+                entry["error"] = f"{error}"[:200]
+            print(json.dumps(entry), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
@@ -224,7 +260,12 @@ def main():
                         help="instead: FlexAttention's tiles on Gemma 2's global layer (tune_flex)")
     parser.add_argument("--tune-triton", action="store_true",
                         help="instead: our Triton kernel's error and tiles against flex on Gemma 2's layers (tune_triton)")
+    parser.add_argument("--sdpa-backends", action="store_true",
+                        help="instead: plain causal GQA at head dim 128, each SDPA backend and ours (sdpa_backends)")
     args = parser.parse_args()
+    if args.sdpa_backends:
+        sdpa_backends()
+        return
     if args.tune_flex:
         tune_flex()
         return

@@ -15,7 +15,8 @@ extra score column, dropped after the softmax), SDPA and FlexAttention having no
 
 Dispatch, first match wins:
   1. nothing but causality: torch SDPA with is_causal=True (flash / cuDNN / efficient kernels), no mask
-     tensor, enable_gqa;
+     tensor, enable_gqa (at D 128 on an H100 as fast as its cuDNN kernel forced, 1.7-2.2x faster than our Triton one:
+     benchmarks/attention_bench.py --sdpa-backends, docs/benchmarks.md twenty-eighth round);
   2. on CUDA with FlexAttention (torch >= 2.5): flex_attention compiled, with a block mask from the
      rules above, so fully masked key blocks are skipped (a window of W at length T costs about W/T of
      the square), and the soft-cap as a score_mod; enable_gqa;
