@@ -126,9 +126,13 @@ def variants_table(results: list[dict]) -> str:
         peer = next(peers, None)
         name = SYSTEMS[peer["mode"]] if peer else "-"
         speed = f"{r['tok_s'] / peer['tok_s']:.2f}x" if peer else "-"
-        memory = f"{r['peak_gib'] / peer['peak_gib']:.2f}x" if peer and peer["peak_gib"] else "-"
+        # Under a cap (--cap-gib), which bounded every step, the row's memory is the most its allocator reserved in
+        # the timed steps; the peak beside it counts the capture step's working memory twice (docs/memory-engine.md).
+        used = r["reserved_gib"] if "cap_gib" in r else r["peak_gib"]
+        memory = f"{used / peer['peak_gib']:.2f}x" if peer and peer["peak_gib"] else "-"
+        peak = f"{r['peak_gib']} ({used} reserved, cap {r['cap_gib']})" if "cap_gib" in r else r["peak_gib"]
         rows.append(f"| {shape_label(r)} | {r['variant']} | {r.get('plan', '-')} | {r['tok_s']:,} | {r['step_ms']} "
-                    f"| {r['peak_gib']} | {r.get('predicted_peak_gib', '-')} | {r['loss']} | {name} | {speed} "
+                    f"| {peak} | {r.get('predicted_peak_gib', '-')} | {r['loss']} | {name} | {speed} "
                     f"| {memory} |")
     return "\n".join(rows)
 
