@@ -434,20 +434,17 @@ class _LayerGraph:
 
 def _capture(graph: torch.cuda.CUDAGraph, shape: _ShapeGraphs, fn, check=None, warm_up=None):
     """fn's result, captured into graph, and the graph replayed once. warm_up (fn or its stand-in), when given,
-    runs once before on the capture's stream: kernels that compile or tune, and cuBLAS's workspace for that stream
-    and thread, do so outside the capture."""
+    runs once before (_warm_up): kernels that compile or tune, and cuBLAS's workspace for the capture's stream and
+    thread, do so outside the capture."""
+    if warm_up is not None:
+        _warm_up(shape, warm_up, check)
+    # Cached blocks go back to the device first: a capture cannot free them (no cudaFree while capturing), so near
+    # the memory's end it failed for want of what the cache held (layer 0's capture under a cap of 4.98 GiB with
+    # 1.09 GiB cached: docs/benchmarks.md, twenty-eighth round). Only the capture step pays the sync.
+    torch.cuda.empty_cache()
     stream = shape.stream
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        if warm_up is not None:
-            warmed = warm_up()
-            if check is not None:
-                check(warmed)
-            del warmed
-        # Cached blocks go back to the device first: a capture cannot free them (no cudaFree while capturing), so
-        # near the memory's end it failed for want of what the cache held (layer 0's capture under a cap of 4.98 GiB
-        # with 1.09 GiB cached: docs/benchmarks.md, twenty-eighth round). Only the capture step pays the sync.
-        torch.cuda.empty_cache()
         graph.capture_begin(pool=shape.pool, capture_error_mode="thread_local")
         try:
             result = fn()
@@ -461,17 +458,20 @@ def _capture(graph: torch.cuda.CUDAGraph, shape: _ShapeGraphs, fn, check=None, w
     return result
 
 
-def _warm_up(shape: _ShapeGraphs, fn) -> None:
-    """fn run once, eagerly, on the capture stream (as _capture's warm_up), its result dropped; then the blocks it
-    left cached for that stream, which no other stream's allocations can take, go back to the device."""
-    if shape.stream is None:  # (the tests' CPU stand-in)
-        fn()
-        return
-    shape.stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(shape.stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(shape.stream)
-    torch.cuda.empty_cache()
+def _warm_up(shape: _ShapeGraphs, fn, check=None) -> None:
+    """fn run once, eagerly, on the capture stream, its result passed to check (when given) and dropped; then the
+    blocks it left cached for that stream, which no other stream's allocations can take, go back to the device."""
+    stream = shape.stream  # (None: the tests' CPU stand-in)
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream())
+    with nullcontext() if stream is None else torch.cuda.stream(stream):
+        result = fn()
+        if check is not None:
+            check(result)
+        del result
+    if stream is not None:
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.empty_cache()
 
 
 def _end_failed_capture(graph: torch.cuda.CUDAGraph) -> None:
