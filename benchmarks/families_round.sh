@@ -3,8 +3,8 @@
 # in the order given: the random weights saved once for Unsloth's loader, Unsloth at 2048 x 4, then Lanner at its
 # default plan and under a memory budget of 1.09x Unsloth's measured peak (with offloading: the bar's memory
 # bound of 1.1x, spent on kept layers) with the process's GPU memory capped at 1.1x that peak (the bound itself,
-# held at every moment of the run, graph captures included), then the same at 8192 x 1; where Unsloth fails on a shape, HF + PEFT +
-# Liger instead and Lanner's two rows matched to it, at that length and the next. Every process starts from the
+# held at every moment of the run, graph captures included), then the same at 8192 x 1; where Unsloth fails on a
+# shape, HF + PEFT + Liger instead and Lanner's two rows matched to it, at that length and the next. Every process starts from the
 # same weights and batches (--same-weights), so first-step losses compare. Per-process timeouts from the ninth
 # round (7B: Lanner 28-76 s, of it ~50 s FlexAttention's first compile on windowed or soft-capped shapes; Unsloth
 # 60-77 s), each capped by what is left of BUDGET; what does not fit is written as skipped. A shape's saved weights (15-24 GB) are
