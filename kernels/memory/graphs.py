@@ -436,12 +436,13 @@ def _capture(graph: torch.cuda.CUDAGraph, shape: _ShapeGraphs, fn, check=None, w
     """fn's result, captured into graph, and the graph replayed once. warm_up (fn or its stand-in), when given,
     runs once before (_warm_up): kernels that compile or tune, and cuBLAS's workspace for the capture's stream and
     thread, do so outside the capture."""
+    # Cached blocks go back to the device first (_warm_up ends so): a capture cannot free them (no cudaFree while
+    # capturing), so near the memory's end it failed for want of what the cache held (layer 0's capture under a cap
+    # of 4.98 GiB with 1.09 GiB cached: docs/benchmarks.md, twenty-eighth round). Only the capture step pays the sync.
     if warm_up is not None:
         _warm_up(shape, warm_up, check)
-    # Cached blocks go back to the device first: a capture cannot free them (no cudaFree while capturing), so near
-    # the memory's end it failed for want of what the cache held (layer 0's capture under a cap of 4.98 GiB with
-    # 1.09 GiB cached: docs/benchmarks.md, twenty-eighth round). Only the capture step pays the sync.
-    torch.cuda.empty_cache()
+    else:
+        torch.cuda.empty_cache()
     stream = shape.stream
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
