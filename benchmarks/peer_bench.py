@@ -282,6 +282,8 @@ def main():
             target_modules=TARGETS, use_gradient_checkpointing="unsloth")
     elif a.mode in ("lanner", "lanner8"):
         from lanner.kernels import get_lora_model
+        from lanner.kernels.memory import use_expandable_segments
+        use_expandable_segments()  # what get_lora_model does before it loads a model, here built before it
         if a.same_weights:
             model = random_model(a.model)  # patch_model switches its attention to "lanner" whatever it was
         else:

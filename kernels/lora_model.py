@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from .memory import install_memory_engine
+from .memory import install_memory_engine, use_expandable_segments
 from .patching import patch_model
 from .patching.families import family_of, family_target_modules, family_target_parameters
 from .patching.moe import nest_like_dense_
@@ -116,6 +116,8 @@ def get_lora_model(
     checkpointed layer inputs (and a frozen, untied input-embedding table) in pinned host memory,
     False never, None when the budget needs it (the inputs only).
     """
+    if use_kernels and isinstance(model_or_path, (str, os.PathLike)):
+        use_expandable_segments()  # before the weights take their segments (memory/engine.py says why)
     model = _load(model_or_path, model_kwargs, load_in_4bit, load_in_fp8)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import platform
 from contextlib import contextmanager
 
 import psutil
@@ -278,7 +279,7 @@ def install_memory_engine(model: nn.Module, budget_gib: float | None = None,
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     budget = None if budget_gib is None else int(budget_gib * GIB)
     if any(p.is_cuda for p in base.parameters()):
-        _use_expandable_segments()
+        use_expandable_segments()
     if offload:  # the smallest footprint asked for: the frozen embedding table goes to host memory too
         moved = move_input_embeddings_to_host(base)
         if moved:
@@ -296,13 +297,19 @@ def install_memory_engine(model: nn.Module, budget_gib: float | None = None,
 ALLOCATOR_SETTINGS = "expandable_segments:True"
 
 
-def _use_expandable_segments() -> None:
+def use_expandable_segments() -> None:
     """Segments that grow in place (ALLOCATOR_SETTINGS), so that what the process reserves stays near what the plan
     predicts it allocates. With fixed-size segments the blocks freed between a step's phases were split and cached
     beyond that: 0.6-1.1 GiB reserved but unallocated at Qwen3-1.7B, 8,192 tokens, where a CUDA graph's capture,
     which cannot free cached blocks, then failed under a memory cap that the graphed plan fits (docs/benchmarks.md,
-    twenty-eighth round). A setting of the user's (the environment variable) is left as it is."""
-    if os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
+    twenty-eighth round). Only segments made after the switch grow in place, and the holes that loading a model
+    leaves in fixed ones stay reserved (0.45 GiB at Qwen2.5-1.5B built in float32 and cast: capture out of memory
+    under the same cap, twenty-ninth round), so get_lora_model and the worker call this before they load, and the
+    memory engine again for a model loaded elsewhere. A setting of the user's (either environment variable) is
+    left as it is; so is WSL, where the driver's virtual memory calls that such segments need fail."""
+    if os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"):
+        return
+    if "microsoft" in platform.release().lower():
         return
     setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # (torch.cuda.memory's is deprecated)
     try:

@@ -584,19 +584,26 @@ def test_the_predicted_peak_bounds_the_measured_one_on_the_gpu():
         assert measured <= 1.02 * plan.predicted_peak_bytes <= 1.12 * measured, (plan.describe(), measured / GIB)
 
 
-def test_the_engine_asks_for_expandable_segments_unless_the_user_set_the_allocator(monkeypatch):
+def test_the_allocator_is_asked_for_expandable_segments_before_a_model_loads_unless_the_user_set_it(monkeypatch):
     """The memory engine's plans are made for segments that grow in place (fixed ones left 0.6-1.1 GiB reserved
-    beyond what was allocated, and a CUDA graph's capture failed for it under a cap the plan fits); a
-    PYTORCH_CUDA_ALLOC_CONF of the user's is left alone."""
+    beyond what was allocated, and a CUDA graph's capture failed for it under a cap the plan fits); only segments
+    made after the switch grow, so get_lora_model asks before it loads. A setting of the user's is left alone."""
+    from lanner.kernels import lora_model
     from lanner.kernels.memory import engine
 
-    asked = []
-    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", asked.append, raising=False)
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    engine._use_expandable_segments()
-    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
-    engine._use_expandable_segments()
-    assert asked == ["expandable_segments:True"]
+    events = []
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", events.append, raising=False)
+    monkeypatch.setattr(lora_model, "_load", lambda *args: events.append("load") or tiny_model("llama"))
+    for variable in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(variable, raising=False)
+    get_lora_model("some/checkpoint", r=4, lora_alpha=4)
+    assert events[:2] == ["expandable_segments:True", "load"]
+    for variable in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        events.clear()
+        monkeypatch.setenv(variable, "max_split_size_mb:512")
+        engine.use_expandable_segments()
+        assert events == []
+        monkeypatch.delenv(variable)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA allocator")

@@ -54,6 +54,10 @@ def load_model(path: str, options: TrainingOptions, events: JobEvents, base=None
     LM already on this process's device (benchmarks/grpo_bench.py's random weights) instead of loading
     path; for LoRA and every-weight training only."""
     assert base is None or not (options.method in REWARD_MODEL_METHODS or options.load_in_4bit or options.load_in_fp8)
+    if options.use_kernels and torch.cuda.is_available():
+        from lanner.kernels.memory import use_expandable_segments
+
+        use_expandable_segments()  # before the weights take their segments (the memory engine's plans count on it)
     if options.method in REWARD_MODEL_METHODS:
         model = _load_scorer(path, options)
         if options.lora:
