@@ -46,6 +46,8 @@ from typing import Any
 from lanner.core import strict_json
 
 BAD_ROWS_REPORTED = 100
+# The fields an error message names of rows that match no format (a CSV can have thousands of columns).
+FIELDS_NAMED = 20
 WARNINGS_REPORTED = 100
 PROBLEMS_NAMED = 10  # per row; the rest are counted
 BLANK_LINE = "blank line"
@@ -631,13 +633,16 @@ def examine_lines(path: Path) -> tuple[dict, list[tuple[int, dict]]]:
     if not records and all(item["reason"] == BLANK_LINE for item in bad):
         raise DatasetError(f"{path.name} is empty: it has no rows, only {total} blank line{'s' if total > 1 else ''}.",
                            report)
+    if not records:  # not one row could be read: what was wrong with them, not that their (no) fields match no format
+        raise DatasetError(f"{path.name}: none of its {total} rows can be read ({_examples(bad)}).", report)
     fmt = _detect(records)
     if fmt is None:
         report.update(bad_row_count=total)
         expected = "; ".join(f"{name}: {', '.join(sorted(fields))}" for name, (_, fields) in FORMATS.items())
-        raise DatasetError(f"{path.name}: no known format; the rows have the fields "
-                           f"{', '.join(map(str, columns)) or '(none)'}. Expected one of — {expected}."
-                           + _lookalike_hint(columns), report)
+        shown = ", ".join(map(str, columns[:FIELDS_NAMED]))
+        more = f" and {len(columns) - FIELDS_NAMED:,} more" if len(columns) > FIELDS_NAMED else ""
+        raise DatasetError(f"{path.name}: no known format; the rows have the fields {shown}{more}. "
+                           f"Expected one of — {expected}." + _lookalike_hint(columns), report)
     rows, warnings = [], []
     for line, record in records:
         read_notes = read.row_notes.get(line, [])
@@ -652,9 +657,14 @@ def examine_lines(path: Path) -> tuple[dict, list[tuple[int, dict]]]:
     report.update(format=fmt, task=FORMATS[fmt][0], usable_rows=len(rows), bad_rows=bad[:BAD_ROWS_REPORTED],
                   bad_row_count=len(bad), warnings=warnings[:WARNINGS_REPORTED], warning_count=len(warnings))
     if not rows:
-        examples = "; ".join(f"line {item['line']}: {item['reason']}" for item in bad[:3])
-        raise DatasetError(f"{path.name}: none of its {total} rows can be used ({examples}).", report)
+        raise DatasetError(f"{path.name}: none of its {total} rows can be used ({_examples(bad)}).", report)
     return report, rows
+
+
+def _examples(bad: list[dict]) -> str:
+    """The first three bad rows in words, blank lines only where there is nothing else."""
+    telling = [item for item in bad if item["reason"] != BLANK_LINE] or bad
+    return "; ".join(f"line {item['line']}: {item['reason']}" for item in telling[:3])
 
 
 def examine(path: Path) -> tuple[dict, list[dict]]:

@@ -128,9 +128,22 @@ def test_empty_and_unusable_datasets_fail_clearly(tmp_path):
         inspect_dataset(unknown)
 
     garbage = write_jsonl(tmp_path / "garbage.jsonl", ["{oops", "nope"])
-    with pytest.raises(DatasetError) as caught:
+    with pytest.raises(DatasetError, match="none of its 2 rows can be read") as caught:
         inspect_dataset(garbage)
     assert [item["line"] for item in caught.value.report["bad_rows"]] == [1, 2]
+
+    # not one row readable: the message says why (not that "(none)" of the fields matches a format)
+    unreadable = tmp_path / "unreadable.jsonl"
+    unreadable.write_bytes(b'{"text": "a", "score": NaN}\n\n{"text": "\xed\xa0\x80"}\n')
+    with pytest.raises(DatasetError, match=r"rows can be read \(line 1: NaN .*; line 3: not UTF-8") as caught:
+        inspect_dataset(unreadable)
+    assert "no known format" not in str(caught.value)
+
+    wide = tmp_path / "wide.csv"
+    wide.write_text(",".join(f"c{i}" for i in range(5000)) + "\n" + ",".join("v" * 5000) + "\n")
+    with pytest.raises(DatasetError, match="no known format.* and 4,980 more") as caught:
+        inspect_dataset(wide)
+    assert len(str(caught.value)) < 2000 and len(caught.value.report["columns"]) == 5000
 
     with pytest.raises(DatasetError, match="unsupported file type .txt"):
         inspect_dataset(tmp_path / "data.txt")
