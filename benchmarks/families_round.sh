@@ -27,20 +27,10 @@ case ${METHOD:-lora} in
   qlora) unsloth=unsloth4 lanner=lanner4 fallback=hf4 reference=hf4 ;;
   *) echo "METHOD must be lora or qlora, not $METHOD" >&2; exit 2 ;;
 esac
-matched_variant() {  # matched_variant PEER SHAPE SEQ BS: "budget=B,offload=on,cap=C", B and C peer_bench's MATCHED_BUDGET
-  # and MATCHED_CAP x the peak GiB of PEER's last row for it; empty if none
-  python3 - "$out/results.jsonl" "$@" <<'PY'
-import json, sys
-from peer_bench import MATCHED_BUDGET, MATCHED_CAP
-path, peer, model, seq, bs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-rows = [json.loads(line) for line in open(path) if line.startswith("{")]
-peaks = [r["peak_gib"] for r in rows if r.get("mode") == peer and "peak_gib" in r
-         and (r.get("model"), r.get("seq"), r.get("bs")) == (model, seq, bs)]
-print(f"budget={MATCHED_BUDGET * peaks[-1]:.2f},offload=on,cap={MATCHED_CAP * peaks[-1]:.2f}" if peaks else "")
-PY
-}
+# peer_bench's MATCHED_BUDGET and MATCHED_CAP: Lanner's matched rows run under these multiples of the peer's peak
+matched=$(cd benchmarks && python3 -c "from peer_bench import MATCHED_BUDGET, MATCHED_CAP; print(MATCHED_BUDGET, MATCHED_CAP)")
 lanner_rows() {  # lanner_rows PEER SEQ BS: Lanner's default plan, and under the budget and cap matched to PEER's peak
-  local variant; variant=$(matched_variant "$1" "$shape" "$2" "$3")
+  local variant; variant=$(peak_times "$1" "$shape" "$2" "$3" "budget=%.2f,offload=on,cap=%.2f" $matched)
   one 200 --models "$shape" --systems "$lanner" --seq "$2" --bs "$3" --variant-system "$lanner" \
     ${variant:+--lanner-variants $variant}
 }

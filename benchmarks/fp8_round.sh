@@ -33,16 +33,6 @@ variant() {  # variant TIMEOUT MODE MODEL OPTIONS...: peer_bench directly (run.p
   PYTHONPATH=$kernels_root:$PYTHONPATH timeout "$t" python3 peer_bench.py "$@" --steps 4 --warmup 2 --same-weights \
     | tail -1 | tee -a "$out/results.jsonl"
 }
-unsloth_peak_times() {  # unsloth_peak_times MODEL FORMAT FACTOR...: FORMAT filled with each FACTOR x Unsloth bf16's
-  # last peak on MODEL (GiB); empty without one
-  python3 - "$out/results.jsonl" "$@" <<'PY'
-import json, sys
-path, model, form, factors = sys.argv[1], sys.argv[2], sys.argv[3], [float(f) for f in sys.argv[4:]]
-rows = [json.loads(line) for line in open(path) if line.startswith("{")]
-peaks = [r["peak_gib"] for r in rows if r.get("mode") == "unsloth" and r.get("model") == model and "peak_gib" in r]
-print(form % tuple(f * peaks[-1] for f in factors) if peaks else "")
-PY
-}
 summary() {
   python3 - "$out/results.jsonl" <<'PY' | tee -a "$out/results.jsonl"
 import json, sys
@@ -74,7 +64,7 @@ if [[ $part == 8b || $part == all ]]; then
   save_weights llama-8b 150
   bench 200 unsloth llama-8b
   bench 150 lanner8 llama-8b
-  bound=$(unsloth_peak_times llama-8b "--budget %.2f --offload on --cap-gib %.2f" 0.74 0.75)
+  bound=$(peak_times unsloth llama-8b 2048 4 "--budget %.2f --offload on --cap-gib %.2f" 0.74 0.75)
   [[ -n $bound ]] && variant 150 lanner8 llama-8b $bound
   variant 150 lanner8 llama-8b --budget 60
   bench 150 lanner llama-8b

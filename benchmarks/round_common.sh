@@ -1,6 +1,7 @@
 # Sourced by the *_round.sh device scripts once they have set `budget` (seconds) and `out` (a folder):
 # the peers importable, the time left of the call's budget, a JSON line of the versions and the GPU, and
-# the steps they share (run from benchmarks/): one run.py process, the random weights saved, a skip.
+# the steps they share (run from benchmarks/): one run.py process, the random weights saved, a skip, a bound
+# matched to a peer's peak.
 start=$SECONDS
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/.peers/site:${PYTHONPATH:-}
 left() { echo $(( budget - (SECONDS - start) )); }
@@ -29,4 +30,15 @@ save_weights() {  # save_weights MODEL [MIN_LEFT]: the random weights the Unslot
   timeout 240 python3 -c "import peer_bench, json; print(json.dumps(dict(saved=peer_bench.saved_dir('$1'))))" \
     && echo "{\"saved_weights_s\": $(( SECONDS - t0 )), \"model\": \"$1\"}" | tee -a "$out/results.jsonl" \
     && du -sh "/tmp/rand-$1"
+}
+peak_times() {  # peak_times MODE MODEL SEQ BS FORMAT FACTOR...: FORMAT filled with each FACTOR x the peak GiB of MODE's
+  # last row for MODEL at SEQ x BS in $out/results.jsonl (a bound matched to a peer's measured peak); empty without one
+  python3 - "$out/results.jsonl" "$@" <<'PY'
+import json, sys
+path, mode, model, seq, bs, form, *factors = sys.argv[1:]
+rows = [json.loads(line) for line in open(path) if line.startswith("{")]
+peaks = [r["peak_gib"] for r in rows if r.get("mode") == mode and "peak_gib" in r
+         and (r.get("model"), r.get("seq"), r.get("bs")) == (model, int(seq), int(bs))]
+print(form % tuple(float(f) * peaks[-1] for f in factors) if peaks else "")
+PY
 }
