@@ -4,7 +4,8 @@ view of x each call, so the cached quantisation of rows shared by projections is
 input gradient (scaling, quantisation, the transposed codes + torch._scaled_mm); each part alone (the
 quantiser and the transpose with their bandwidth, the GEMM with and without fast accumulation); and the
 tensor cores' result against the float32 emulation (max error relative to the largest element), with
-use_fast_accum off (the training path) and on.
+use_fast_accum off (the training path) and on; then the input gradient of q/k/v and of gate/up as one joined
+product against one product per projection added into dX.
 
     python benchmarks/fp8_gemm.py [--tokens 8192]     # CUDA, compute capability 8.9 or newer
 
@@ -72,6 +73,33 @@ def main() -> None:
                               **{k: round(v, 3) for k, v in {**gemms, **parts}.items()}, **tflops, **gbps,
                               scaled_mm_vs_emulation=relative(gpu), fast_accum_vs_emulation=relative(fast_accum()),
                               fp8_vs_bf16_activations=((emulated - dense).abs().max() / dense.abs().max()).item(),
+                              gpu=torch.cuda.get_device_name())), flush=True)
+    joined(args.tokens, do_bench)
+
+
+def joined(tokens: int, do_bench) -> None:
+    """dX of projections reading the same rows (q/k/v, gate/up): one FP8 product per projection with each
+    further one added into dX (as before fp8_joined_input_grad) against the one joined product."""
+    import torch
+
+    from lanner.kernels.quant import FP8Linear
+    from lanner.kernels.quant.fp8 import fp8_input_grad, fp8_joined_input_grad
+
+    for name, widths in {"q/k/v": (4096, 1024, 1024), "gate/up": (14336, 14336)}.items():
+        layers = [FP8Linear.from_linear(torch.nn.Linear(4096, n, bias=False, device="cuda", dtype=torch.bfloat16))
+                  for n in widths]
+        douts = [torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16) for n in widths]
+
+        def separate():
+            dx = fp8_input_grad(layers[0], douts[0])
+            for layer, dout in zip(layers[1:], douts[1:]):
+                dx.add_(fp8_input_grad(layer, dout))
+            return dx
+
+        one = fp8_joined_input_grad(layers, douts).float()
+        print(json.dumps(dict(group=name, tokens=tokens, separate_ms=round(do_bench(separate), 3),
+                              joined_ms=round(do_bench(lambda: fp8_joined_input_grad(layers, douts)), 3),
+                              joined_vs_separate=((one - separate().float()).abs().max() / one.abs().max()).item(),
                               gpu=torch.cuda.get_device_name())), flush=True)
 
 

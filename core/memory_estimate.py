@@ -4,8 +4,8 @@ Deliberately simple (refine it against measured peaks on the GPU box):
 - weights: parameters × bytes of the dtype (float32 4, bfloat16/float16 2); QLoRA stores the
   decoder's linear weights in NF4 (0.5 byte + one float32 absmax per 64 weights) and keeps the
   embeddings, lm_head and norms in 16 bits; lora_fp8 stores them in FP8 (1 byte a weight, a float32
-  scale per output row) plus one shared buffer for the largest weight's transposed FP8 copy, which
-  each backward GEMM fills just before it runs (docs/fp8.md); a mixture of experts' routers stay in 16 bits
+  scale per output row) plus one shared buffer for the transposed FP8 copy of the largest weights one
+  backward GEMM multiplies (gate and up stacked), filled just before it runs (docs/fp8.md); a mixture of experts' routers stay in 16 bits
   under both, its routed experts too under FP8, and under QLoRA where lanner.kernels has no grouped kernels
   for the family (elsewhere NF4, plus one layer's dequantised experts as a buffer);
 - LoRA: r × (in + out) per targeted projection per layer, trained in float32;
@@ -155,16 +155,20 @@ def count_parameters(model: dict[str, Any]) -> dict[str, int]:
 def fp8_linear_bytes(model: dict[str, Any]) -> int:
     """The decoder's linear weights in FP8, a mixture of experts' routed experts and routers left out (they
     stay in 16 bits): 1 byte a weight, a float32 scale per output row, and the one transposed copy of the
-    largest weight that backward fills before each GEMM."""
+    largest weights that backward multiplies together (gate and up stacked), filled before each GEMM."""
     s = _shape(model)
-    attention = list(_attention_projections(s).values())
     dense_layers = s["layers"] - s["sparse_layers"]
-    mlp = list(_mlp_projections(s, s["intermediate"]).values()) if dense_layers else []
+    a = _attention_projections(s)
+    m = _mlp_projections(s, s["intermediate"]) if dense_layers else {}
+    attention, mlp = list(a.values()), list(m.values())
 
     def fp8(projections):
         return sum(i * o * FP8_BYTES_PER_WEIGHT + o * FP8_SCALE_BYTES for i, o in projections)
 
-    largest = max(i * o for i, o in attention + mlp)
+    # backward's one product over q/k/v, and over gate/up, transposes their stacked codes together
+    groups = [[a["q_proj"], a["k_proj"], a["v_proj"]], [a["o_proj"]]]
+    groups += [[m["gate_proj"], m["up_proj"]], [m["down_proj"]]] if m else []
+    largest = max(sum(i * o for i, o in group) for group in groups)
     return s["layers"] * fp8(attention) + dense_layers * fp8(mlp) + largest * FP8_BYTES_PER_WEIGHT
 
 

@@ -39,15 +39,17 @@ class BaseMatmul:
 
     forward: Callable[[nn.Module, torch.Tensor, torch.Tensor | None], torch.Tensor]
     input_grad: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    # joined_input_grad(layers, douts) = the sum of dout_i @ W_i of layers reading the same rows, in one product
+    joined_input_grad: Callable[[list[nn.Module], list[torch.Tensor]], torch.Tensor] | None = None
 
 
 _BASE_MATMULS: dict[type, BaseMatmul] = {}
 
 
-def register_base_matmul(layer_type: type, forward, input_grad) -> None:
+def register_base_matmul(layer_type: type, forward, input_grad, joined_input_grad=None) -> None:
     """Teach the LoRA functions a frozen layer type that multiplies in its own format (e.g. FP8 on the
     tensor cores) instead of handing out a dense weight."""
-    _BASE_MATMULS[layer_type] = BaseMatmul(forward, input_grad)
+    _BASE_MATMULS[layer_type] = BaseMatmul(forward, input_grad, joined_input_grad)
 
 
 def supports_base_layer(layer: nn.Module) -> bool:
@@ -210,13 +212,28 @@ def _input_grad(pairs, dxa: torch.Tensor | None = None, A: torch.Tensor | None =
     """dX = dxa @ A + the sum of dout @ W over (dout, projection) pairs. The rank-r product goes with the
     first projection's (see _base_input_grad_fn): before a dense GEMM that accumulates onto it, or onto an
     FP8 product that then is dX, so it never costs a pass of its own over dX. Each W is read (a 4-bit one
-    dequantised into the shared buffer) just before its GEMM."""
+    dequantised into the shared buffer) just before its GEMM. A base type with a joined product (FP8) gives
+    the whole sum from one GEMM."""
     rank_r = None if dxa is None else (dxa, A.to(dxa.dtype))
+    pairs = list(pairs)
+    joined = _joined_input_grad([p.base for _, p in pairs])
+    if joined is not None:  # one product for all of them (FP8's GEMM cannot accumulate onto dX)
+        dx = joined([p.base for _, p in pairs], [dout for dout, _ in pairs])
+        return dx if rank_r is None else dx.addmm_(*rank_r)
     dx = None
     for dout, p in pairs:
         dx = _base_input_grad_fn(p.base, dout.dtype)(dout, dx, rank_r)
         rank_r = None
     return dx
+
+
+def _joined_input_grad(layers) -> Callable | None:
+    """The joined product of several layers of one type that has it, all reading rows of the same width."""
+    matmul = _BASE_MATMULS.get(type(layers[0]))
+    if (len(layers) < 2 or matmul is None or matmul.joined_input_grad is None
+            or any(type(layer) is not type(layers[0]) for layer in layers)):
+        return None
+    return matmul.joined_input_grad
 
 
 def _shared_input_backward(x2: torch.Tensor, douts, xas, projections) -> tuple[torch.Tensor, list]:

@@ -173,6 +173,83 @@ def _quantize_rows_kernel(X, COLUMN_SCALE, CODES, SCALE, n_rows, n_cols, x_row_s
             _store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX, HARDWARE_CAST)
 
 
+# Parts of one joined row: q/k/v's gradients (or gate/up's) quantised as the columns of one operand.
+MAX_JOINED_PARTS = 3
+
+
+@triton.jit
+def _part_amax(X, COLUMN_SCALE, rows, row_mask, x_row_stride, n_cols, amax, BLOCK: tl.constexpr):
+    for start in range(0, n_cols, BLOCK):
+        v, _, _ = _scaled_tile(X, COLUMN_SCALE, rows, row_mask, x_row_stride, start, n_cols, True, BLOCK)
+        amax = tl.maximum(amax, tl.abs(v))
+    return amax
+
+
+@triton.jit
+def _part_store(X, COLUMN_SCALE, CODES, rows, row_mask, x_row_stride, n_cols, codes_row_stride, scale,
+                E4M3_MAX: tl.constexpr, HARDWARE_CAST: tl.constexpr, BLOCK: tl.constexpr):
+    for start in range(0, n_cols, BLOCK):
+        v, cols, mask = _scaled_tile(X, COLUMN_SCALE, rows, row_mask, x_row_stride, start, n_cols, True, BLOCK)
+        _store_codes(CODES, rows, cols, mask, v, scale, codes_row_stride, E4M3_MAX, HARDWARE_CAST)
+
+
+@triton.jit
+def _quantize_joined_kernel(X0, X1, X2, COLUMN_SCALE, CODES, SCALE, n_rows, n0, n1, n2, stride0, stride1, stride2,
+                            E4M3_MAX: tl.constexpr, HARDWARE_CAST: tl.constexpr, ROWS: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < n_rows
+    width = n0 + n1 + n2
+    amax = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    amax = _part_amax(X0, COLUMN_SCALE, rows, row_mask, stride0, n0, amax, BLOCK)
+    amax = _part_amax(X1, COLUMN_SCALE + n0, rows, row_mask, stride1, n1, amax, BLOCK)
+    amax = _part_amax(X2, COLUMN_SCALE + n0 + n1, rows, row_mask, stride2, n2, amax, BLOCK)
+    row_max = tl.max(amax, axis=1)
+    scale = tl.where(row_max > 0, tl.math.div_rn(row_max, E4M3_MAX), 1.0)
+    tl.store(SCALE + rows, scale, mask=row_mask)
+    # the second read of each part mostly hits the L2 cache
+    _part_store(X0, COLUMN_SCALE, CODES, rows, row_mask, stride0, n0, width, scale, E4M3_MAX, HARDWARE_CAST, BLOCK)
+    _part_store(X1, COLUMN_SCALE + n0, CODES + n0, rows, row_mask, stride1, n1, width, scale, E4M3_MAX,
+                HARDWARE_CAST, BLOCK)
+    _part_store(X2, COLUMN_SCALE + n0 + n1, CODES + n0 + n1, rows, row_mask, stride2, n2, width, scale, E4M3_MAX,
+                HARDWARE_CAST, BLOCK)
+
+
+def quantize_joined_rows(parts: list[torch.Tensor], column_scales: list[torch.Tensor]
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows of the parts' columns side by side, each part times its column scale: (codes (M, sum of
+    the widths), scale (M, 1)), one scale per joined row, without the joined rows ever being written in 16
+    bits. On a GPU one Triton kernel (each part read twice, the second time mostly from the L2 cache), elsewhere
+    torch on the joined copy; the same bits as quantize_rows of that copy."""
+    if not 1 <= len(parts) <= MAX_JOINED_PARTS or len(column_scales) != len(parts):
+        raise ValueError(f"quantize_joined_rows: 1 to {MAX_JOINED_PARTS} parts, each with its column scale; got "
+                         f"{len(parts)} parts and {len(column_scales)} scales")
+    if not parts[0].is_cuda:
+        return quantize_rows_torch(torch.cat(parts, dim=1), torch.cat(column_scales))
+    return quantize_joined_rows_triton(parts, column_scales)
+
+
+def quantize_joined_rows_triton(parts: list[torch.Tensor], column_scales: list[torch.Tensor]
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    parts = [p if p.stride(-1) == 1 else p.contiguous() for p in parts]
+    rows = parts[0].shape[0]
+    widths = [p.shape[1] for p in parts]
+    codes = torch.empty((rows, sum(widths)), dtype=torch.uint8, device=parts[0].device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=parts[0].device)
+    if rows:
+        column_scale = torch.cat([s.float().reshape(-1) for s in column_scales])
+        padded = parts + [parts[0]] * (MAX_JOINED_PARTS - len(parts))  # absent parts: zero columns
+        n = widths + [0] * (MAX_JOINED_PARTS - len(parts))
+        # a block no wider than the narrowest part (k/v's 1,024 columns beside q's 4,096), several rows to it
+        block = min(triton.next_power_of_2(min(widths)), QUANTIZE_TILE // 2)
+        rows_per_program = max(1, QUANTIZE_TILE // 2 // block)
+        _quantize_joined_kernel[(triton.cdiv(rows, rows_per_program),)](
+            *padded, column_scale, codes, scale, rows, *n, *(p.stride(0) for p in padded),
+            E4M3_MAX=E4M3_MAX, HARDWARE_CAST=parts[0].is_cuda and cuda_capability(parts[0].device) >= MIN_CAPABILITY,
+            ROWS=rows_per_program, BLOCK=block, num_warps=8)
+    return codes.view(FP8_DTYPE), scale
+
+
 def quantize_tile(n_cols: int) -> tuple[int, int]:
     """(rows per program, columns per block) of the Triton quantiser: rows that fit in QUANTIZE_TILE are read
     once, several to a program (k/v-sized gradients: eight of 1,024); a longer row has a program to itself
@@ -204,25 +281,27 @@ def quantize_rows_triton(x: torch.Tensor, column_scale: torch.Tensor | None = No
 
 
 @triton.jit
-def _transpose_kernel(X, OUT, n_rows, n_cols, TILE: tl.constexpr):
+def _transpose_kernel(X, OUT, n_rows, n_cols, out_row_stride, TILE: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
     cols = tl.program_id(1).to(tl.int64) * TILE + tl.arange(0, TILE)
     tile = tl.load(X + rows[:, None] * n_cols + cols[None, :], mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
-    tl.store(OUT + cols[:, None] * n_rows + rows[None, :], tl.trans(tile),
+    tl.store(OUT + cols[:, None] * out_row_stride + rows[None, :], tl.trans(tile),
              mask=(cols[:, None] < n_cols) & (rows[None, :] < n_rows))
 
 
 def transpose_into(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out = x^T, both contiguous 2-D, in TRANSPOSE_TILE-square tiles that are read and written a row at a
-    time (the shuffle between the two goes through shared memory): torch's strided copy of a transposed
-    byte matrix ran at about a fifteenth of the memory's bandwidth."""
+    """out = x^T, x contiguous 2-D, out with contiguous rows (a column block of a wider matrix too), in
+    TRANSPOSE_TILE-square tiles that are read and written a row at a time (the shuffle between the two goes
+    through shared memory): torch's strided copy of a transposed byte matrix ran at about a fifteenth of the
+    memory's bandwidth."""
     n_rows, n_cols = x.shape
-    if out.shape != (n_cols, n_rows) or not (x.is_contiguous() and out.is_contiguous()) or out.dtype != x.dtype:
-        raise ValueError(f"transpose_into: a contiguous {x.dtype} ({n_cols}, {n_rows}) out for x of shape "
-                         f"{tuple(x.shape)}, not {out.dtype} {tuple(out.shape)}")
+    if (out.shape != (n_cols, n_rows) or not x.is_contiguous() or out.stride(-1) != 1
+            or out.stride(0) < n_rows or out.dtype != x.dtype):
+        raise ValueError(f"transpose_into: a {x.dtype} ({n_cols}, {n_rows}) out with contiguous rows for x of shape "
+                         f"{tuple(x.shape)}, not {out.dtype} {tuple(out.shape)} with strides {out.stride()}")
     if x.numel():
         grid = (triton.cdiv(n_rows, TRANSPOSE_TILE), triton.cdiv(n_cols, TRANSPOSE_TILE))
-        _transpose_kernel[grid](x, out, n_rows, n_cols, TILE=TRANSPOSE_TILE, num_warps=8)
+        _transpose_kernel[grid](x, out, n_rows, n_cols, out.stride(0), TILE=TRANSPOSE_TILE, num_warps=8)
     return out
 
 

@@ -85,7 +85,7 @@ def test_an_fp8_base_takes_a_byte_a_weight_and_one_transposed_copy():
     linear = 32 * (4096 * (4096 + 1024 + 1024 + 4096) + 3 * 4096 * 14336)
     other = lora["weights_bytes"] - 2 * linear  # embeddings, lm_head and norms stay 16-bit
     scales = 32 * 4 * (4096 + 1024 + 1024 + 4096 + 14336 + 14336 + 4096)
-    assert fp8["weights_bytes"] == linear + scales + 14336 * 4096 + other
+    assert fp8["weights_bytes"] == linear + scales + 2 * 14336 * 4096 + other  # gate and up transposed together
     assert qlora["weights_bytes"] < fp8["weights_bytes"] < lora["weights_bytes"]
     assert fp8["activations_bytes"] == lora["activations_bytes"]
 

@@ -12,12 +12,12 @@ import copy
 import pytest
 import torch
 
-from lanner.kernels import dequantize_model, get_lora_model
+from lanner.kernels import dequantize_model, get_lora_model, lora
 from lanner.kernels.ops.fp8_matmul import (
     E4M3_MAX, EMULATE_ENV, FP8Unsupported, fp8_backend, fp8_matmul, quantize_rows,
 )
 from lanner.kernels.patching.binding import is_patched
-from lanner.kernels.quant import FP8Linear, dequantize_fp8, quantize_fp8
+from lanner.kernels.quant import FP8Linear, FP8Weight, dequantize_fp8, quantize_fp8
 from lanner.kernels.quant.fp8 import fp8_forward, fp8_input_grad
 from lora_twins import lora_grads, max_relative_error, randomise_lora, tiny_model, token_batches
 from test_memory_engine import GRAD_RTOL, LOSS_RTOL, _force_plan, _step
@@ -192,8 +192,11 @@ def step_grads(model, ids):
     return loss.item(), lora_grads(model)
 
 
-def test_lora_on_the_kernels_over_fp8_equals_peft_plain_path_over_fp8(device):
-    """The kernels' FP8 products against FP8Linear's own forward under PEFT: the same arithmetic."""
+def test_lora_on_the_kernels_over_fp8_equals_peft_plain_path_over_fp8(device, monkeypatch):
+    """The kernels' FP8 products against FP8Linear's own forward under PEFT: the same arithmetic, once the
+    kernels multiply q/k/v's and gate/up's gradients one projection at a time as PEFT does (their joined
+    product rounds each token's gradients to one scale: test_lora_grads_over_fp8_are_those_over_the_..._noise)."""
+    monkeypatch.setitem(lora._BASE_MATMULS, FP8Linear, lora.BaseMatmul(fp8_forward, fp8_input_grad))
     plain = fp8_model(device=device, use_kernels=False, gradient_checkpointing=False)
     fast = fp8_model(device=device, gradient_checkpointing=True)
     assert len(fp8_layers(fast)) == 7 * 2
@@ -374,26 +377,40 @@ def test_the_tensor_core_path_takes_the_bias_in_its_epilogue_and_the_triton_tran
     assert torch.equal(emulated[0], (sums + bias.float()).bfloat16())
 
 
-def test_the_first_fp8_product_is_dx_and_the_rank_r_term_accumulates_onto_it(monkeypatch):
-    """q/k/v over FP8: dX is the first projection's FP8 product, the joint rank-r product added onto it in
-    one addmm_ (no separate dxa @ A, one add fewer); forward's bias goes into the FP8 GEMM."""
-    from lanner.kernels import lora
+def fp8_projections(widths, seed, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    return [lora.LoRAProjection(FP8Linear.from_linear(torch.nn.Linear(64, n, bias=bias)),
+                                         torch.randn(4, 64, generator=g), torch.randn(n, 4, generator=g), 0.5)
+            for n in widths]
+
+
+def stacked(layers):
+    """One FP8 layer whose rows are the layers' rows: its input gradient of the joined douts is their joined one."""
+    fp8s = [layer.fp8 for layer in layers]
+    weight = FP8Weight(torch.cat([f.codes for f in fp8s]), torch.cat([f.scale for f in fp8s]), fp8s[0].dtype)
+    return FP8Linear(weight)
+
+
+def test_projections_sharing_rows_get_dx_from_one_fp8_product_with_the_rank_r_term_on_it(monkeypatch):
+    """q/k/v over FP8: dX is one FP8 product of the three douts side by side (one scale per token over all three)
+    with the stacked weights, the joint rank-r product added onto it in one addmm_; forward's bias goes into
+    the FP8 GEMM."""
+    from lanner.kernels.quant import fp8 as fp8_module
 
     products, biases = [], []
 
-    def input_grad(layer, dout):
-        products.append(fp8_input_grad(layer, dout))
+    def joined(layers, douts):
+        products.append(fp8_module.fp8_joined_input_grad(layers, douts))
         return products[-1]
 
     def forward(layer, x2, bias=None):
         biases.append(bias)
         return fp8_forward(layer, x2, bias)
 
-    monkeypatch.setitem(lora._BASE_MATMULS, FP8Linear, lora.BaseMatmul(forward, input_grad))
-    g = torch.Generator().manual_seed(10)
-    projections = [lora.LoRAProjection(FP8Linear.from_linear(torch.nn.Linear(64, n, bias=True)),
-                                       torch.randn(4, 64, generator=g), torch.randn(n, 4, generator=g), 0.5)
-                   for n in (64, 32, 32)]
+    monkeypatch.setitem(lora._BASE_MATMULS, FP8Linear, lora.BaseMatmul(forward, fp8_input_grad, joined))
+    projections = fp8_projections((64, 32, 32), seed=10)
+    g = torch.Generator().manual_seed(11)
     x2 = torch.randn(10, 64, generator=g)
     outs, xas = zip(*(lora._project(x2, p) for p in projections))
     assert [b is p.base.bias for b, p in zip(biases, projections)] == [True] * 3
@@ -402,6 +419,54 @@ def test_the_first_fp8_product_is_dx_and_the_rank_r_term_accumulates_onto_it(mon
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     douts = [torch.randn(10, p.lora_B.shape[0], generator=g) for p in projections]
     dx, _ = lora._shared_input_backward(x2, douts, xas, projections)
-    assert dx is products[0] and len(products) == 3
-    expected = sum(fp8_input_grad(p.base, d) + 0.5 * (d @ p.lora_B) @ p.lora_A for d, p in zip(douts, projections))
+    assert dx is products[0] and len(products) == 1
+    base = fp8_input_grad(stacked([p.base for p in projections]), torch.cat(douts, dim=1))
+    expected = base + sum(0.5 * (d @ p.lora_B) @ p.lora_A for d, p in zip(douts, projections))
     torch.testing.assert_close(dx, expected, rtol=1e-5, atol=1e-5)
+    # each product alone, as a base without a joined one adds them: the same sum within dy's rounding
+    separate = sum(fp8_input_grad(p.base, d) for d, p in zip(douts, projections))
+    exact = sum(d.double() @ dequantize_fp8(p.base.fp8, torch.float64) for d, p in zip(douts, projections))
+    bound = sum(rounding_bound(d * p.base.fp8.scale, (d * p.base.fp8.scale).abs().amax(1, keepdim=True) / 448).double()
+                @ p.base.fp8.e4m3.double().abs() for d, p in zip(douts, projections))
+    assert ((separate.double() - exact).abs() <= bound + 1e-5).all()
+    joined_sum = torch.cat(douts, 1) * torch.cat([p.base.fp8.scale for p in projections])
+    joined_bound = rounding_bound(joined_sum, joined_sum.abs().amax(1, keepdim=True) / 448).double() @ torch.cat(
+        [p.base.fp8.e4m3.double() for p in projections]).abs()
+    assert ((base.double() - exact).abs() <= joined_bound + 1e-5).all()
+
+
+@pytest.mark.parametrize("widths", [(64, 32, 32), (48, 48), (16, 32, 16, 64)])
+def test_the_joined_input_gradient_is_the_stacked_layers_on_both_branches(widths, monkeypatch):
+    """fp8_joined_input_grad equals the input gradient of one layer with the weights stacked (two, three, or four
+    parts: the fourth joins through an add), emulated and on the tensor-core branch (a stand-in for
+    torch._scaled_mm on the CPU), whose stacked codes are transposed side by side into the shared buffer."""
+    from lanner.kernels.quant import fp8 as fp8_module
+
+    layers = [p.base.to(torch.bfloat16) for p in fp8_projections(widths, seed=12, bias=False)]
+    douts = [wide_rows(20, n, seed=13 + i).bfloat16() for i, n in enumerate(widths)]
+    emulated = fp8_module.fp8_joined_input_grad(layers, douts)
+    if len(widths) <= 3:
+        assert torch.equal(emulated, fp8_input_grad(stacked(layers), torch.cat(douts, dim=1)))
+    if torch.cuda.is_available():
+        return  # the real torch._scaled_mm: test_scaled_mm_matches_the_emulation
+    monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
+    monkeypatch.setattr(fp8_module, "fp8_backend", lambda device: "scaled_mm")
+    assert torch.equal(fp8_module.fp8_joined_input_grad(layers, douts), emulated)
+
+
+# (24, 16, 16): k/v-wide parts several rows to a program; (300, 1040): a block narrower than the widest part
+@pytest.mark.parametrize("widths", [(64, 16, 16), (300, 1040), (5,)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_joined_quantiser_gives_the_codes_of_the_joined_rows_bit_for_bit(widths, dtype, device):
+    from lanner.kernels.ops.fp8_matmul import quantize_joined_rows_triton, quantize_rows_torch
+
+    parts = [wide_rows(37, n + 8, seed=20 + i).to(device=device, dtype=dtype)[:, :n] for i, n in enumerate(widths)]
+    parts[0][2] = 0
+    parts[-1][4, -1] = -1000 * parts[0][4].abs().max()  # the row's largest in the last part
+    for part in parts[1:]:
+        part[2] = 0
+    scales = [torch.rand(n, device=device) + 0.5 for n in widths]
+    codes, scale = quantize_joined_rows_triton(parts, scales)
+    expected_codes, expected_scale = quantize_rows_torch(torch.cat(parts, dim=1), torch.cat(scales))
+    assert torch.equal(scale, expected_scale)
+    assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
