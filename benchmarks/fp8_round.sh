@@ -39,15 +39,16 @@ summary() {
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
 runs = [r for r in rows if "tok_s" in r]
-def find(mode, model, budget=None, offload=(None, "auto")):
-    return next((r for r in reversed(runs) if r["mode"] == mode and r["model"] == model and r.get("budget") == budget
-                 and r.get("offload") in offload and not r.get("cap_gib")), None)
+def find(mode, model, budget=None, offload=(None, "auto"), capped=False):
+    """The last row of MODE on MODEL with that budget and offloading; capped: the last under a memory cap, whatever
+    its budget (matched to the peer's peak)."""
+    return next((r for r in reversed(runs) if r["mode"] == mode and r["model"] == model and bool(r.get("cap_gib")) == capped
+                 and (capped or (r.get("budget") == budget and r.get("offload") in offload))), None)
 for model in dict.fromkeys(r["model"] for r in runs):
     unsloth = find("unsloth", model)
     summary = {"summary": model}
-    capped = next((r for r in reversed(runs) if r["mode"] == "lanner8" and r["model"] == model and r.get("cap_gib")), None)
     for name, row in (("lanner8", find("lanner8", model)), ("lanner8_offload", find("lanner8", model, offload=("on",))),
-                      ("lanner8_capped", capped),
+                      ("lanner8_capped", find("lanner8", model, capped=True)),
                       ("lanner8_budget60", find("lanner8", model, 60.0)),
                       ("lanner_bf16", find("lanner", model)), ("unsloth4", find("unsloth4", model))):
         if row and unsloth:
