@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..lora import MLPStash
 from ..ops.fused_linear_ce import work_bytes as loss_work_bytes
+from ..quant.fp8 import reserve_transposed_buffer
 from .graphs import LayerGraphs, graph_buffer_bytes, graphs_wanted
 from .host_embedding import move_input_embeddings_to_host
 from .layer_run import LayerRun
@@ -112,9 +113,11 @@ class MemoryEngine:
             costs = self._measure(forward, hidden_states, args, tokens)
         # After the measuring forward and a first backward matmul: what the first matmuls allocate for
         # good is then counted (a 4-bit model's dequantisation buffer, 112 MiB at 8B; GEMM workspace of
-        # autograd's backward thread, +32 MiB on the H200, of 2 x 64 MiB that appear in the first step).
+        # autograd's backward thread, +32 MiB on the H200, of 2 x 64 MiB that appear in the first step; an FP8
+        # base's transposed codes, which its first backward product would allocate).
         if hidden_states.is_cuda:
             _run_backward_matmuls(hidden_states)
+            reserve_transposed_buffer(self.model)
         base = self._base_bytes()
         planned = functools.partial(plan_memory, len(self.layers), costs, base, self.budget_bytes, self.offload,
                                     MLP_TILE_ROWS, DH_TILE_ROWS, host_room)

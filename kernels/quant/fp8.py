@@ -185,6 +185,27 @@ def fp8_joined_input_grad(layers: list[FP8Linear], douts: list[torch.Tensor]) ->
     return fp8_matmul(codes, scale, weight_t, None, douts[0].dtype, backend)
 
 
+# Projections whose input gradients one joined GEMM computes (they read the same rows; lora.py's q/k/v and MLP)
+JOINED_PROJECTIONS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def reserve_transposed_buffer(model: nn.Module) -> None:
+    """Allocates now the buffer backward transposes FP8 codes into, sized for the largest product: a joined group's
+    stacked codes or one layer's. Backward would allocate it at its first product, after the memory engine has
+    planned from what is allocated; here the plan counts it (112 MiB at the 8B shape, gate and up together)."""
+    largest, device = 0, None
+    for parent in model.modules():
+        sizes = {}
+        for name, child in parent.named_children():
+            layer = getattr(child, "base_layer", child)  # PEFT's wrapper
+            if isinstance(layer, FP8Linear):
+                sizes[name], device = layer.weight.numel(), layer.weight.device
+        groups = [sum(sizes.get(name, 0) for name in group) for group in JOINED_PROJECTIONS]
+        largest = max([largest, *groups, *sizes.values()])
+    if largest:
+        shared_buffer(largest, device, torch.uint8, "fp8_transposed")
+
+
 class FP8LinearFunction(torch.autograd.Function):
     """The layer's own matmul (PEFT's plain path): FP8 in forward and for dx; nothing weight-sized saved."""
 

@@ -470,3 +470,23 @@ def test_the_joined_quantiser_gives_the_codes_of_the_joined_rows_bit_for_bit(wid
     expected_codes, expected_scale = quantize_rows_torch(torch.cat(parts, dim=1), torch.cat(scales))
     assert torch.equal(scale, expected_scale)
     assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
+
+
+def test_the_transposed_buffer_is_reserved_for_the_largest_product_before_backward(monkeypatch):
+    """The memory engine plans from what is allocated before the first backward: the buffer of transposed codes is
+    reserved then, sized for gate and up together (the largest joined product here), and backward's products on the
+    tensor-core branch (a torch._scaled_mm stand-in) write into it without growing it."""
+    from lanner.kernels.quant import fp8 as fp8_module
+    from lanner.kernels.quant.quantised_linear import release_buffers, shared_buffers
+
+    model = fp8_model()
+    release_buffers()
+    fp8_module.reserve_transposed_buffer(model)
+    (reserved,) = shared_buffers()
+    assert reserved.dtype == torch.uint8 and reserved.numel() == 2 * 128 * 64  # gate + up, each 128 x 64
+    monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
+    monkeypatch.setattr(fp8_module, "fp8_backend", lambda device: "scaled_mm")
+    randomise_lora(model)
+    step_grads(model, token_batches(1, 2, 6, model.config.vocab_size)[0])
+    assert [b.data_ptr() for b in shared_buffers()] == [reserved.data_ptr()]
+    release_buffers()
