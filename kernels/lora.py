@@ -216,9 +216,10 @@ def _input_grad(pairs, dxa: torch.Tensor | None = None, A: torch.Tensor | None =
     the whole sum from one GEMM."""
     rank_r = None if dxa is None else (dxa, A.to(dxa.dtype))
     pairs = list(pairs)
-    joined = _joined_input_grad([p.base for _, p in pairs])
+    bases = [p.base for _, p in pairs]
+    joined = _joined_input_grad(bases)
     if joined is not None:  # one product for all of them (FP8's GEMM cannot accumulate onto dX)
-        dx = joined([p.base for _, p in pairs], [dout for dout, _ in pairs])
+        dx = joined(bases, [dout for dout, _ in pairs])
         return dx if rank_r is None else dx.addmm_(*rank_r)
     dx = None
     for dout, p in pairs:

@@ -220,10 +220,12 @@ def quantize_joined_rows(parts: list[torch.Tensor], column_scales: list[torch.Te
     """quantize_rows of the parts' columns side by side, each part times its column scale: (codes (M, sum of
     the widths), scale (M, 1)), one scale per joined row, without the joined rows ever being written in 16
     bits. On a GPU one Triton kernel (each part read twice, the second time mostly from the L2 cache), elsewhere
-    torch on the joined copy; the same bits as quantize_rows of that copy."""
+    torch on the joined copy; the same bits as quantize_rows of that copy (which one part is: it may be read once)."""
     if not 1 <= len(parts) <= MAX_JOINED_PARTS or len(column_scales) != len(parts):
         raise ValueError(f"quantize_joined_rows: 1 to {MAX_JOINED_PARTS} parts, each with its column scale; got "
                          f"{len(parts)} parts and {len(column_scales)} scales")
+    if len(parts) == 1:
+        return quantize_rows(parts[0], column_scales[0])
     if not parts[0].is_cuda:
         return quantize_rows_torch(torch.cat(parts, dim=1), torch.cat(column_scales))
     return quantize_joined_rows_triton(parts, column_scales)

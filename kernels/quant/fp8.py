@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from ..lora import register_base_matmul
-from ..ops.fp8_matmul import (E4M3_MAX, FP8_DTYPE, MAX_JOINED_PARTS, fp8_backend, fp8_matmul, quantize_joined_rows, quantize_rows,
-                              transpose_into)
+from ..ops.fp8_matmul import (E4M3_MAX, FP8_DTYPE, MAX_JOINED_PARTS, fp8_backend, fp8_matmul, quantize_joined_rows,
+                              quantize_rows, transpose_into)
 from .quantised_linear import QuantisedLinear, shared_buffer
 
 # cuBLAS' FP8 GEMM wants both dimensions of the weight in multiples of 16; other layers stay 16-bit.
@@ -146,17 +146,9 @@ def fp8_forward(layer: FP8Linear, x2: torch.Tensor, bias: torch.Tensor | None = 
 
 def fp8_input_grad(layer: FP8Linear, dout: torch.Tensor) -> torch.Tensor:
     """dout @ W in dout's dtype, W = codes * scale exactly as forward used it: the scale goes onto dout's
-    columns, which are then quantised per token and multiplied by the codes transposed."""
-    fp8 = layer.fp8
-    backend = fp8_backend(dout.device)
-    codes, scale = quantize_rows(dout, fp8.scale)
-    if backend == "scaled_mm":  # the GEMM's second operand column-major: W^T's codes, contiguous
-        n, k = fp8.shape
-        transposed = shared_buffer(n * k, fp8.codes.device, torch.uint8, "fp8_transposed").view(k, n)
-        weight_t = transpose_into(fp8.codes, transposed).view(FP8_DTYPE)
-    else:
-        weight_t = fp8.e4m3.t()
-    return fp8_matmul(codes, scale, weight_t, None, dout.dtype, backend)
+    columns, which are then quantised per token and multiplied by the codes transposed (fp8_joined_input_grad
+    of one layer)."""
+    return fp8_joined_input_grad([layer], [dout])
 
 
 def fp8_joined_input_grad(layers: list[FP8Linear], douts: list[torch.Tensor]) -> torch.Tensor:
@@ -173,7 +165,7 @@ def fp8_joined_input_grad(layers: list[FP8Linear], douts: list[torch.Tensor]) ->
     backend = fp8_backend(douts[0].device)
     codes, scale = quantize_joined_rows(douts, [fp8.scale for fp8 in fp8s])
     width, k = codes.shape[1], fp8s[0].shape[1]
-    if backend == "scaled_mm":  # the stacked codes transposed side by side, into the one shared buffer
+    if backend == "scaled_mm":  # the GEMM's second operand column-major: the codes transposed side by side
         transposed = shared_buffer(width * k, fp8s[0].codes.device, torch.uint8, "fp8_transposed").view(k, width)
         start = 0
         for fp8 in fp8s:
@@ -181,7 +173,8 @@ def fp8_joined_input_grad(layers: list[FP8Linear], douts: list[torch.Tensor]) ->
             start += fp8.shape[0]
         weight_t = transposed.view(FP8_DTYPE)
     else:
-        weight_t = torch.cat([fp8.codes for fp8 in fp8s]).view(FP8_DTYPE).t()
+        stacked = fp8s[0].codes if len(fp8s) == 1 else torch.cat([fp8.codes for fp8 in fp8s])
+        weight_t = stacked.view(FP8_DTYPE).t()
     return fp8_matmul(codes, scale, weight_t, None, douts[0].dtype, backend)
 
 
