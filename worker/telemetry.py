@@ -75,8 +75,12 @@ def _cpu_sampler(pid: int | None) -> Callable[[], DeviceReading]:
                 try:
                     with process.oneshot():
                         cpu += process.cpu_percent(None)
-                        rss += int(process.memory_info().rss)
-                    peak += _peak_rss(process.pid)
+                        resident = int(process.memory_info().rss)
+                    rss += resident
+                    # the kernel's high-water mark and resident count are approximations read apart: a page
+                    # freed between the two reads left the mark one page under the resident size just read
+                    mark = _peak_rss(process.pid)
+                    peak += max(mark, resident) if mark else 0
                 except psutil.Error:  # this one just ended
                     pass
             if rss:
