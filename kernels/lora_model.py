@@ -114,7 +114,8 @@ def get_lora_model(
     or recomputes its activations so that the step's peak (torch.cuda.max_memory_allocated) stays
     under it; the plan is printed at the first training step. offload_checkpoints: True puts the
     checkpointed layer inputs (and a frozen, untied input-embedding table) in pinned host memory,
-    False never, None when the budget needs it (the inputs only).
+    False never, None when the budget needs it or, with no budget, when the layers run from CUDA graphs (the
+    inputs only).
     """
     if use_kernels and isinstance(model_or_path, (str, os.PathLike)):
         use_expandable_segments()  # before the weights take their segments (memory/engine.py says why)

@@ -356,7 +356,11 @@ def test_a_plan_for_graphs_offloads_inputs_only_keeps_whole_layers_and_counts_th
     assert not any(layer.offload_up for layer in offloaded.layers)
     pool = int(GRAPH_POOL_OVER_WORKING * offloaded.working_bytes(offloaded.layers[0]))
     assert offloaded.predicted_peak_bytes == BASE + COSTS.input_bytes + pool + 2 * COSTS.input_bytes + graph_bytes
-    budget = int(plan_memory(32, COSTS, BASE, graph_bytes=graph_bytes).predicted_peak_bytes + 4 * GIB)
+    # With no budget, graphed layers offload unless told not to (the copies overlap compute inside the graphs)
+    assert plan_memory(32, COSTS, BASE, graph_bytes=graph_bytes) == offloaded
+    on_gpu = plan_memory(32, COSTS, BASE, offload=False, graph_bytes=graph_bytes)
+    assert not any(layer.offload_input for layer in on_gpu.layers)
+    budget = int(on_gpu.predicted_peak_bytes + 4 * GIB)
     upgraded = plan_memory(32, COSTS, BASE, budget, graph_bytes=graph_bytes)
     assert upgraded.fits and "keep" in _modes(upgraded) and "keep_mlp" not in _modes(upgraded)
     assert "keep_mlp" in _modes(plan_memory(32, COSTS, BASE, budget))  # (the ordinary plan would keep MLPs)
