@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from .ops.glu import GLU_ACTIVATIONS, glu, glu_backward_in_place
+from .ops.glu import GLU_ACTIVATIONS, glu, glu_backward_in_place, glu_rank_r
 
 _WEIGHT_READERS: dict[type, Callable[[nn.Module], torch.Tensor]] = {nn.Linear: lambda layer: layer.weight}
 
@@ -172,10 +172,11 @@ def _factors_A(projections, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _project(
-    x2: torch.Tensor, p: LoRAProjection, xa: torch.Tensor | None = None
+    x2: torch.Tensor, p: LoRAProjection, xa: torch.Tensor | None = None, for_glu: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward of one projection on rows x2; returns the output and x2 @ A^T (None when not adapted).
-    xa: x2 @ A^T when the caller already has it.
+    xa: x2 @ A^T when the caller already has it. for_glu: the output is gate or up, and where
+    _rank_r_in_glu(p) the GLU kernel adds the rank-r term: the output is returned without it.
 
     The rank-r term is written first and the base GEMM adds onto it (beta=1, in its epilogue, where
     it costs nearly nothing): one write of the output instead of a write and then a read-modify-write
@@ -189,7 +190,7 @@ def _project(
             return out, None
         if xa is None:
             xa = x2 @ factor_in(p.lora_A, dtype).t()
-        return out.addmm_(xa, _scaled_B(p, dtype).t()), xa
+        return (out if for_glu else out.addmm_(xa, _scaled_B(p, dtype).t())), xa
     weight = base_weight(p.base).to(dtype)
     if p.lora_A is None:
         out = x2 @ weight.t() if bias is None else torch.addmm(bias.to(dtype), x2, weight.t())
@@ -199,6 +200,27 @@ def _project(
     B = _scaled_B(p, dtype)
     out = xa @ B.t() if bias is None else torch.addmm(bias.to(dtype), xa, B.t())
     return out.addmm_(x2, weight.t()), xa
+
+
+def _rank_r_in_glu(p: LoRAProjection) -> bool:
+    """Whether the GLU kernel adds p's rank-r term (gate's, up's; the down projection's onto its input gradient)
+    instead of an addmm_ onto its product: where the base multiplies in its own format (FP8), whose GEMM cannot
+    accumulate onto an output, so each addmm_ would be one more pass over a (rows, intermediate) tensor."""
+    return p.lora_A is not None and type(p.base) in _BASE_MATMULS
+
+
+def _glu_terms(gate_p: LoRAProjection, up_p: LoRAProjection, xa_gate, xa_up, rows=slice(None)):
+    """Gate's and up's rank-r terms (xa, B^T) of rows for the GLU kernel; None where the output has it."""
+    return tuple((xa[rows], _scaled_B(p, xa.dtype).t()) if _rank_r_in_glu(p) else None
+                 for p, xa in ((gate_p, xa_gate), (up_p, xa_up)))
+
+
+def _glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up) -> torch.Tensor:
+    """act(gate) * up of _project(..., for_glu=True)'s outputs (without autograd)."""
+    terms = _glu_terms(gate_p, up_p, xa_gate, xa_up)
+    if terms == (None, None):
+        return gated_activation(activation, gate, up)
+    return glu_rank_r(gate, up, activation, *terms)
 
 
 def _lora_backward(dout: torch.Tensor, xa: torch.Tensor, p: LoRAProjection):
@@ -323,7 +345,8 @@ class MLPStash:
     """Carries some of one MLP's matmul outputs from its forward to its recompute under activation
     checkpointing, so the recompute skips their GEMMs (the memory engine's keep_mlp layers keep gate
     and up; its offloading layers keep up in host memory). `keep` names the projections kept, of
-    "gate" and "up"; each comes with its rank-r product. Emptied when the recompute takes them."""
+    "gate" and "up"; each comes with its rank-r product, as _project(..., for_glu=True) gave them (an FP8
+    base's without its rank-r term). Emptied when the recompute takes them."""
 
     def __init__(self, keep=("gate", "up")):
         self.keep = tuple(keep)
@@ -344,8 +367,8 @@ def _down_lora_input(h, down_p):
 def _mlp_forward_rows(x2, projections, activation):
     """The MLP's output on rows x2, saving nothing."""
     gate_p, up_p, down_p = projections
-    h = gated_activation(activation, _project(x2, gate_p)[0], _project(x2, up_p)[0])
-    return _project(h, down_p)[0]
+    (gate, xa_gate), (up, xa_up) = _project(x2, gate_p, for_glu=True), _project(x2, up_p, for_glu=True)
+    return _project(_glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up), down_p)[0]
 
 
 def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down, dout2, dh_tile_rows=None):
@@ -359,6 +382,7 @@ def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down
     rows, dtype = dout2.shape[0], dout2.dtype
     step = dh_tile_rows if dh_tile_rows and rows > dh_tile_rows else max(rows, 1)
     adapted = down_p.lora_A is not None
+    down_term_in_glu = _rank_r_in_glu(down_p)
     down_input_grad = _base_input_grad_fn(down_p.base, dtype)
     dA_down = dB_down = None
     if adapted:
@@ -370,8 +394,11 @@ def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down
             ha_down = dout2.new_empty((rows, A_down.shape[0]))
     for start in range(0, rows, step):
         tile = slice(start, start + step)
-        dh = down_input_grad(dout2[tile], rank_r=(dha[tile], A_down) if adapted else None)
-        h, _, _ = glu_backward_in_place(dh, gate[tile], up[tile], activation)
+        down_term = (dha[tile], A_down) if adapted else None
+        dh = down_input_grad(dout2[tile], rank_r=None if down_term_in_glu else down_term)
+        h, _, _ = glu_backward_in_place(dh, gate[tile], up[tile], activation,
+                                        *_glu_terms(gate_p, up_p, xa_gate, xa_up, tile),
+                                        dout_term=down_term if down_term_in_glu else None)
         if adapted:
             if recompute_ha:
                 ha_down[tile] = _down_lora_input(h, down_p)
@@ -425,14 +452,15 @@ class LoRAMLPFunction(torch.autograd.Function):
             ctx.save_for_backward(x2)
             return out.view(*x.shape[:-1], out.shape[-1])
         kept = (stash.take() if stash is not None else None) or {}
-        gate, xa_gate = kept["gate"] if "gate" in kept else _project(x2, gate_p)
-        up, xa_up = kept["up"] if "up" in kept else _project(x2, up_p)
+        gate, xa_gate = kept["gate"] if "gate" in kept else _project(x2, gate_p, for_glu=True)
+        up, xa_up = kept["up"] if "up" in kept else _project(x2, up_p, for_glu=True)
         ha_down = kept.get("ha_down")
         if output_needed:
-            out, ha_down = _project(gated_activation(activation, gate, up), down_p)
+            out, ha_down = _project(_glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up), down_p)
         else:
             if "ha_down" not in kept:
-                ha_down = _down_lora_input(gated_activation(activation, gate, up), down_p)
+                ha_down = _down_lora_input(_glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up),
+                                           down_p)
             out = x2.new_empty((x2.shape[0], down_p.base.out_features))
         if stash is not None and not kept:
             outputs = {"gate": (gate, xa_gate), "up": (up, xa_up)}
@@ -454,8 +482,8 @@ class LoRAMLPFunction(torch.autograd.Function):
             dx, grads = torch.empty_like(x2), None
             for start in range(0, x2.shape[0], ctx.tile_rows):
                 rows = slice(start, start + ctx.tile_rows)
-                gate, xa_gate = _project(x2[rows], gate_p)
-                up, xa_up = _project(x2[rows], up_p)
+                gate, xa_gate = _project(x2[rows], gate_p, for_glu=True)
+                up, xa_up = _project(x2[rows], up_p, for_glu=True)
                 dx_tile, tile_grads = _mlp_backward(ctx.projections, ctx.activation, x2[rows], gate, up, xa_gate,
                                                     xa_up, None, dout2[rows], ctx.dh_tile_rows)
                 del gate, up

@@ -8,6 +8,12 @@ and writes d_gate and d_up over the saved gate and up buffers, so it allocates n
 (over the incoming gradient), for the LoRA MLP, which needs it for the down projection's gradients.
 Gate and up may be strided views of one projection's output: its two halves (gate first), or its
 even and odd columns (gpt-oss interleaves them).
+
+`glu_rank_r` and `glu_backward_in_place`'s rank-r terms serve LoRA over a base whose GEMM cannot accumulate
+onto an output (FP8's row-wise scaled GEMM): gate and up arrive without their rank-r terms `xa @ B^T`, which the
+kernel adds tile by tile (a rank-r dot per tile) instead of an `addmm_` pass over each (rows, intermediate)
+output; backward adds them again, and the down projection's rank-r term onto the incoming gradient. The sums
+are rounded once to the dtype, as the `addmm_` they replace rounded them.
 """
 from dataclasses import dataclass
 
@@ -15,10 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._utils import new_output, num_warps_for, tanh
+from ._utils import dot_precision, new_output, num_warps_for, tanh, tile_dot
 
 _SILU, _GELU, _GELU_TANH, _CLAMPED_SWIGLU = 0, 1, 2, 3
 _MAX_BLOCK = 4096
+# Tiles of the kernels with rank-r terms (a dot needs 16 rows at least); 8 warps keep a tile's dozen float32
+# values per element in registers.
+_RANK_R_BLOCK_M, _RANK_R_BLOCK_N, _RANK_R_WARPS = 32, 128, 8
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,66 @@ def _glu_bwd_kernel(
         tl.store(DOUT + row * stride_dout + cols, (act * up).to(DOUT.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _plus_rank_r(value, TARGET, LEFT, RIGHT, rows, cols, row_mask, col_mask, rank, stride_left, stride_right_j,
+                 stride_right_col, HAS_TERM: tl.constexpr, R: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    # value (a float32 tile of TARGET) + left[rows] @ right[:, cols], rounded once to TARGET's dtype as an addmm_
+    # onto it would be; left (rows, rank), right (rank, cols) with any strides. Unchanged without HAS_TERM.
+    if HAS_TERM:
+        j = tl.arange(0, R)
+        left = tl.load(LEFT + rows[:, None] * stride_left + j[None, :], mask=row_mask[:, None] & (j[None, :] < rank),
+                       other=0.0)
+        right = tl.load(RIGHT + j[:, None] * stride_right_j + cols[None, :] * stride_right_col,
+                        mask=(j[:, None] < rank) & col_mask[None, :], other=0.0)
+        value = tile_dot(left, right, value, DOT_PRECISION, UPCAST).to(TARGET.dtype.element_ty).to(tl.float32)
+    return value
+
+
+@triton.jit
+def _glu_rank_r_kernel(
+    DOUT, GATE, UP, OUT,
+    GATE_LEFT, GATE_RIGHT, UP_LEFT, UP_RIGHT, DOUT_LEFT, DOUT_RIGHT,
+    n_rows, n_cols, stride_dout, stride_gate, stride_gate_col, stride_up, stride_up_col, stride_out,
+    gate_rank, stride_gate_left, stride_gate_right_j, stride_gate_right_col,
+    up_rank, stride_up_left, stride_up_right_j, stride_up_right_col,
+    dout_rank, stride_dout_left, stride_dout_right_j, stride_dout_right_col,
+    alpha, limit,
+    ACTIVATION: tl.constexpr, BACKWARD: tl.constexpr,
+    GATE_TERM: tl.constexpr, UP_TERM: tl.constexpr, DOUT_TERM: tl.constexpr, R: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # Forward: OUT = act(g) * u. BACKWARD: as _glu_bwd_kernel with WRITE_OUT, d = DOUT (+ its term). g = GATE + its
+    # rank-r term, u = UP + its term, each rounded once to the dtype.
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask, col_mask = rows < n_rows, cols < n_cols
+    mask = row_mask[:, None] & col_mask[None, :]
+    gate_ptrs = GATE + rows[:, None] * stride_gate + cols[None, :] * stride_gate_col
+    up_ptrs = UP + rows[:, None] * stride_up + cols[None, :] * stride_up_col
+    g = _plus_rank_r(tl.load(gate_ptrs, mask=mask, other=0.0).to(tl.float32), GATE, GATE_LEFT, GATE_RIGHT, rows,
+                     cols, row_mask, col_mask, gate_rank, stride_gate_left, stride_gate_right_j,
+                     stride_gate_right_col, GATE_TERM, R, DOT_PRECISION, UPCAST)
+    u = _plus_rank_r(tl.load(up_ptrs, mask=mask, other=0.0).to(tl.float32), UP, UP_LEFT, UP_RIGHT, rows, cols,
+                     row_mask, col_mask, up_rank, stride_up_left, stride_up_right_j, stride_up_right_col,
+                     UP_TERM, R, DOT_PRECISION, UPCAST)
+    act, dact = _activation_and_derivative(g, ACTIVATION, alpha, limit)
+    up, dup = _up_and_derivative(u, ACTIVATION, limit)
+    act = act.to(GATE.dtype.element_ty).to(tl.float32)
+    up = up.to(GATE.dtype.element_ty).to(tl.float32)
+    if BACKWARD:
+        dout_ptrs = DOUT + rows[:, None] * stride_dout + cols[None, :]
+        dout = _plus_rank_r(tl.load(dout_ptrs, mask=mask, other=0.0).to(tl.float32), DOUT, DOUT_LEFT, DOUT_RIGHT,
+                            rows, cols, row_mask, col_mask, dout_rank, stride_dout_left, stride_dout_right_j,
+                            stride_dout_right_col, DOUT_TERM, R, DOT_PRECISION, UPCAST)
+        dact_out = (dout * up).to(GATE.dtype.element_ty).to(tl.float32)
+        tl.store(gate_ptrs, (dact_out * dact).to(GATE.dtype.element_ty), mask=mask)
+        tl.store(up_ptrs, (dout * act * dup).to(UP.dtype.element_ty), mask=mask)
+        tl.store(dout_ptrs, (act * up).to(DOUT.dtype.element_ty), mask=mask)
+    else:
+        tl.store(OUT + rows[:, None] * stride_out + cols[None, :], (act * up).to(OUT.dtype.element_ty), mask=mask)
+
+
 def _as_rows(t):
     """(rows, n_cols) view, any column stride (a half or the even columns of a fused gate_up); a copy
     only where the leading dims do not merge."""
@@ -173,6 +242,39 @@ def _glu_backward(dout2d, gate2d, up2d, activation, write_out=False):
     return gate2d, up2d
 
 
+def _term_arguments(term, rows2d):
+    """A rank-r term (left (rows, r), right (r, cols)) as the kernel's arguments: pointers, rank, strides."""
+    if term is None:
+        return (rows2d, rows2d, 0, 0, 0, 0), 0
+    left, right = term
+    if left.shape[0] != rows2d.shape[0] or right.shape != (left.shape[1], rows2d.shape[1]) or left.stride(1) != 1:
+        raise ValueError(f"glu: a rank-r term of left {tuple(left.shape)} (contiguous rows) and right "
+                         f"{tuple(right.shape)} for ({rows2d.shape[0]}, {rows2d.shape[1]}) rows")
+    return (left, right, left.shape[1], left.stride(0), right.stride(0), right.stride(1)), left.shape[1]
+
+
+def _glu_rank_r(dout2d, gate2d, up2d, out, activation, terms):
+    """The rank-r kernel over (rows, cols): forward into out when dout2d is None, else backward in place."""
+    n_rows, n_cols = gate2d.shape
+    if not gate2d.numel():
+        return
+    code, alpha, limit = _kernel_activation(activation)
+    (gate_term, gate_rank), (up_term, up_rank), (dout_term, dout_rank) = (_term_arguments(t, gate2d) for t in terms)
+    backward = dout2d is not None
+    grid = (triton.cdiv(n_rows, _RANK_R_BLOCK_M), triton.cdiv(n_cols, _RANK_R_BLOCK_N))
+    _glu_rank_r_kernel[grid](
+        dout2d if backward else gate2d, gate2d, up2d, gate2d if backward else out,
+        gate_term[0], gate_term[1], up_term[0], up_term[1], dout_term[0], dout_term[1],
+        n_rows, n_cols, dout2d.stride(0) if backward else 0, gate2d.stride(0), gate2d.stride(1), up2d.stride(0),
+        up2d.stride(1), 0 if backward else out.stride(0),
+        *gate_term[2:], *up_term[2:], *dout_term[2:], alpha, limit,
+        ACTIVATION=code, BACKWARD=backward, GATE_TERM=gate_rank > 0, UP_TERM=up_rank > 0, DOUT_TERM=dout_rank > 0,
+        R=max(16, triton.next_power_of_2(max(gate_rank, up_rank, dout_rank))),
+        DOT_PRECISION=dot_precision(gate2d.dtype), UPCAST=gate2d.device.type != "cuda",
+        BLOCK_M=_RANK_R_BLOCK_M, BLOCK_N=_RANK_R_BLOCK_N, num_warps=_RANK_R_WARPS,
+    )
+
+
 class GLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, activation):
@@ -213,17 +315,35 @@ def glu(gate, up, activation):
     return GLUFunction.apply(gate, up, activation)
 
 
-def glu_backward_in_place(dout, gate, up, activation):
+def glu_rank_r(gate, up, activation, gate_term=None, up_term=None):
+    """act(gate + gl @ gr) * (up + ul @ ur), without autograd, for 2-D gate and up: gate_term = (gl, gr), up_term
+    = (ul, ur), each (rows, r) by (r, cols) with any strides, or None (that input has its term already)."""
+    if gate.shape != up.shape or gate.dtype != up.dtype or gate.dim() != 2:
+        raise ValueError(f"glu: gate {tuple(gate.shape)} {gate.dtype} and up {tuple(up.shape)} {up.dtype} must be "
+                         "2-D and alike")
+    if gate_term is None and up_term is None:
+        return _glu_forward(gate, up, activation)
+    out = new_output(gate.shape, gate.dtype, gate.device)
+    _glu_rank_r(None, gate, up, out, activation, (gate_term, up_term, None))
+    return out
+
+
+def glu_backward_in_place(dout, gate, up, activation, gate_term=None, up_term=None, dout_term=None):
     """Backward of act(gate) * up for gate and up the caller saved, without autograd: writes d_gate
     over gate, d_up over up and the recomputed output over dout, allocating nothing.
     activation: as glu's. Gate and up may have any column stride. Returns (output, d_gate, d_up) in
-    those buffers."""
+    those buffers. gate_term, up_term: as glu_rank_r's (the forward's); dout_term: a rank-r term of the
+    incoming gradient (the down projection's, for 2-D rows)."""
     if not (dout.shape == gate.shape == up.shape) or not (dout.dtype == gate.dtype == up.dtype):
         raise ValueError("glu_backward_in_place: dout, gate and up must have one shape and dtype")
     if dout.stride(-1) != 1:
         raise ValueError("glu_backward_in_place: dout's rows must be contiguous")
     rows = [t.view(-1, t.shape[-1]) for t in (dout, gate, up)]  # views: the results land in the callers' buffers
-    _glu_backward(*rows, activation, write_out=True)
+    terms = (gate_term, up_term, dout_term)
+    if any(term is not None for term in terms):
+        _glu_rank_r(*rows, None, activation, terms)
+    else:
+        _glu_backward(*rows, activation, write_out=True)
     return dout, gate, up
 
 

@@ -146,3 +146,31 @@ def test_clamped_swiglu_on_interleaved_columns_matches_gpt_oss(dtype, device, as
     glu_module.glu_backward_in_place(dh, buffer[:, ::2], buffer[:, 1::2], activation)
     assert_close_scaled(dh, ref, tol)
     assert_close_scaled(buffer, leaf64.grad, tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_rank_r_terms_inside_the_kernel_equal_addmm_then_glu(dtype, activation, device, assert_close_scaled):
+    # FP8's LoRA MLP: gate and up come without their rank-r terms (and the incoming gradient without the down
+    # projection's); the kernel adds them, rounded once, as addmm_ onto each and then the plain kernels would.
+    torch.manual_seed(0)
+    rows, cols, rank = 37, 300, 12  # a rank below a dot's 16 and ragged tiles
+    gate, up = (_inputs((rows, cols), dtype, device)[i].detach() for i in (0, 1))
+    terms = [((torch.randn(rows, rank, device=device) / 4).to(dtype),
+              (torch.randn(cols, rank, device=device) / 4).to(dtype).t()) for _ in range(3)]
+    gate_term, up_term, dout_term = terms
+    full_gate = gate.clone().addmm_(*gate_term)
+    full_up = up.clone().addmm_(*up_term)
+    expected = glu_module.glu(full_gate.clone(), full_up.clone(), activation)
+    rtol = TOL[dtype]
+    assert_close_scaled(glu_module.glu_rank_r(gate, up, activation, gate_term, up_term), expected, rtol)
+    # only up's term (gate's already in gate)
+    assert_close_scaled(glu_module.glu_rank_r(full_gate, up, activation, None, up_term), expected, rtol)
+
+    dh = torch.randn(rows, cols, device=device).to(dtype)
+    ref = [dh.clone().addmm_(*dout_term), full_gate.clone(), full_up.clone()]
+    glu_module.glu_backward_in_place(*ref, activation)
+    got = [dh.clone(), gate.clone(), up.clone()]
+    glu_module.glu_backward_in_place(*got, activation, gate_term, up_term, dout_term)
+    for g, r in zip(got, ref):  # h, d_gate, d_up
+        assert_close_scaled(g, r, rtol)
