@@ -345,12 +345,17 @@ def test_the_triton_transpose_is_the_transpose_bit_for_bit(shape, device):
         transpose_into(codes, out.t())
 
 
+FAST_ACCUM_CALLS = []  # fake_scaled_mm's use_fast_accum, call by call
+
+
 def fake_scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
     """torch._scaled_mm's row-wise contract on the CPU: b column-major, scales (M, 1) and (1, N) float32,
-    a bf16 bias (N,) added to the scaled float32 sums in the epilogue, one rounding to bf16."""
+    a bf16 bias (N,) added to the scaled float32 sums in the epilogue, one rounding to bf16. Its sums are
+    float32 whatever use_fast_accum asks (recorded in FAST_ACCUM_CALLS)."""
     assert a.stride(1) == 1 and b.stride(0) == 1, "a row-major, b column-major"
     assert scale_a.shape == (a.shape[0], 1) and scale_b.shape == (1, b.shape[1])
-    assert out_dtype == torch.bfloat16 and scale_result is None and not use_fast_accum
+    assert out_dtype == torch.bfloat16 and scale_result is None
+    FAST_ACCUM_CALLS.append(use_fast_accum)
     assert bias is None or (bias.dtype == torch.bfloat16 and bias.shape == (b.shape[1],))
     out = (a.float() @ b.float()) * scale_a * scale_b
     return (out if bias is None else out + bias).to(torch.bfloat16)
@@ -369,8 +374,10 @@ def test_the_tensor_core_path_takes_the_bias_in_its_epilogue_and_the_triton_tran
     emulated = fp8_forward(layer, x, bias), fp8_input_grad(layer, dout)
     monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
     monkeypatch.setattr(fp8_module, "fp8_backend", lambda device: "scaled_mm")
+    FAST_ACCUM_CALLS.clear()
     assert torch.equal(fp8_forward(layer, x.clone(), bias), emulated[0])
     assert torch.equal(fp8_input_grad(layer, dout), emulated[1])
+    assert FAST_ACCUM_CALLS == [True, False]  # fast accumulation in forward only
     # one rounding, not two: the bias joins the float32 sums
     codes, scale = quantize_rows(x)
     sums = fp8_matmul(codes, scale, layer.fp8.e4m3, layer.fp8.scale, torch.float32, "emulated")
@@ -472,21 +479,25 @@ def test_the_joined_quantiser_gives_the_codes_of_the_joined_rows_bit_for_bit(wid
     assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
 
 
-def test_the_transposed_buffer_is_reserved_for_the_largest_product_before_backward(monkeypatch):
+def test_the_transposed_buffer_is_reserved_for_the_largest_product_before_backward(monkeypatch, device):
     """The memory engine plans from what is allocated before the first backward: the buffer of transposed codes is
     reserved then, sized for gate and up together (the largest joined product here), and backward's products on the
-    tensor-core branch (a torch._scaled_mm stand-in) write into it without growing it."""
+    tensor-core branch (the real torch._scaled_mm on an FP8 GPU, a stand-in on the CPU) write into it without
+    growing it."""
     from lanner.kernels.quant import fp8 as fp8_module
     from lanner.kernels.quant.quantised_linear import release_buffers, shared_buffers
 
-    model = fp8_model()
+    if device != "cpu" and not fp8_gpu():
+        pytest.skip("the tensor-core branch needs FP8 tensor cores (CUDA compute capability 8.9 or newer)")
+    model = fp8_model(device=device)
     release_buffers()
     fp8_module.reserve_transposed_buffer(model)
     (reserved,) = shared_buffers()
     assert reserved.dtype == torch.uint8 and reserved.numel() == 2 * 128 * 64  # gate + up, each 128 x 64
-    monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
-    monkeypatch.setattr(fp8_module, "fp8_backend", lambda device: "scaled_mm")
+    if device == "cpu":
+        monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
+        monkeypatch.setattr(fp8_module, "fp8_backend", lambda device: "scaled_mm")
     randomise_lora(model)
-    step_grads(model, token_batches(1, 2, 6, model.config.vocab_size)[0])
+    step_grads(model, token_batches(1, 2, 6, model.config.vocab_size, device=device)[0])
     assert [b.data_ptr() for b in shared_buffers()] == [reserved.data_ptr()]
     release_buffers()
