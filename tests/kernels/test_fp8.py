@@ -211,14 +211,16 @@ def test_lora_on_the_kernels_over_fp8_equals_peft_plain_path_over_fp8(device, mo
     assert max_relative_error(grads_fast, grads_plain) < grad_rtol
 
 
-def test_the_memory_engine_over_fp8_gives_the_gradients_of_no_checkpointing(device):
-    """A stashed layer, an offloaded recomputed one with its MLP in tiles of 4 rows, a kept one, over an
-    FP8 base: the quantisation is deterministic, so the recompute reproduces forward's FP8 products."""
+@pytest.mark.parametrize("mlp_tile_rows", [4, None])
+def test_the_memory_engine_over_fp8_gives_the_gradients_of_no_checkpointing(device, mlp_tile_rows):
+    """A stashed layer, an offloaded recomputed one (its MLP in tiles of 4 rows, or whole with its up projection,
+    which leaves its rank-r term to the GLU kernel, in host memory), a kept one, over an FP8 base: the
+    quantisation is deterministic, so the recompute reproduces forward's FP8 products."""
     reference = fp8_model(device=device, num_hidden_layers=3, gradient_checkpointing=False)
     engined = fp8_model(device=device, num_hidden_layers=3, gradient_checkpointing=True)
     randomise_lora(reference)
     engined.load_state_dict(reference.state_dict())
-    _force_plan(engined, ["keep_mlp", "recompute", "keep"], (0, 1), mlp_tile_rows=4)
+    _force_plan(engined, ["keep_mlp", "recompute", "keep"], (0, 1), mlp_tile_rows=mlp_tile_rows)
     for ids in token_batches(1, 2, 5, reference.config.vocab_size, device=device):
         loss_ref, grads_ref = _step(reference, ids)
         loss, grads = _step(engined, ids)
