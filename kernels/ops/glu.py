@@ -28,6 +28,7 @@ _MAX_BLOCK = 4096
 # Tiles of the kernels with rank-r terms (a dot needs 16 rows at least); 8 warps keep a tile's dozen float32
 # values per element in registers.
 _RANK_R_BLOCK_M, _RANK_R_BLOCK_N, _RANK_R_WARPS = 32, 128, 8
+_RANK_R_CHUNK = 64  # a rank-r dot takes this much of the rank at a time
 
 
 @dataclass(frozen=True)
@@ -132,14 +133,17 @@ def _plus_rank_r(value, TARGET, LEFT, RIGHT, rows, cols, row_mask, col_mask, ran
                  stride_right_col, HAS_TERM: tl.constexpr, R: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  UPCAST: tl.constexpr):
     # value (a float32 tile of TARGET) + left[rows] @ right[:, cols], rounded once to TARGET's dtype as an addmm_
-    # onto it would be; left (rows, rank), right (rank, cols) with any strides. Unchanged without HAS_TERM.
+    # onto it would be; left (rows, rank), right (rank, cols) with any strides, R of the rank at a time (a rank of
+    # 1,024 whole would not fit the shared memory). Unchanged without HAS_TERM.
     if HAS_TERM:
-        j = tl.arange(0, R)
-        left = tl.load(LEFT + rows[:, None] * stride_left + j[None, :], mask=row_mask[:, None] & (j[None, :] < rank),
-                       other=0.0)
-        right = tl.load(RIGHT + j[:, None] * stride_right_j + cols[None, :] * stride_right_col,
-                        mask=(j[:, None] < rank) & col_mask[None, :], other=0.0)
-        value = tile_dot(left, right, value, DOT_PRECISION, UPCAST).to(TARGET.dtype.element_ty).to(tl.float32)
+        for start in range(0, rank, R):
+            j = start + tl.arange(0, R)
+            left = tl.load(LEFT + rows[:, None] * stride_left + j[None, :],
+                           mask=row_mask[:, None] & (j[None, :] < rank), other=0.0)
+            right = tl.load(RIGHT + j[:, None] * stride_right_j + cols[None, :] * stride_right_col,
+                            mask=(j[:, None] < rank) & col_mask[None, :], other=0.0)
+            value = tile_dot(left, right, value, DOT_PRECISION, UPCAST)
+        value = value.to(TARGET.dtype.element_ty).to(tl.float32)
     return value
 
 
@@ -269,7 +273,7 @@ def _glu_rank_r(dout2d, gate2d, up2d, out, activation, terms):
         up2d.stride(1), 0 if backward else out.stride(0),
         *gate_term[2:], *up_term[2:], *dout_term[2:], alpha, limit,
         ACTIVATION=code, BACKWARD=backward, GATE_TERM=gate_rank > 0, UP_TERM=up_rank > 0, DOUT_TERM=dout_rank > 0,
-        R=max(16, triton.next_power_of_2(max(gate_rank, up_rank, dout_rank))),
+        R=min(_RANK_R_CHUNK, max(16, triton.next_power_of_2(max(gate_rank, up_rank, dout_rank)))),
         DOT_PRECISION=dot_precision(gate2d.dtype), UPCAST=gate2d.device.type != "cuda",
         BLOCK_M=_RANK_R_BLOCK_M, BLOCK_N=_RANK_R_BLOCK_N, num_warps=_RANK_R_WARPS,
     )

@@ -148,13 +148,14 @@ def test_clamped_swiglu_on_interleaved_columns_matches_gpt_oss(dtype, device, as
     assert_close_scaled(buffer, leaf64.grad, tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-def test_rank_r_terms_inside_the_kernel_equal_addmm_then_glu(dtype, activation, device, assert_close_scaled):
+# (12: below a dot's 16; 80: the rank in two chunks, the second ragged), silu / gelu_tanh, float32 / bf16
+@pytest.mark.parametrize("dtype, activation, rank", [(torch.float32, "silu", 12), (torch.bfloat16, "silu", 12),
+                                                     (torch.bfloat16, "gelu_tanh", 12), (torch.float32, "gelu_tanh", 80)])
+def test_rank_r_terms_inside_the_kernel_equal_addmm_then_glu(dtype, activation, rank, device, assert_close_scaled):
     # FP8's LoRA MLP: gate and up come without their rank-r terms (and the incoming gradient without the down
     # projection's); the kernel adds them, rounded once, as addmm_ onto each and then the plain kernels would.
     torch.manual_seed(0)
-    rows, cols, rank = 37, 300, 12  # a rank below a dot's 16 and ragged tiles
+    rows, cols = 37, 300  # ragged tiles
     gate, up = (_inputs((rows, cols), dtype, device)[i].detach() for i in (0, 1))
     terms = [((torch.randn(rows, rank, device=device) / 4).to(dtype),
               (torch.randn(cols, rank, device=device) / 4).to(dtype).t()) for _ in range(3)]
