@@ -209,18 +209,15 @@ def _rank_r_in_glu(p: LoRAProjection) -> bool:
     return p.lora_A is not None and type(p.base) in _BASE_MATMULS
 
 
-def _glu_terms(gate_p: LoRAProjection, up_p: LoRAProjection, xa_gate, xa_up, rows=slice(None)):
-    """Gate's and up's rank-r terms (xa, B^T) of rows for the GLU kernel; None where the output has it."""
-    return tuple((xa[rows], _scaled_B(p, xa.dtype).t()) if _rank_r_in_glu(p) else None
+def _glu_terms(gate_p: LoRAProjection, up_p: LoRAProjection, xa_gate, xa_up):
+    """Gate's and up's rank-r terms (xa, B^T) for the GLU kernel; None where the output has it."""
+    return tuple((xa, _scaled_B(p, xa.dtype).t()) if _rank_r_in_glu(p) else None
                  for p, xa in ((gate_p, xa_gate), (up_p, xa_up)))
 
 
 def _glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up) -> torch.Tensor:
     """act(gate) * up of _project(..., for_glu=True)'s outputs (without autograd)."""
-    terms = _glu_terms(gate_p, up_p, xa_gate, xa_up)
-    if terms == (None, None):
-        return gated_activation(activation, gate, up)
-    return glu_rank_r(gate, up, activation, *terms)
+    return glu_rank_r(gate, up, activation, *_glu_terms(gate_p, up_p, xa_gate, xa_up))
 
 
 def _lora_backward(dout: torch.Tensor, xa: torch.Tensor, p: LoRAProjection):
@@ -383,6 +380,7 @@ def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down
     step = dh_tile_rows if dh_tile_rows and rows > dh_tile_rows else max(rows, 1)
     adapted = down_p.lora_A is not None
     down_term_in_glu = _rank_r_in_glu(down_p)
+    glu_terms = _glu_terms(gate_p, up_p, xa_gate, xa_up)
     down_input_grad = _base_input_grad_fn(down_p.base, dtype)
     dA_down = dB_down = None
     if adapted:
@@ -397,7 +395,7 @@ def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down
         down_term = (dha[tile], A_down) if adapted else None
         dh = down_input_grad(dout2[tile], rank_r=None if down_term_in_glu else down_term)
         h, _, _ = glu_backward_in_place(dh, gate[tile], up[tile], activation,
-                                        *_glu_terms(gate_p, up_p, xa_gate, xa_up, tile),
+                                        *(None if term is None else (term[0][tile], term[1]) for term in glu_terms),
                                         dout_term=down_term if down_term_in_glu else None)
         if adapted:
             if recompute_ha:
