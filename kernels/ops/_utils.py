@@ -12,6 +12,10 @@ POISON_OUTPUTS = False
 # One program holds at most this many elements of a row in registers.
 MAX_FUSED_SIZE = 65536
 
+# A rank-r dot takes the rank this many at a time: a job's rank goes up to 1,024, whose whole tiles would
+# not fit a program's registers and shared memory. Tests may shrink it (16 at least, tl.dot's).
+RANK_CHUNK = 64
+
 
 def new_output(shape, dtype, device):
     out = torch.empty(shape, dtype=dtype, device=device)
@@ -65,6 +69,11 @@ def tile_dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     else:
         out = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     return out
+
+
+def rank_block(rank: int) -> int:
+    """The rank dim of a rank-r dot's tile: tl.dot needs 16 at least, and a large rank goes RANK_CHUNK at a time."""
+    return min(RANK_CHUNK, max(16, triton.next_power_of_2(rank)))
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -21,14 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._utils import dot_precision, new_output, num_warps_for, tanh, tile_dot
+from ._utils import dot_precision, new_output, num_warps_for, rank_block, tanh, tile_dot
 
 _SILU, _GELU, _GELU_TANH, _CLAMPED_SWIGLU = 0, 1, 2, 3
 _MAX_BLOCK = 4096
 # Tiles of the kernels with rank-r terms (a dot needs 16 rows at least); 8 warps keep a tile's dozen float32
 # values per element in registers.
 _RANK_R_BLOCK_M, _RANK_R_BLOCK_N, _RANK_R_WARPS = 32, 128, 8
-_RANK_R_CHUNK = 64  # a rank-r dot takes this much of the rank at a time
 
 
 @dataclass(frozen=True)
@@ -273,7 +272,7 @@ def _glu_rank_r(dout2d, gate2d, up2d, out, activation, terms):
         up2d.stride(1), 0 if backward else out.stride(0),
         *gate_term[2:], *up_term[2:], *dout_term[2:], alpha, limit,
         ACTIVATION=code, BACKWARD=backward, GATE_TERM=gate_rank > 0, UP_TERM=up_rank > 0, DOUT_TERM=dout_rank > 0,
-        R=min(_RANK_R_CHUNK, max(16, triton.next_power_of_2(max(gate_rank, up_rank, dout_rank)))),
+        R=rank_block(max(gate_rank, up_rank, dout_rank)),
         DOT_PRECISION=dot_precision(gate2d.dtype), UPCAST=gate2d.device.type != "cuda",
         BLOCK_M=_RANK_R_BLOCK_M, BLOCK_N=_RANK_R_BLOCK_N, num_warps=_RANK_R_WARPS,
     )

@@ -9,7 +9,9 @@ tile belongs to one expert (tiles never straddle two experts), read from small p
 built from the groups' row ranges without a host sync. Each program accumulates X_e @ W_e^T and,
 in the same K loop, X_e @ A_e^T (r extra columns: r / BLOCK_N more FLOPs), then adds the rank-r
 term s * XA @ B_e^T into its accumulator before the one store: the output is written once. The
-column-tile-0 programs also store XA (rows x r), which backward needs.
+column-tile-0 programs also store XA (rows x r), which backward needs. A rank past one tile
+(_utils.RANK_CHUNK) would not fit a program: XA is then a grouped GEMM of its own and its rank-r term
+is added onto the output a chunk of the rank at a time (rank_accumulate_, one more pass over it).
 
 Backward (no per-expert Python loop): dX = dY @ W_e + s * (dY @ B_e) @ A_e is the same kernel on
 transposed strides (its rank-r side product dY @ B_e is stored too), and dA_e = s * (dY B_e)^T X_e,
@@ -24,13 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._utils import dot_precision, new_output, tile_dot
+from ._utils import dot_precision, new_output, rank_block, tile_dot
 from .grouped_mm_lora import (
-    block_r,
     grouped_mm_factors,
     grouped_mm_lora_forward,
     grouped_mm_lora_input_grad,
     grouped_mm_rank_product,
+    rank_accumulate_,
     use_grouped_mm,
 )
 
@@ -178,7 +180,7 @@ def _grouped_rank_grad_kernel(
     end = tl.load(ENDS + expert)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    ranks = tl.arange(0, BLOCK_R)
+    ranks = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
     rank_mask = ranks < R
     acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
     for m0 in range(start, end, BLOCK_M):
@@ -197,12 +199,18 @@ def _grouped_matmul(x, groups, w, w_strides, n, a=None, a_strides=None, b=None, 
     """OUT[rows of e] = x_e @ W'_e^T + s * (x_e @ A'_e^T) @ B'_e^T and XA = x_e @ A'_e^T, where W'_e
     [n, k], A'_e [r, k], B'_e [n, r] are read through the given (expert, first, second) strides."""
     rows, k = x.shape
+    if a is not None and rank_block(rank) < rank:
+        # A rank past one tile (the kernel holds XA's whole rank through its K loop): XA as a grouped GEMM
+        # of its own, then s * XA B'^T added onto the frozen weight's output a chunk of the rank at a time.
+        out = _grouped_matmul(x, groups, w, w_strides, n)[0]
+        xa = _grouped_matmul(x, groups, a, a_strides, rank)[0]
+        b_view = b.as_strided((groups.num_experts, n, rank), b_strides, b.storage_offset())
+        return rank_accumulate_(out, xa, b_view, groups, rank, scaling), xa
     out = new_output((rows, n), x.dtype, x.device)
     has_lora = a is not None
     xa = new_output((rows, rank), x.dtype, x.device) if has_lora else out
     if rows == 0:
         return out, (xa if has_lora else None)
-    rank_block = block_r(rank) if has_lora else 16
     tiles = groups.tiles
     grid = (tiles.expert.shape[0], triton.cdiv(n, _BLOCK_N))
     _grouped_lora_kernel[grid](
@@ -218,7 +226,7 @@ def _grouped_matmul(x, groups, w, w_strides, n, a=None, a_strides=None, b=None, 
         HAS_LORA=has_lora,
         DOT_PRECISION=dot_precision(x.dtype),
         UPCAST=x.device.type != "cuda",
-        BLOCK_M=groups.block_m, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K, BLOCK_R=rank_block,
+        BLOCK_M=groups.block_m, BLOCK_N=_BLOCK_N, BLOCK_K=_BLOCK_K, BLOCK_R=rank_block(rank) if has_lora else 16,
     )
     return out, (xa if has_lora else None)
 
@@ -267,7 +275,7 @@ def _rank(lora_A) -> int:
 def _grouped_rank_grad(p, q, groups: ExpertGroups, out, out_strides, scaling):
     """out[e] (viewed [E, r, n] through out_strides) = s * p_e^T @ q_e over expert e's rows."""
     r, n = p.shape[1], q.shape[1]
-    grid = (groups.num_experts, triton.cdiv(n, _BLOCK_N))
+    grid = (groups.num_experts, triton.cdiv(n, _BLOCK_N), triton.cdiv(r, rank_block(r)))
     _grouped_rank_grad_kernel[grid](
         p, q, out, groups.starts, groups.ends,
         n, r, float(scaling),
@@ -276,7 +284,7 @@ def _grouped_rank_grad(p, q, groups: ExpertGroups, out, out_strides, scaling):
         *out_strides,
         DOT_PRECISION=dot_precision(p.dtype),
         UPCAST=p.device.type != "cuda",
-        BLOCK_M=groups.block_m, BLOCK_N=_BLOCK_N, BLOCK_R=block_r(r),
+        BLOCK_M=groups.block_m, BLOCK_N=_BLOCK_N, BLOCK_R=rank_block(r),
     )
     return out
 

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._utils import dot_precision, tile_dot
+from ._utils import dot_precision, rank_block, tile_dot
 
 log = logging.getLogger("lanner.kernels")
 
@@ -135,11 +135,6 @@ def grouped_mm_factors(lora_A: torch.Tensor | None, lora_B: torch.Tensor | None,
     return a, b
 
 
-def block_r(r: int) -> int:
-    """The rank dim of a dot tile: tl.dot needs 16 at least."""
-    return max(16, triton.next_power_of_2(r))
-
-
 @triton.jit
 def _rank_accumulate_kernel(
     OUT, XR, F, STARTS, ENDS,
@@ -158,8 +153,6 @@ def _rank_accumulate_kernel(
     row_mask = rows < M
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    ranks = tl.arange(0, BLOCK_R)
-    rank_mask = ranks < R
     # The experts owning the tile's first and last rows (the count of experts ending at or before the
     # row); rows are sorted, so the tile's experts are those two and any between (some maybe empty).
     experts = tl.arange(0, BLOCK_E)
@@ -167,14 +160,17 @@ def _rank_accumulate_kernel(
     first = tl.sum((ends <= row0).to(tl.int32))
     last = tl.sum((ends <= tl.minimum(row0 + BLOCK_M, M) - 1).to(tl.int32))
     rows64 = rows.to(tl.int64)
-    xr = tl.load(XR + rows64[:, None] * stride_xm + ranks[None, :] * stride_xr,
-                 mask=row_mask[:, None] & rank_mask[None, :], other=0.0)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for e in range(first, last + 1):
-        owned = (rows >= tl.load(STARTS + e)) & (rows < tl.load(ENDS + e))
-        f = tl.load(F + e * stride_fe + ranks[:, None] * stride_fr + cols[None, :] * stride_fn,
-                    mask=rank_mask[:, None] & col_mask[None, :], other=0.0).to(xr.dtype)
-        acc = tile_dot(tl.where(owned[:, None], xr, tl.zeros_like(xr)), f, acc, DOT_PRECISION, UPCAST)
+    for r0 in range(0, R, BLOCK_R):
+        ranks = r0 + tl.arange(0, BLOCK_R)
+        rank_mask = ranks < R
+        xr = tl.load(XR + rows64[:, None] * stride_xm + ranks[None, :] * stride_xr,
+                     mask=row_mask[:, None] & rank_mask[None, :], other=0.0)
+        for e in range(first, last + 1):
+            owned = (rows >= tl.load(STARTS + e)) & (rows < tl.load(ENDS + e))
+            f = tl.load(F + e * stride_fe + ranks[:, None] * stride_fr + cols[None, :] * stride_fn,
+                        mask=rank_mask[:, None] & col_mask[None, :], other=0.0).to(xr.dtype)
+            acc = tile_dot(tl.where(owned[:, None], xr, tl.zeros_like(xr)), f, acc, DOT_PRECISION, UPCAST)
     out_ptrs = OUT + rows64[:, None] * stride_om + cols[None, :] * stride_on
     mask = row_mask[:, None] & col_mask[None, :]
     out = tl.load(out_ptrs, mask=mask, other=0.0).to(tl.float32) + scaling * acc
@@ -199,7 +195,7 @@ def rank_accumulate_(out, xr, factor, groups, rank: int, scaling: float):
         factor.stride(0), factor.stride(1), factor.stride(2),
         DOT_PRECISION=dot_precision(xr.dtype),
         UPCAST=out.device.type != "cuda",
-        BLOCK_M=ACCUMULATE_BLOCK_M, BLOCK_N=_ACCUMULATE_BLOCK_N, BLOCK_R=block_r(rank),
+        BLOCK_M=ACCUMULATE_BLOCK_M, BLOCK_N=_ACCUMULATE_BLOCK_N, BLOCK_R=rank_block(rank),
         BLOCK_E=triton.next_power_of_2(experts),
     )
     return out

@@ -11,7 +11,7 @@ from peft import LoraConfig, get_peft_model
 
 from lanner.kernels import moe
 from lanner.kernels.moe import ExpertProjection, lora_moe_experts
-from lanner.kernels.ops import grouped_lora, grouped_mm_lora
+from lanner.kernels.ops import _utils, grouped_lora, grouped_mm_lora
 from lanner.kernels.ops.moe_combine import moe_combine, moe_weight_grad_
 from lanner.kernels.patching import patch_model
 from lanner.kernels.patching.moe import lora_experts, moe_experts_blocker
@@ -22,11 +22,13 @@ TOL = 2e-5  # float32 kernels against float64 references, relative to the larges
 
 
 @pytest.fixture(autouse=True)
-def _small_row_tiles(monkeypatch):
+def _small_tiles(monkeypatch):
     # Rows per tile: small, so that experts span several tiles and tiles end mid-tile at tiny sizes (the
-    # rank-r accumulate's tiles, which may straddle experts, straddle some and sit inside others).
+    # rank-r accumulate's tiles, which may straddle experts, straddle some and sit inside others). The
+    # rank is taken 16 at a time, so that a rank of 40 goes in chunks, as 1,024 does on a GPU at 64.
     monkeypatch.setattr(grouped_lora, "BLOCK_M", 16)
     monkeypatch.setattr(grouped_mm_lora, "ACCUMULATE_BLOCK_M", 16)
+    monkeypatch.setattr(_utils, "RANK_CHUNK", 16)
 
 
 @pytest.fixture
@@ -76,13 +78,14 @@ def _leaves64(*tensors):
 
 
 # counts per expert: an expert with no rows, one with all, tiles ending inside an expert.
+# A rank of 40: past one tile's rank (16 here), so XA is a GEMM of its own and the rank goes in chunks.
 @pytest.mark.parametrize("counts", [[0, 30, 3, 7], [0, 0, 0, 0, 40, 0, 0, 0], [17, 1, 16, 6]])
-@pytest.mark.parametrize("adapted", [True, False])
+@pytest.mark.parametrize("adapted, r", [(True, 4), (True, 40), (False, 4)])
 @pytest.mark.parametrize("path", ["triton", "grouped_mm"])
-def test_grouped_lora_matches_per_expert_reference(counts, adapted, path, device, request):
+def test_grouped_lora_matches_per_expert_reference(counts, adapted, r, path, device, request):
     if path == "grouped_mm":
         calls = request.getfixturevalue("grouped_mm_calls")
-    E, r, d_in, d_out, s = len(counts), 4, 40, 48, 0.5
+    E, d_in, d_out, s = len(counts), 40, 48, 0.5
     rows = sum(counts)
     groups = grouped_lora.expert_groups(_sorted_experts(counts, device), E)
     x = torch.randn(rows, d_in, device=device, requires_grad=True)
@@ -134,7 +137,8 @@ def _assert_rounded_once(actual, expected, dtype):
 # Tiles of 16 rows: one over four experts with an empty one inside (5, 0, 3, 9), one inside an expert;
 # one expert with every row; 19 one-row experts; empty experts first and last.
 @pytest.mark.parametrize("counts", [[5, 0, 3, 9, 20, 1, 2, 0], [0, 0, 37, 0], [1] * 19, [0, 3, 1, 1, 1, 0, 40, 2]])
-@pytest.mark.parametrize("dtype, rank, width", [(torch.float32, 4, 4), (torch.bfloat16, 4, 8), (torch.bfloat16, 16, 16)])
+@pytest.mark.parametrize("dtype, rank, width", [(torch.float32, 4, 4), (torch.bfloat16, 4, 8), (torch.bfloat16, 16, 16),
+                                                (torch.float32, 40, 48)])
 @pytest.mark.parametrize("layout", ["B", "A"])
 def test_rank_accumulate_matches_per_expert_reference(counts, dtype, rank, width, layout, device):
     """out[m] += s * xr[m, :rank] @ F_e^T in place, one rounding, for rows sorted by expert: F as forward
