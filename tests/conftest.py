@@ -15,7 +15,38 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from support import TEST_CACHE, RunningStack, fresh_postgres_database, free_port, stack_env
+
+def _start_redis_of_this_worker() -> None:
+    """Under pytest-xdist (`./lanner test` runs the whole suite on several workers) each worker gets a Redis
+    server of its own, whatever LANNER_TEST_REDIS_URL says: the test folders empty their Redis databases before
+    each test, so one Redis shared by two workers would lose a test's queue to the other's. It must be named
+    before support.py, which reads LANNER_TEST_REDIS_URL when imported."""
+    import atexit
+    import shutil
+    import socket
+    import tempfile
+
+    from lanner.cli.redis_server import start_local_redis
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+    folder = Path(tempfile.mkdtemp(prefix="lanner-test-redis-"))
+    server = start_local_redis(url, folder, folder / "redis.log")
+
+    def stop() -> None:
+        server.terminate()
+        server.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(stop)
+    os.environ["LANNER_TEST_REDIS_URL"] = url
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _start_redis_of_this_worker()
+
+from support import TEST_CACHE, RunningStack, fresh_postgres_database, free_port, stack_env  # noqa: E402
 
 
 @pytest.fixture(scope="session")
