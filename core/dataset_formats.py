@@ -103,9 +103,19 @@ class _Read:
 
 # ---------------------------------------------------------------------------------------- reading
 
+def _decode_utf16(raw: bytes, path: Path) -> str:
+    """A file that starts with a UTF-16 byte order mark, decoded; one that is not UTF-16 past it (a lone
+    surrogate, an odd byte at the end) is refused in words."""
+    try:
+        return raw.decode("utf-16")
+    except UnicodeDecodeError as error:
+        raise DatasetError(f"{path.name} starts as UTF-16 text (its byte order mark) but is not UTF-16 throughout: "
+                           f"{error.reason} at byte {error.start}. Save the file as UTF-8.") from None
+
+
 def _decode(raw: bytes, path: Path) -> str:
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return raw.decode("utf-16")
+        return _decode_utf16(raw, path)
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
@@ -146,7 +156,7 @@ def _read_jsonl(path: Path) -> _Read:
     """Each line decoded and parsed on its own, so that one bad line costs one row, not the file."""
     raw = path.read_bytes()
     if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        raw = raw.decode("utf-16").encode("utf-8")
+        raw = _decode_utf16(raw, path).encode("utf-8")
     raw = raw.removeprefix(codecs.BOM_UTF8)
     if raw.lstrip().startswith(b"["):  # a JSON array saved as .jsonl (on one line or several)
         try:

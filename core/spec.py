@@ -11,9 +11,10 @@ from typing import Annotated, Any, Literal
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 
+from lanner.core.default_model import DEFAULT_MODEL_ID
 from lanner.core.errors import UserError
 from lanner.core.model_paths import NOT_ALLOWED, allowed_model_folder
-from lanner.core.rewards.builtin import BUILTIN_KINDS
+from lanner.core.rewards.builtin import BUILTIN_KINDS, schema_shape_problem
 from lanner.core.settings import get_settings
 
 # Bumped when a stored spec would mean something else to this code: a field renamed or removed, a
@@ -186,6 +187,8 @@ class RewardFunction(BaseModel):
                 re.compile(self.pattern)
             except re.error as error:
                 raise ValueError(f"pattern {self.pattern!r} is not a regular expression: {error}") from None
+        if self.json_schema is not None and (problem := schema_shape_problem(self.json_schema)):
+            raise ValueError(problem)
         if self.source is not None:
             try:  # parsed, never run: the code runs in the reward sandbox only
                 tree = ast.parse(self.source)
@@ -265,8 +268,13 @@ class JobSpec(BaseModel):
     @field_validator("model")
     @classmethod
     def _model_reference(cls, value: str, info: ValidationInfo) -> str:
-        if value.startswith("builtin/") or HUB_ID.match(value):
+        if value == DEFAULT_MODEL_ID or HUB_ID.match(value):
             return value
+        if value.startswith("builtin/"):
+            if (info.context or {}).get(STORED):
+                return value
+            # any other builtin/ name would be read as a folder under DATA_DIR/models, `..` included
+            raise ValueError(f"the built-in model is {DEFAULT_MODEL_ID}; there is no other built-in model")
         if value.startswith("/"):
             path = Path(value)
             if ".." in path.parts:

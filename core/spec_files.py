@@ -57,6 +57,15 @@ def command_line(spec: dict[str, Any], url: str, file_name: str) -> str:
     return f"cat > {name} <<'LANNER_SPEC'\n{body}LANNER_SPEC\n{submit}\n"
 
 
+class _SpecLoader(yaml.SafeLoader):
+    """yaml.SafeLoader without !!binary, whose bytes no spec field takes and no answer can carry (they
+    need not be UTF-8): such a value is refused as any other unknown tag is."""
+
+
+_SpecLoader.yaml_constructors = {tag: constructor for tag, constructor in yaml.SafeLoader.yaml_constructors.items()
+                                 if tag != "tag:yaml.org,2002:binary"}
+
+
 def load_yaml(text: str | bytes) -> Any:
     """yaml.safe_load within the limits above; SpecFileError in words for anything else."""
     if isinstance(text, bytes):
@@ -68,7 +77,7 @@ def load_yaml(text: str | bytes) -> Any:
         raise SpecFileError(f"The file is over {MAX_YAML_BYTES // 1024} KiB; a job spec is a few hundred bytes.")
     loader = None
     try:
-        loader = yaml.SafeLoader(text)  # refuses control characters here
+        loader = _SpecLoader(text)  # refuses control characters here
         node = loader.get_single_node()
         if node is None:
             raise SpecFileError("The file is empty.")

@@ -53,6 +53,9 @@ class SweepParameter(BaseModel):
                 raise ValueError(f"{self.field} takes names: give values")
             if self.log and self.low <= 0:
                 raise ValueError(f"{self.field}: a log-scale range needs low above 0")
+            if not math.isfinite(self.high - self.low):  # a draw from it would be infinite
+                raise ValueError(f"{self.field}: the range from {self.low:g} to {self.high:g} is wider than a "
+                                 "number holds: narrow it")
         return self
 
 
@@ -113,9 +116,20 @@ def assignments(sweep: SweepSpec) -> list[dict[str, Any]]:
                 itertools.product(*(parameter.values for parameter in sweep.parameters))]
     rng = random.Random(sweep.seed)
     if all(parameter.values is not None for parameter in sweep.parameters):
-        grid = list(itertools.product(*(parameter.values for parameter in sweep.parameters)))
-        return [dict(zip(fields, combination)) for combination in rng.sample(grid, sweep.budget)]
+        # the grid's places, not the grid: 8 fields of 32 values make 32**8 combinations, which a list
+        # of them would not fit in memory; random.sample picks the same places from either
+        return [dict(zip(fields, _combination(sweep.parameters, place)))
+                for place in rng.sample(range(grid_size(sweep)), sweep.budget)]
     return [{parameter.field: _draw(parameter, rng) for parameter in sweep.parameters} for _ in range(sweep.budget)]
+
+
+def _combination(parameters: list[SweepParameter], place: int) -> list[Any]:
+    """The grid's combination at `place`, in itertools.product's order (the last field varies fastest)."""
+    values = []
+    for parameter in reversed(parameters):
+        place, index = divmod(place, len(parameter.values))
+        values.append(parameter.values[index])
+    return values[::-1]
 
 
 def _substituted(base: dict[str, Any], assignment: dict[str, Any]) -> dict[str, Any]:

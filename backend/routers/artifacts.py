@@ -26,7 +26,8 @@ from lanner.core.settings import Settings, get_settings
 from lanner.core.storage import BadKey, get_store, local_copy
 
 router = APIRouter(tags=["artifacts"], responses={**SIGNED_IN_ERRORS, **errors(404)})
-SINGLE_RANGE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
+# A position of more than 100 digits is no file's (Python will not even read one of over 4300 as a number)
+SINGLE_RANGE = re.compile(r"^\s*bytes\s*=\s*([0-9]{0,100})\s*-\s*([0-9]{0,100})\s*$", re.IGNORECASE)
 MAX_LISTED_FILES = 1000
 ARCHIVE_CHUNK = 1 << 20
 BINARY = {"schema": {"type": "string", "format": "binary"}}

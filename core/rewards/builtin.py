@@ -73,6 +73,34 @@ def json_schema_check(completion: str, schema: dict) -> float:
     return 1.0 if schema_problem(value, schema) is None else 0.5
 
 
+def schema_shape_problem(schema: Any) -> str | None:
+    """Why a json_schema reward's schema is not one schema_problem reads, or None: each keyword of the
+    subset with a value of its kind (a list of names for required, a schema for each property, ...), so
+    that a malformed one is refused when the job is queued, not a failure of every batch."""
+    stack: list[tuple[Any, str]] = [(schema, "json_schema")]
+    while stack:
+        node, where = stack.pop()
+        if not isinstance(node, dict):
+            return f"{where} is not a schema (an object)"
+        kind = node.get("type")
+        kinds = kind if isinstance(kind, list) else [kind]
+        if kind is not None and not all(isinstance(one, str) for one in kinds):
+            names = ", ".join([*JSON_TYPES, "number", "integer"])
+            return f"{where}.type must be a type's name ({names}) or a list of them"
+        if "enum" in node and not isinstance(node["enum"], list):
+            return f"{where}.enum must be a list of values"
+        required = node.get("required", [])
+        if not isinstance(required, list) or not all(isinstance(name, str) for name in required):
+            return f"{where}.required must be a list of property names"
+        properties = node.get("properties", {})
+        if not isinstance(properties, dict):
+            return f"{where}.properties must be an object of property names to schemas"
+        stack.extend((item, f"{where}.properties.{name}") for name, item in properties.items())
+        if isinstance(node.get("items"), dict):
+            stack.append((node["items"], f"{where}.items"))
+    return None
+
+
 def schema_problem(value: Any, schema: dict, where: str = "$") -> str | None:
     """Why the value does not fit the schema, or None."""
     kind = schema.get("type")
