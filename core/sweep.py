@@ -46,6 +46,9 @@ class SweepParameter(BaseModel):
         ranged = self.low is not None or self.high is not None
         if (self.values is None) == (not ranged):
             raise ValueError(f"{self.field}: give values, or a range (low and high), not both")
+        repeated = [value for index, value in enumerate(self.values or []) if value in self.values[:index]]
+        if repeated:  # each would queue the same run again
+            raise ValueError(f"{self.field}: {repeated[0]!r} is given twice: give each value once")
         if ranged:
             if self.low is None or self.high is None or not self.low < self.high:
                 raise ValueError(f"{self.field}: a range needs low below high")

@@ -83,7 +83,8 @@ def list_artifacts(job_id: PathId, _: User = Depends(current_user), session: Ses
 
 def _check_range(header: str, size: int) -> None:
     match = SINGLE_RANGE.match(header)
-    unsatisfiable = HTTPException(416, f"Range {header!r} cannot be served: the file has {size} bytes; "
+    shown = header if len(header) <= 80 else header[:80] + "…"  # (a header may be kilobytes long)
+    unsatisfiable = HTTPException(416, f"Range {shown!r} cannot be served: the file has {size} bytes; "
                                        "ask for one range, bytes=start-end, bytes=start- or bytes=-suffix",
                                   headers={"Content-Range": f"bytes */{size}"})
     if match is None or match.groups() == ("", ""):

@@ -85,6 +85,7 @@ def test_a_range_of_more_digits_than_python_reads_is_a_416(team, wakes, header):
         url = f"/api/artifacts/{artifact.id}/download"
     response = team.bob.get(url, headers={"Range": header})
     assert response.status_code == 416 and response.headers["content-range"] == "bytes */100"
+    assert len(response.json()["detail"]) < 300  # the header is cut short in the answer
     assert team.bob.get(url, headers={"Range": "bytes=90-" + "9" * 30}).content == b"x" * 10  # still served
 
 

@@ -35,6 +35,11 @@ def test_a_seeded_random_search_draws_the_same_runs_again_within_its_ranges():
         spec([{"field": "hyperparameters.lr_scheduler", "values": ["x" * 65]}])
     with pytest.raises(ValidationError, match="log-scale range needs low above 0"):
         spec([{"field": "hyperparameters.weight_decay", "low": 0, "high": 0.1, "log": True}], strategy="random")
+    # a value given twice queued the same run twice, random search included
+    with pytest.raises(ValidationError, match="2 is given twice"):
+        spec([{"field": "lora.rank", "values": [4, 2, 2]}], strategy="random", budget=2)
+    with pytest.raises(ValidationError, match="1.0 is given twice"):
+        spec([{"field": "hyperparameters.epochs", "values": [1, 1.0]}])
 
 
 def test_the_grid_is_every_combination_in_the_order_given():
