@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from redis import Redis
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from lanner.backend.services import jobs
@@ -70,10 +70,15 @@ def cancel(session: Session, redis: Redis, user: User, sweep: Sweep) -> None:
     """Cancels the runs that have not started. Running runs go on (their results rank with the
     others); each may be cancelled from its own page."""
     runs = runs_of(session, [sweep.id])[sweep.id]
-    if sweep.cancelled_at is not None or all(job.status not in (JobStatus.queued, JobStatus.running) for job in runs):
+    if sweep.cancelled_at is None and all(job.status not in (JobStatus.queued, JobStatus.running) for job in runs):
         raise UserError(409, f"Sweep {sweep.id} has already {status(sweep, runs).value}")
-    sweep.cancelled_at = datetime.now(timezone.utc)
+    # a conditional write: of two cancels at once, one sets the time and the other is told so
+    claimed = session.execute(update(Sweep).where(Sweep.id == sweep.id, Sweep.cancelled_at.is_(None))
+                              .values(cancelled_at=datetime.now(timezone.utc)))
     session.commit()
+    if claimed.rowcount != 1:
+        raise UserError(409, f"Sweep {sweep.id} is already cancelled")
+    session.refresh(sweep)
     for job in runs:
         if job.status == JobStatus.queued:
             cancel_queued(session, redis, job, user.id)

@@ -79,7 +79,8 @@ def test_cancelling_a_sweep_cancels_its_queued_runs_and_lets_the_running_one_fin
     assert cancelled.json()["status"] == "running" and cancelled.json()["cancelled_at"]
     assert cancelled.json()["runs_by_status"] == {"succeeded": 1, "running": 1, "cancelled": 1}
     assert team.alice.get(f"/api/jobs/{queued}").json()["status"] == "cancelled"
-    assert team.alice.post(f"/api/sweeps/{three['id']}/cancel").status_code == 409
+    again = team.alice.post(f"/api/sweeps/{three['id']}/cancel")
+    assert again.status_code == 409 and again.json()["detail"] == f"Sweep {three['id']} is already cancelled"
     set_status(team.api, running, JobStatus.succeeded)
     assert team.alice.get(f"/api/sweeps/{three['id']}").json()["status"] == "cancelled"
 
