@@ -17,7 +17,13 @@ Detected formats and what they become (the canonical shapes TRL's trainers take)
 
 Conversations become prompt/completion pairs split before the last assistant turn, so that "loss
 on the completion only" is TRL's plain prompt-completion masking and needs no generation tags in
-the chat template (earlier assistant turns are context, not targets).
+the chat template (earlier assistant turns are context, not targets). An assistant turn marked not to
+be trained ("weight": 0, "loss": false) is not that turn: the split is before the last one unmarked.
+A conversation's messages may be {role, content} or ShareGPT's {from, value}, with ShareGPT's role
+names (human, gpt, ...) in either, and a content given as a list of text parts (a part of another
+kind, an image, makes the row unusable). An answer written as the whole conversation (the prompt's
+messages first) keeps the part after the prompt; a preference pair whose answers are the same is
+unusable. Text that is blank but for invisible characters (a zero-width space) is blank.
 
 The report accounts for every row of the file: `rows` = `usable_rows` + `bad_row_count`. A row is
 a line of a .jsonl file (a blank line, or one holding only whitespace or a carriage return, is a
@@ -29,7 +35,8 @@ can still carry warnings: a key that differs from a field the format reads only 
 ("Input", " output") is never read as that field, and is named (the field names are exact; a row
 that lacks the field then names the look-alike in its reason). `notes` say how the file was read
 when that was not what its extension says (a JSON array in a .jsonl file, JSON Lines in a .json
-file, lines ended by a carriage return alone, a repeated CSV column, rows numbered by place). A key
+file, lines ended by a carriage return alone, a CSV separated by semicolons or tabs, byte order marks
+starting later lines, a repeated CSV column, rows numbered by place). A key
 repeated in one JSON object (only its last value is read, as JSON parsers do) is named too.
 """
 from __future__ import annotations
@@ -38,6 +45,7 @@ import codecs
 import csv
 import io
 import json
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,8 +60,11 @@ WARNINGS_REPORTED = 100
 PROBLEMS_NAMED = 10  # per row; the rest are counted
 BLANK_LINE = "blank line"
 ROLES = ("system", "user", "assistant")
-SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
-                  "assistant": "assistant", "bot": "assistant", "model": "assistant"}
+# The role names conversations are written with (ShareGPT's, Gemma's "model") -> the chat template's
+ROLE_NAMES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
+              "assistant": "assistant", "bot": "assistant", "model": "assistant"}
+# a message's (role, content) keys: OpenAI's and ShareGPT's, read whichever a message has
+MESSAGE_KEY_PAIRS = (("role", "content"), ("from", "value"))
 EXTENSIONS = (".jsonl", ".json", ".csv", ".parquet")
 
 # format -> (task, fields that identify it). Checked in this order: the most specific first.
@@ -179,9 +190,13 @@ def _json_lines(raw: bytes) -> _Read:
     lines = raw.split(separator)
     if lines[-1] == b"":
         lines.pop()  # the newline that ends the last line starts no line of its own
+    marked: list[int] = []
     for number, line_bytes in enumerate(lines, start=1):
         try:
             line = line_bytes.decode("utf-8").strip()
+            if line.startswith("\ufeff"):  # a byte order mark past the first line: files joined with cat
+                line = line.lstrip("\ufeff").strip()
+                marked.append(number)
         except UnicodeDecodeError as error:
             read.bad.append({"line": number, "reason": f"not UTF-8 text (byte 0x{line_bytes[error.start]:02x} "
                                                        f"at column {error.start + 1})"})
@@ -198,6 +213,10 @@ def _json_lines(raw: bytes) -> _Read:
             read.bad.append({"line": number, "reason": f"malformed JSON: {json_error_text(error)}"})
         except strict_json.UnstorableJson as error:
             read.bad.append({"line": number, "reason": str(error)})
+    if marked:
+        read.notes.append(f"{len(marked)} line{'s' if len(marked) > 1 else ''} (first: line {marked[0]}) "
+                          f"start{'' if len(marked) > 1 else 's'} with a byte order mark, as files joined together "
+                          "do: it was read past.")
     return read
 
 
@@ -288,8 +307,11 @@ def _element_lines(text: str, key: str | None) -> list[tuple[int, Any, list[str]
 
 def _read_csv(path: Path) -> _Read:
     text = _decode(path.read_bytes(), path)
-    reader = csv.reader(io.StringIO(text, newline=""))
+    delimiter = _delimiter(text)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     read, header, ended = _Read(), None, 0
+    if delimiter != ",":
+        read.notes.append(f"Its header has no comma but {DELIMITERS[delimiter]}: cells were read as separated by them.")
     try:
         for cells in reader:
             line, ended = ended + 1, reader.line_num  # a record starts on the line after the last one ended
@@ -313,6 +335,18 @@ def _read_csv(path: Path) -> _Read:
     if header is None:  # blank lines only: no header, so no rows either
         return _Read(bad=read.bad)
     return read
+
+
+# What a spreadsheet may separate a "CSV" file's cells with instead of commas (Excel in a locale whose
+# decimal mark is the comma writes semicolons), read when the header has no comma but one of them.
+DELIMITERS = {";": "semicolons", "\t": "tabs", "|": "vertical bars"}
+
+
+def _delimiter(text: str) -> str:
+    header = next((line for line in io.StringIO(text) if line.strip()), "")  # (not a list of every line)
+    if "," in header:
+        return ","
+    return next((mark for mark in DELIMITERS if mark in header), ",")
 
 
 def _cell(value: str) -> Any:
@@ -414,7 +448,7 @@ def _asks(row: dict) -> bool:
     """A conversation that ends with the user's turn: a prompt for the model to answer (GRPO)."""
     messages = row.get("messages")
     return ("prompt" not in row and isinstance(messages, list) and bool(messages)
-            and isinstance(messages[-1], dict) and messages[-1].get("role") == "user")
+            and isinstance(messages[-1], dict) and ROLE_NAMES.get(messages[-1].get("role")) == "user")
 
 
 def _squashed(key: Any) -> str | None:
@@ -469,14 +503,21 @@ def _required(row: dict, name: str) -> Any:
     return row[name]
 
 
+def _blank(text: str) -> bool:
+    """Nothing visible: only whitespace and invisible format characters (a zero-width space or joiner, a
+    byte order mark, a direction mark), which str.strip keeps."""
+    return all(char.isspace() or unicodedata.category(char) == "Cf" for char in text)
+
+
 def _text(row: dict, name: str) -> str:
     value = _required(row, name)
     if not isinstance(value, str):
         raise BadRow(f"'{name}' is {_a(value)}, not text")
     if not value:
         raise BadRow(f"'{name}' is empty")
-    if not value.strip():
-        raise BadRow(f"'{name}' is blank (only whitespace)")
+    if _blank(value):
+        raise BadRow(f"'{name}' is blank (only whitespace" + (")" if not value.strip() else
+                                                             " and invisible characters such as zero-width spaces)"))
     return value
 
 
@@ -495,7 +536,7 @@ def _messages(value: Any, name: str, role_key: str = "role", content_key: str = 
         raise BadRow(f"'{name}' is {_a(value)}, not a list of messages")
     if not value:
         raise BadRow(f"'{name}' is an empty list")
-    roles = roles or {role: role for role in ROLES}
+    roles = roles or ROLE_NAMES
     messages, problems = [], []
     for index, message in enumerate(value):
         where = f"{name}[{index}]"
@@ -503,15 +544,25 @@ def _messages(value: Any, name: str, role_key: str = "role", content_key: str = 
             problems.append(f"{where} is {_a(message)}, not an object")
             continue
         found = len(problems)
-        role, content = message.get(role_key), message.get(content_key)
+        # a conversation's messages may be written either way ({role, content} or ShareGPT's {from, value})
+        keys = (role_key, content_key)
+        if role_key not in message and content_key not in message:
+            keys = next(((r, c) for r, c in MESSAGE_KEY_PAIRS if r in message or c in message), keys)
+        (role_name, content_name), role, content = keys, message.get(keys[0]), message.get(keys[1])
         if role is None:
-            problems.append(_missing(message, role_key, where))
+            problems.append(_missing(message, role_name, where))
         elif not isinstance(role, str) or role not in roles:
-            problems.append(f"{where} has role {role!r}; expected one of {', '.join(sorted(roles))}")
+            problems.append(f"{where} has role {role!r}; expected one of {', '.join(sorted(set(roles.values())))}")
         if content is None:
-            problems.append(_missing(message, content_key, where))
+            problems.append(f"{where}'s '{content_name}' is null" if content_name in message
+                            else _missing(message, content_name, where))
+        elif isinstance(content, list):
+            try:
+                content = _parts_text(content, f"{where}'s '{content_name}'")
+            except BadRow as error:
+                problems.extend(error.problems)
         elif not isinstance(content, str):
-            problems.append(f"{where}'s '{content_key}' is {_a(content)}, not text")
+            problems.append(f"{where}'s '{content_name}' is {_a(content)}, not text")
         if len(problems) == found:
             messages.append({"role": roles[role], "content": content})
     if problems:
@@ -519,20 +570,54 @@ def _messages(value: Any, name: str, role_key: str = "role", content_key: str = 
     return messages
 
 
-def _split_conversation(messages: list[dict], name: str) -> dict:
-    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
-    if last is None:
+def _parts_text(parts: list, where: str) -> str:
+    """A message's content given as a list of parts ({"type": "text", "text": ...}, as OpenAI's chat
+    format allows): their text, a line apart. A part of another kind (an image, audio) cannot be trained
+    on here and is named."""
+    texts, problems = [], []
+    for index, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "text":
+            problems.append(f"{where}[{index}] is a text part whose 'text' is {_a(part.get('text'))}, not text")
+        elif isinstance(kind, str):
+            problems.append(f"{where}[{index}] is a part of type {kind!r}; only text parts can be trained on")
+        else:
+            problems.append(f"{where}[{index}] is {_a(part)}, not a part such as {{\"type\": \"text\", \"text\": ...}}")
+    if problems:
+        raise BadRow(*problems)
+    if not texts:
+        raise BadRow(f"{where} is an empty list of parts")
+    return "\n".join(texts)
+
+
+def _not_trained(message: Any) -> bool:
+    """A message marked not to be learnt: OpenAI's "weight": 0, or "loss": false (or 0)."""
+    return isinstance(message, dict) and any(message.get(key) == 0 for key in ("weight", "loss"))  # False == 0
+
+
+def _split_conversation(messages: list[dict], name: str, skipped: frozenset[int] = frozenset()) -> dict:
+    """Split before the last assistant message, or the last one not marked untrained (`skipped`: the
+    turns after it are left out, as a conversation's turns after its answer are)."""
+    answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not answers:
         raise BadRow(f"'{name}' has no assistant message to learn from")
+    last = max((i for i in answers if i not in skipped), default=None)
+    if last is None:
+        raise BadRow(f"'{name}': every assistant message is marked not to be trained on (weight 0 or loss false)")
     if last == 0:
         raise BadRow(f"'{name}' starts with the assistant's answer; nothing prompts it")
-    if not messages[last]["content"].strip():
+    if _blank(messages[last]["content"]):
         raise BadRow(f"'{name}': the last assistant message is empty")
     return {"prompt": messages[:last], "completion": [messages[last]]}
 
 
 def _conversation(role_key: str, content_key: str, roles: dict[str, str] | None = None):
     def check(row: dict, name: str) -> dict:
-        return _split_conversation(_messages(_required(row, name), name, role_key, content_key, roles), name)
+        value = _required(row, name)
+        messages = _messages(value, name, role_key, content_key, roles)  # one message per element, or BadRow
+        return _split_conversation(messages, name, frozenset(i for i, m in enumerate(value) if _not_trained(m)))
     return check
 
 
@@ -575,7 +660,7 @@ Check = Callable[[dict, str], Any]
 # format -> each field it reads and how, in the order a bad row's problems are named
 FIELD_CHECKS: dict[str, dict[str, Check]] = {
     "alpaca": {"system": _optional_text, "instruction": _text, "input": _optional_text, "output": _text},
-    "sharegpt": {"conversations": _conversation("from", "value", SHAREGPT_ROLES)},
+    "sharegpt": {"conversations": _conversation("from", "value", ROLE_NAMES)},
     "messages": {"messages": _conversation("role", "content")},
     "prompt_completion": {"prompt": _as_prompt, "completion": _as_answer},
     "text": {"text": _text},
@@ -585,6 +670,38 @@ FIELD_CHECKS: dict[str, dict[str, Check]] = {
 }
 # A prompt row's other columns that reward functions may read (a reference answer): plain values only.
 REFERENCE_VALUE = (str, int, float, bool, type(None))
+
+
+ANSWERS = ("completion", "chosen", "rejected")  # the fields of prompt_completion, preference and kto that answer
+
+
+def _same_turns(first: list[dict], second: list[dict]) -> bool:
+    return len(first) == len(second) and all(a["role"] == b["role"] and a["content"].strip() == b["content"].strip()
+                                             for a, b in zip(first, second))
+
+
+def _answers(fmt: str, values: dict[str, Any]) -> list[str]:
+    """The answers of a prompt_completion, preference or kto row, each the assistant's part only (in
+    `values`), and the problems they have. An answer written as the whole conversation, the prompt's
+    messages first (as in ultrafeedback_binarized), keeps what follows the prompt: trained as it stands,
+    the prompt would be read twice and its user turn learnt as part of the answer. A preference pair
+    whose answers are the same teaches nothing."""
+    if not isinstance(values.get("prompt"), list):
+        return []
+    prompt, problems = values["prompt"], []
+    for name in ANSWERS:
+        answer = values.get(name)
+        if not isinstance(answer, list):
+            continue
+        if len(answer) > len(prompt) and _same_turns(answer[:len(prompt)], prompt):
+            values[name] = answer = answer[len(prompt):]
+        stray = next((i for i, message in enumerate(answer) if message["role"] != "assistant"), None)
+        if stray is not None:
+            problems.append(f"'{name}' holds a {answer[stray]['role']} message after the prompt: an answer is the "
+                            "assistant's messages (or the whole conversation, starting with the prompt's messages)")
+    if fmt == "preference" and not problems and _same_turns(values["chosen"], values["rejected"]):
+        problems.append("'chosen' and 'rejected' are the same answer: the pair has nothing to prefer")
+    return problems
 
 
 def _canonical(fmt: str, values: dict[str, Any], row: dict) -> dict:
@@ -616,6 +733,8 @@ def _normalise(fmt: str, row: Any) -> tuple[dict, list[str]]:
             values[name] = check(row, name)
         except BadRow as error:
             problems.extend(error.problems)
+    if not problems and fmt in ("prompt_completion", "preference", "kto"):
+        problems.extend(_answers(fmt, values))
     # A look-alike of a field the row has, or of an optional one, is named here; a missing
     # required field's look-alike is named in its "missing" problem.
     warnings = [f"key {key!r} looks like '{name}' and was ignored: field names must match exactly"

@@ -360,3 +360,76 @@ def test_a_key_repeated_in_a_row_is_named_and_rows_on_one_line_are_numbered_by_p
     assert report["numbered_by"] == "row" and "numbered by their place" in report["notes"][0]
     assert report["bad_rows"] == [{"line": 2, "reason": "'text' is empty"}]
     assert [line for line, _ in numbered] == [1, 3] and [item["line"] for item in report["warnings"]] == [3]
+
+
+def test_conversations_written_in_the_other_conventions_are_read(tmp_path):
+    # content as a list of text parts (OpenAI), ShareGPT's role names in "messages", {role, content} in
+    # "conversations": read as the same conversation; a part that is not text is named
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Capital"},
+                                                       {"type": "text", "text": "of France?"}]},
+                          {"role": "assistant", "content": [{"type": "text", "text": "Paris."}]}]}
+    named = {"messages": [{"role": "human", "content": "Capital of France?"}, {"role": "gpt", "content": "Paris."}]}
+    image = {"messages": [{"role": "user", "content": [{"type": "image", "url": "map.png"}]}, ASSISTANT]}
+    fmt, rows, bad = load_rows(write_jsonl(tmp_path / "chat.jsonl", [parts, named, image]))
+    assert fmt == "messages" and rows[0] == {"prompt": [{"role": "user", "content": "Capital\nof France?"}],
+                                             "completion": [ASSISTANT]}
+    assert rows[1] == {"prompt": [USER], "completion": [ASSISTANT]}
+    assert bad == [{"line": 3, "reason": "messages[0]'s 'content'[0] is a part of type 'image'; only text parts "
+                                         "can be trained on"}]
+    assert load_rows(write_jsonl(tmp_path / "sharegpt.jsonl", [{"conversations": [USER, ASSISTANT]}])) == \
+        ("sharegpt", [{"prompt": [USER], "completion": [ASSISTANT]}], [])
+
+
+def test_an_assistant_turn_marked_not_to_train_is_not_the_answer(tmp_path):
+    good = {"role": "assistant", "content": "Paris.", "weight": 1}
+    marked = [{"messages": [USER, good, {"role": "user", "content": "Sure?"}, {"role": "assistant", "content": "No.",
+                                                                             "weight": 0}]},
+              {"messages": [USER, {"role": "assistant", "content": "No.", "loss": False}]}]
+    fmt, rows, bad = load_rows(write_jsonl(tmp_path / "chat.jsonl", marked))
+    assert rows == [{"prompt": [USER], "completion": [ASSISTANT]}]
+    assert bad == [{"line": 2, "reason": "'messages': every assistant message is marked not to be trained on "
+                                         "(weight 0 or loss false)"}]
+
+
+def test_text_of_invisible_characters_only_is_blank(tmp_path):
+    path = write_jsonl(tmp_path / "text.jsonl", [{"text": "\u200b\ufeff \u200d"}, {"text": "Paris\u200b."},
+                                                 {"messages": [USER, {"role": "assistant", "content": "\u200b"}]}])
+    report = inspect_dataset(path)
+    assert report["usable_rows"] == 1
+    assert report["bad_rows"][0] == {"line": 1, "reason": "'text' is blank (only whitespace and invisible "
+                                                          "characters such as zero-width spaces)"}
+
+
+def test_answers_that_repeat_the_prompt_or_do_not_differ(tmp_path):
+    # ultrafeedback_binarized writes chosen and rejected as whole conversations, the prompt's turn first:
+    # trained as they stand the prompt would be read twice and learnt as part of the answer
+    lyon = {"role": "assistant", "content": "Lyon."}
+    rows = [{"prompt": "Capital of France?", "chosen": [USER, ASSISTANT], "rejected": [USER, lyon]},
+            {"prompt": "Capital of France?", "chosen": "Paris.", "rejected": " Paris. "},
+            {"prompt": "Capital of France?", "chosen": [{"role": "user", "content": "Of Italy?"}, ASSISTANT],
+             "rejected": "Lyon."}]
+    fmt, kept, bad = load_rows(write_jsonl(tmp_path / "pairs.jsonl", rows))
+    assert kept == [{"prompt": [USER], "chosen": [ASSISTANT], "rejected": [lyon]}]
+    assert bad == [{"line": 2, "reason": "'chosen' and 'rejected' are the same answer: the pair has nothing to prefer"},
+                   {"line": 3, "reason": "'chosen' holds a user message after the prompt: an answer is the assistant's "
+                                         "messages (or the whole conversation, starting with the prompt's messages)"}]
+
+
+@pytest.mark.parametrize("mark, name", [(";", "semicolons"), ("\t", "tabs")])
+def test_a_csv_separated_by_semicolons_or_tabs_is_read(tmp_path, mark, name):
+    path = tmp_path / "data.csv"
+    path.write_text(f"instruction{mark}output\nCapital of France?{mark}Paris.\n")
+    report, rows = examine_lines(path)
+    assert rows == [(2, {"prompt": [USER], "completion": [ASSISTANT]})]
+    assert report["notes"] == [f"Its header has no comma but {name}: cells were read as separated by them."]
+
+
+def test_a_byte_order_mark_past_the_first_line_is_read_past(tmp_path):
+    # two UTF-8 files with byte order marks, joined with cat
+    row = json.dumps({"messages": [USER, ASSISTANT]}).encode()
+    path = tmp_path / "joined.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + row + b"\n\xef\xbb\xbf" + row + b"\n")
+    report, rows = examine_lines(path)
+    assert [line for line, _ in rows] == [1, 2] and report["bad_row_count"] == 0
+    assert report["notes"] == ["1 line (first: line 2) starts with a byte order mark, as files joined together do: "
+                               "it was read past."]

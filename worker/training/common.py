@@ -8,6 +8,8 @@ from datasets import Dataset
 
 from lanner.core.spec import MIN_ROWS_FOR_VALIDATION
 from lanner.worker.distributed.ranks import trainer_args
+from lanner.worker.job_process import JobFailed
+from lanner.worker.training.callbacks import MetricsCallback
 from lanner.worker.training.options import TrainingOptions
 
 
@@ -43,6 +45,88 @@ def _truncated(prompt, tokenizer, max_tokens: int):
     while len(messages) > 1 and length(messages) > max_tokens:
         del messages[1 if messages[0].get("role") == "system" and len(messages) > 2 else 0]
     return messages
+
+
+def _events(callbacks: list):
+    """The job's events, from the callbacks the training process passes (none in a bare trainer)."""
+    return next((callback.events for callback in callbacks if isinstance(callback, MetricsCallback)), None)
+
+
+def rows_the_template_takes(rows: list[dict], tokenizer, callbacks: list) -> list[dict]:
+    """The conversational rows the chat template renders. A template may refuse a conversation in words
+    (raise_exception: roles that do not alternate, a system turn it has no place for), which would end the
+    job at the first such row wherever it is; those rows are left out and counted instead, with the
+    template's reason, and none taken fails the job with it. Templates refuse by the roles' order, so one
+    row of each order of roles is rendered."""
+    from jinja2.exceptions import TemplateError
+
+    refused: dict[tuple, str | None] = {}
+    kept, reasons = [], []
+    for row in rows:
+        if not isinstance(row.get("prompt"), list):  # text rows, and prompts of text: no template
+            kept.append(row)
+            continue
+        answers = [row[name] for name in ("completion", "chosen", "rejected") if isinstance(row.get(name), list)]
+        key = tuple(tuple(message["role"] for message in part) for part in (row["prompt"], *answers))
+        if key not in refused:
+            try:
+                tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+                for answer in answers:
+                    tokenizer.apply_chat_template(row["prompt"] + answer, tokenize=False)
+                refused[key] = None
+            except TemplateError as error:
+                refused[key] = str(error)
+        if refused[key] is None:
+            kept.append(row)
+        else:
+            reasons.append(refused[key])
+    if not reasons:
+        return rows
+    if not kept:
+        raise JobFailed(f"The chat template refuses every row: {reasons[0]}")
+    events = _events(callbacks)
+    if events is not None:
+        events.log(f"{len(reasons)} of {len(rows)} rows were left out: the chat template refuses them "
+                   f"(first: {reasons[0]})", level="warning")
+    return kept
+
+
+def _template_length(tokenizer, conversation: list[dict], *, ask: bool) -> int:
+    ids = tokenizer.apply_chat_template(conversation, tokenize=True, add_generation_prompt=ask)
+    return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def rows_that_fit(rows: list[dict], tokenizer, options: TrainingOptions, callbacks: list, *,
+                  whole: bool = False) -> list[dict]:
+    """The preference (and KTO) rows the chat template takes (rows_the_template_takes), their prompts cut to
+    max_prompt_len (truncate_prompts), that leave something of their answers to learn within max_seq_length
+    once the chat template is applied: a prompt shorter than it (whole: prompt and answer within it, each
+    answer, as the reward model's pairs must be, their prompts uncut). TRL's trainers drop the others
+    without a word (DPO, KTO, reward: no row left is an error about num_samples, or no step at all) or
+    train on them as NaN (ORPO). How many were left out is logged; none fitting fails the job in words."""
+    rows = rows_the_template_takes(rows, tokenizer, callbacks)
+    if not whole:
+        rows = truncate_prompts(rows, tokenizer, options.max_prompt_len)
+    limit = options.max_seq_length
+
+    def fits(row: dict) -> bool:
+        if not whole:
+            return _template_length(tokenizer, row["prompt"], ask=True) < limit
+        return all(_template_length(tokenizer, row["prompt"] + row[answer], ask=False) <= limit
+                   for answer in ("chosen", "rejected", "completion") if answer in row)
+
+    kept = [row for row in rows if fits(row)]
+    if not kept:
+        what = "fits whole (prompt and answers)" if whole else "has any of its answer"
+        raise JobFailed(f"No row {what} within max_seq_len ({limit} tokens) once the chat template is applied: "
+                        "raise max_seq_len or shorten the " + ("rows." if whole else
+                                                                "prompts (or set preference.max_prompt_len)."))
+    events = _events(callbacks)
+    if len(kept) < len(rows) and events is not None:
+        events.log(f"{len(rows) - len(kept)} of {len(rows)} rows were left out: "
+                   f"{'they do not fit whole' if whole else 'none of their answer fits'} within max_seq_len "
+                   f"({limit} tokens)", level="warning")
+    return kept
 
 
 def common_args(options: TrainingOptions, output_dir: str, has_eval: bool) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from lanner.core.messages.records import CompletionSample
 from lanner.core.rewards.sandbox import RewardFunctionFailed, SandboxLimits, run_reward_functions
 from lanner.worker.job_process import JobFailed
 from lanner.worker.training.callbacks import MetricsCallback
-from lanner.worker.training.common import common_args, split, truncate_prompts
+from lanner.worker.training.common import common_args, rows_the_template_takes, split, truncate_prompts
 from lanner.worker.training.options import TrainingOptions
 
 # Characters of a prompt or completion kept in a sampled-completions event.
@@ -143,7 +143,8 @@ def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, 
                   callbacks: list) -> GRPOTrainer:
     grpo = options.grpo
     # The prompt and its completion share max_seq_length: longer prompts keep their end.
-    rows = truncate_prompts(rows, tokenizer, max(8, options.max_seq_length - grpo.max_completion_len))
+    rows = truncate_prompts(rows_the_template_takes(rows, tokenizer, callbacks), tokenizer,
+                            max(8, options.max_seq_length - grpo.max_completion_len))
     train, evaluation = split(rows, options)
     args = grpo_config(options, output_dir, evaluation is not None)
     functions = [function.model_dump(mode="json", exclude_none=True) for function in grpo.reward_functions]

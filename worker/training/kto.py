@@ -6,7 +6,7 @@ from __future__ import annotations
 from datasets import Dataset
 from trl import KTOConfig, KTOTrainer, unpair_preference_dataset
 
-from lanner.worker.training.common import common_args, split, truncate_prompts
+from lanner.worker.training.common import common_args, rows_that_fit, split
 from lanner.worker.training.options import TrainingOptions
 
 
@@ -21,7 +21,7 @@ def unpaired(dataset: Dataset | None, seed: int) -> Dataset | None:
 
 def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, output_dir: str,
                   callbacks: list) -> KTOTrainer:
-    rows = truncate_prompts(rows, tokenizer, options.max_prompt_len)
+    rows = rows_that_fit(rows, tokenizer, options, callbacks)
     train, evaluation = (unpaired(part, options.seed) for part in split(rows, options))
     args = KTOConfig(**common_args(options, output_dir, evaluation is not None), beta=options.beta)
     return KTOTrainer(model=model, ref_model=None, args=args, train_dataset=train, eval_dataset=evaluation,

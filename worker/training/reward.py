@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from trl import RewardConfig, RewardTrainer
 
-from lanner.worker.training.common import common_args, split
+from lanner.worker.training.common import common_args, rows_that_fit, split
 from lanner.worker.training.options import TrainingOptions
 
 
 def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, output_dir: str,
                   callbacks: list) -> RewardTrainer:
-    train, evaluation = split(rows, options)
+    train, evaluation = split(rows_that_fit(rows, tokenizer, options, callbacks, whole=True), options)
     args = RewardConfig(**common_args(options, output_dir, evaluation is not None))
     return RewardTrainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
                          processing_class=tokenizer, callbacks=callbacks)

@@ -21,7 +21,7 @@ from lanner.kernels import has_fused_loss
 from lanner.kernels.packing import padded_tokens
 from lanner.worker.job_process import JobFailed
 from lanner.worker.training.callbacks import MetricsCallback
-from lanner.worker.training.common import common_args, split
+from lanner.worker.training.common import common_args, rows_the_template_takes, split
 from lanner.worker.training.evaluation import with_before_after_evaluation
 from lanner.worker.training.late_logging import LateLogging
 from lanner.worker.training.options import TrainingOptions
@@ -29,21 +29,28 @@ from lanner.worker.training.options import TrainingOptions
 
 def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, output_dir: str,
                   callbacks: list) -> SFTTrainer:
-    train, evaluation = split(rows, options)
+    train, evaluation = split(rows_the_template_takes(rows, tokenizer, callbacks), options)
     args = SFTConfig(**common_args(options, output_dir, evaluation is not None),
                      packing=options.packing, packing_strategy="bfd", padding_free=options.packing,
                      completion_only_loss=options.completion_only_loss)
     trainer = KernelLossSFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
                          processing_class=tokenizer, callbacks=callbacks)
     metrics = next((cb for cb in callbacks if isinstance(cb, MetricsCallback)), None)
-    # TRL drops the rows with no label left to learn (an answer cut off whole by max_seq_len)
-    if len(trainer.train_dataset) == 0:
+    # The rows with no label left to learn (an answer cut off whole by max_seq_len) are dropped, packed or not
+    rows_in, kept = trainer.kept_rows.get("train", (len(train), len(trainer.train_dataset)))
+    eval_in, eval_kept = trainer.kept_rows.get("eval", (0, 0))
+    if kept == 0:
         raise JobFailed(f"No training row has any of its answer within max_seq_len ({options.max_seq_length} tokens) "
                         "once the chat template is applied: raise max_seq_len or shorten the prompts.")
-    if not options.packing and len(trainer.train_dataset) < len(train) and metrics is not None:
-        metrics.events.log(f"{len(train) - len(trainer.train_dataset)} of {len(train)} training rows were left out: "
-                           f"none of their answer fits within max_seq_len ({options.max_seq_length} tokens)",
-                           level="warning")
+    if metrics is not None and (kept < rows_in or eval_kept < eval_in):
+        left_out = [f"{total - taken} of {total} {kind} rows" for kind, total, taken
+                    in (("training", rows_in, kept), ("validation", eval_in, eval_kept)) if taken < total]
+        metrics.events.log(f"{' and '.join(left_out)} were left out: none of their answer fits within max_seq_len "
+                           f"({options.max_seq_length} tokens)", level="warning")
+    if evaluation is not None and eval_kept == 0:
+        raise JobFailed(f"None of the {eval_in} validation rows has any of its answer within max_seq_len "
+                        f"({options.max_seq_length} tokens) once the chat template is applied: raise max_seq_len, "
+                        "shorten the prompts, or set eval_fraction to 0.")
     if options.packing and metrics is not None:
         seq_lengths = trainer.train_dataset["seq_lengths"]
         metrics.events.log(packing_report(seq_lengths, options))
@@ -58,6 +65,21 @@ class KernelLossSFTTrainer(LateLogging, SFTTrainer):
     loss is the same (the token sum over the accumulated batch's label count); the per-step
     `entropy` and `mean_token_accuracy` metrics are not computed. Evaluation keeps TRL's path. Each
     step is logged one step late (LateLogging), so the host does not wait for the GPU between steps."""
+
+    kept_rows: dict[str, tuple[int, int]] = {}  # dataset name -> (rows in, rows kept); replaced, never changed
+
+    def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func, dataset_name):
+        """Rows are tokenised, truncated to max_length and rid of those with no label left to learn (TRL's
+        preparation without packing) before they are packed: TRL's packing truncates without dropping them,
+        so a row whose answer max_length cuts off whole would train on nothing. `kept_rows[dataset_name]` is
+        (rows in, rows kept)."""
+        if args.max_length is None or "input_ids" in dataset.column_names:  # already prepared: TRL's way
+            return super()._prepare_dataset(dataset, processing_class, args, packing, formatting_func, dataset_name)
+        prepared = super()._prepare_dataset(dataset, processing_class, args, False, formatting_func, dataset_name)
+        self.kept_rows = {**self.kept_rows, dataset_name: (len(dataset), len(prepared))}
+        if not packing or len(prepared) == 0:
+            return prepared
+        return super()._prepare_dataset(prepared, processing_class, args, True, formatting_func, dataset_name)
 
     def logs_late(self) -> bool:
         return has_fused_loss(self.model)  # TRL's own loss reads its metrics on the host as it goes
