@@ -37,18 +37,13 @@ def _truncated(prompt, tokenizer, max_tokens: int):
         ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         return prompt if len(ids) <= max_tokens else tokenizer.decode(ids[-max_tokens:])
     messages = list(prompt)
-
-    def length(conversation) -> int:
-        ids = tokenizer.apply_chat_template(conversation, tokenize=True, add_generation_prompt=True)
-        return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-    while len(messages) > 1 and length(messages) > max_tokens:
+    while len(messages) > 1 and _template_length(tokenizer, messages, ask=True) > max_tokens:
         del messages[1 if messages[0].get("role") == "system" and len(messages) > 2 else 0]
     return messages
 
 
-def _events(callbacks: list):
-    """The job's events, from the callbacks the training process passes (none in a bare trainer)."""
+def job_events(callbacks: list):
+    """The job's events, from the callbacks the training process passes (None in a bare trainer)."""
     return next((callback.events for callback in callbacks if isinstance(callback, MetricsCallback)), None)
 
 
@@ -84,7 +79,7 @@ def rows_the_template_takes(rows: list[dict], tokenizer, callbacks: list) -> lis
         return rows
     if not kept:
         raise JobFailed(f"The chat template refuses every row: {reasons[0]}")
-    events = _events(callbacks)
+    events = job_events(callbacks)
     if events is not None:
         events.log(f"{len(reasons)} of {len(rows)} rows were left out: the chat template refuses them "
                    f"(first: {reasons[0]})", level="warning")
@@ -121,7 +116,7 @@ def rows_that_fit(rows: list[dict], tokenizer, options: TrainingOptions, callbac
         raise JobFailed(f"No row {what} within max_seq_len ({limit} tokens) once the chat template is applied: "
                         "raise max_seq_len or shorten the " + ("rows." if whole else
                                                                 "prompts (or set preference.max_prompt_len)."))
-    events = _events(callbacks)
+    events = job_events(callbacks)
     if len(kept) < len(rows) and events is not None:
         events.log(f"{len(rows) - len(kept)} of {len(rows)} rows were left out: "
                    f"{'they do not fit whole' if whole else 'none of their answer fits'} within max_seq_len "

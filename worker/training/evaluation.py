@@ -29,7 +29,8 @@ from lanner.core.settings import get_settings
 from lanner.core.storage import get_store
 from lanner.worker.distributed.ranks import is_main_process
 from lanner.worker.job_process import artifacts_dir
-from lanner.worker.training.callbacks import CancelCallback, MetricsCallback
+from lanner.worker.training.callbacks import CancelCallback
+from lanner.worker.training.common import job_events
 
 EVALUATION_FILE = "evaluation.json"
 PROMPTS = 5               # the first N prompts of the validation split, or N rows held out of training
@@ -205,7 +206,7 @@ def with_before_after_evaluation(trainer, evaluation_rows, train_rows, callbacks
     callbacks carry the job's events) when the job wants it; returns the trainer. Without a validation
     split, the last N training rows are taken out of the trainer's (already prepared) training set and
     evaluated on."""
-    events = next((cb.events for cb in callbacks if isinstance(cb, MetricsCallback)), None)
+    events = job_events(callbacks)
     if not wanted or events is None or not hasattr(trainer.model, "disable_adapter"):
         return trainer
     if evaluation_rows is not None:
