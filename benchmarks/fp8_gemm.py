@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 SHAPES = {"q/o": (4096, 4096), "k/v": (1024, 4096), "gate/up": (14336, 4096), "down": (4096, 14336)}
 
@@ -79,12 +80,16 @@ def main() -> None:
 
 def joined(tokens: int, do_bench) -> None:
     """dX of projections reading the same rows (q/k/v, gate/up): one FP8 product per projection with each
-    further one added into dX (as before fp8_joined_input_grad) against the one joined product."""
+    further one added into dX (as before fp8_joined_input_grad) against the one joined product; the joined
+    product with float32 and with fast accumulation, time and error against the emulation."""
     import torch
 
+    from lanner.kernels.ops import fp8_matmul as fp8_matmul_module
     from lanner.kernels.quant import FP8Linear
+    from lanner.kernels.quant import fp8 as fp8_module
     from lanner.kernels.quant.fp8 import fp8_input_grad, fp8_joined_input_grad
 
+    default = fp8_module.INPUT_GRAD_FAST_ACCUM
     for name, widths in {"q/k/v": (4096, 1024, 1024), "gate/up": (14336, 14336)}.items():
         layers = [FP8Linear.from_linear(torch.nn.Linear(4096, n, bias=False, device="cuda", dtype=torch.bfloat16))
                   for n in widths]
@@ -96,11 +101,24 @@ def joined(tokens: int, do_bench) -> None:
                 dx.add_(fp8_input_grad(layer, dout))
             return dx
 
-        one = fp8_joined_input_grad(layers, douts).float()
-        print(json.dumps(dict(group=name, tokens=tokens, separate_ms=round(do_bench(separate), 3),
-                              joined_ms=round(do_bench(lambda: fp8_joined_input_grad(layers, douts)), 3),
-                              joined_vs_separate=((one - separate().float()).abs().max() / one.abs().max()).item(),
-                              gpu=torch.cuda.get_device_name())), flush=True)
+        def joined_product(fast_accum: bool):
+            fp8_module.INPUT_GRAD_FAST_ACCUM = fast_accum
+            return fp8_joined_input_grad(layers, douts)
+
+        def error(out):
+            return ((out.float() - emulated).abs().max() / emulated.abs().max()).item()
+
+        os.environ[fp8_matmul_module.EMULATE_ENV] = "1"  # the float32 sums of the same codes and scales
+        emulated = fp8_joined_input_grad(layers, douts).float()
+        del os.environ[fp8_matmul_module.EMULATE_ENV]
+        one = joined_product(False).float()
+        row = dict(group=name, tokens=tokens, separate_ms=round(do_bench(separate), 3),
+                   joined_vs_separate=((one - separate().float()).abs().max() / one.abs().max()).item(),
+                   joined_ms=round(do_bench(lambda: joined_product(False)), 3), joined_vs_emulation=error(one),
+                   joined_fast_accum_ms=round(do_bench(lambda: joined_product(True)), 3),
+                   joined_fast_accum_vs_emulation=error(joined_product(True)), gpu=torch.cuda.get_device_name())
+        print(json.dumps(row), flush=True)
+        fp8_module.INPUT_GRAD_FAST_ACCUM = default
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ backward) over tile shapes, on the 8B MLP (8,192 tokens x 14,336, rank 16, bf16)
 
 Bytes counted: each input read once and each output written once (forward: gate, up, out; backward:
 dout, gate, up read and out, d_gate, d_up written); the terms' small factors are left out. The tile
-constants of lanner.kernels.ops.glu are set per row, as a change of them would set them.
+tiles of lanner.kernels.ops.glu (`_RANK_R_TILES`, forward and backward apart) are set per row, as a change
+of them would set them; the best of each direction is printed last.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def main():
           f"{rate(backward_bytes, plain_b)} |", flush=True)
     results = []
     for m, n, w in TILES:
-        glu_module._RANK_R_BLOCK_M, glu_module._RANK_R_BLOCK_N, glu_module._RANK_R_WARPS = m, n, w
+        glu_module._RANK_R_TILES = {"forward": (m, n, w), "backward": (m, n, w)}
         try:
             fwd = median_ms(lambda: glu_rank_r(gate, up, "silu", terms[0], terms[1]))
             g2.copy_(gate), u2.copy_(up), d2.copy_(dout)
@@ -53,11 +54,12 @@ def main():
         except Exception as error:  # a tile too large for the shared memory: say so, go on
             print(f"| {m} x {n}, {w} | {type(error).__name__} | | | |", flush=True)
             continue
-        results.append((fwd + bwd, m, n, w))
+        results.append((fwd, bwd, m, n, w))
         print(f"| {m} x {n}, {w} | {fwd:.3f} | {rate(forward_bytes, fwd)} | {bwd:.3f} | {rate(backward_bytes, bwd)} |",
               flush=True)
-    for total, m, n, w in sorted(results)[:3]:
-        print(f"best: {m} x {n}, {w} warps: forward + backward {total:.3f} ms", flush=True)
+    for direction, index in (("forward", 0), ("backward", 1)):
+        for row in sorted(results, key=lambda row: row[index])[:3]:
+            print(f"best {direction}: {row[2]} x {row[3]}, {row[4]} warps: {row[index]:.3f} ms", flush=True)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,10 @@ FP8_ALIGNMENT = 16
 SCALE_KEY = "weight_scale"
 # The forward products (a checkpoint's recompute among them) take the tensor cores' fast accumulation: 20 ms of a
 # 511 ms step on the 8B shape (an H100), and the 300-step fidelity run's worst step 0.93% from bf16's against
-# 0.91% with float32 accumulation in the same call (docs/fp8.md). The input gradients keep float32 accumulation.
-FORWARD_FAST_ACCUM = True
+# 0.91% with float32 accumulation in the same call. The input gradients do not: with it their joined GEMMs were
+# 8-10% faster but 4x further from the float32 sums (gate/up's 28,672-long reduction: 1.4% of the largest
+# element), and the fidelity run's worst step went to 1.07%, past the 1% bar (docs/fp8.md, "Accumulation").
+FORWARD_FAST_ACCUM, INPUT_GRAD_FAST_ACCUM = True, False
 
 
 @dataclass
@@ -180,7 +182,7 @@ def fp8_joined_input_grad(layers: list[FP8Linear], douts: list[torch.Tensor]) ->
     else:
         stacked = fp8s[0].codes if len(fp8s) == 1 else torch.cat([fp8.codes for fp8 in fp8s])
         weight_t = stacked.view(FP8_DTYPE).t()
-    return fp8_matmul(codes, scale, weight_t, None, douts[0].dtype, backend)
+    return fp8_matmul(codes, scale, weight_t, None, douts[0].dtype, backend, fast_accum=INPUT_GRAD_FAST_ACCUM)
 
 
 # Projections whose input gradients one joined GEMM computes (they read the same rows; lora.py's q/k/v and MLP)

@@ -333,6 +333,7 @@ def test_short_rows_share_a_quantiser_program_and_are_read_once():
     assert quantize_tile(300) == (16, 512)
     assert quantize_tile(4096) == (2, 4096)
     assert quantize_tile(14336) == (1, 4096)  # the MLP's rows: in four blocks, read twice
+    assert quantize_tile(14336, column_scale=True) == (1, 2048)  # a gradient's: with its column scale beside
 
 
 @pytest.mark.parametrize("shape", [(48, 80), (16, 16), (272, 1040), (37, 5)])
@@ -379,7 +380,7 @@ def test_the_tensor_core_path_takes_the_bias_in_its_epilogue_and_the_triton_tran
     FAST_ACCUM_CALLS.clear()
     assert torch.equal(fp8_forward(layer, x.clone(), bias), emulated[0])
     assert torch.equal(fp8_input_grad(layer, dout), emulated[1])
-    assert FAST_ACCUM_CALLS == [True, False]  # fast accumulation in forward only
+    assert FAST_ACCUM_CALLS == [fp8_module.FORWARD_FAST_ACCUM, fp8_module.INPUT_GRAD_FAST_ACCUM]  # each its own
     # one rounding, not two: the bias joins the float32 sums
     codes, scale = quantize_rows(x)
     sums = fp8_matmul(codes, scale, layer.fp8.e4m3, layer.fp8.scale, torch.float32, "emulated")
@@ -463,8 +464,9 @@ def test_the_joined_input_gradient_is_the_stacked_layers_on_both_branches(widths
     assert torch.equal(fp8_module.fp8_joined_input_grad(layers, douts), emulated)
 
 
-# (24, 16, 16): k/v-wide parts several rows to a program; (300, 1040): a block narrower than the widest part
-@pytest.mark.parametrize("widths", [(64, 16, 16), (300, 1040), (5,)])
+# (24, 16, 16): k/v-wide parts several rows to a program; (300, 1040): a block narrower than the widest part;
+# (4200, 4200): parts past half a tile, in quarter-tile blocks (gate's and up's)
+@pytest.mark.parametrize("widths", [(64, 16, 16), (300, 1040), (5,), (4200, 4200)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_joined_quantiser_gives_the_codes_of_the_joined_rows_bit_for_bit(widths, dtype, device):
     from lanner.kernels.ops.fp8_matmul import quantize_joined_rows_triton, quantize_rows_torch
