@@ -136,7 +136,7 @@ def _scaled_tile(X, COLUMN_SCALE, rows, row_mask, x_row_stride, start, n_cols, H
 
 
 @triton.jit
-def _store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX: tl.constexpr, HARDWARE_CAST: tl.constexpr):
+def store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX: tl.constexpr, HARDWARE_CAST: tl.constexpr):
     v = tl.minimum(tl.maximum(tl.math.div_rn(v, scale[:, None]), -E4M3_MAX), E4M3_MAX)
     if HARDWARE_CAST:  # one cvt.rn.satfinite.e4m3x2 for two elements: rounds to nearest even too
         codes = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
@@ -165,12 +165,12 @@ def _quantize_rows_kernel(X, COLUMN_SCALE, CODES, SCALE, n_rows, n_cols, x_row_s
     scale = tl.where(row_max > 0, tl.math.div_rn(row_max, E4M3_MAX), 1.0)
     tl.store(SCALE + rows, scale, mask=row_mask)
     if ONE_PASS:
-        _store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX, HARDWARE_CAST)
+        store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX, HARDWARE_CAST)
     else:
         for start in range(0, n_cols, BLOCK):  # the second read of a long row mostly hits the L2 cache
             v, cols, mask = _scaled_tile(X, COLUMN_SCALE, rows, row_mask, x_row_stride, start, n_cols,
                                          HAS_COLUMN_SCALE, BLOCK)
-            _store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX, HARDWARE_CAST)
+            store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX, HARDWARE_CAST)
 
 
 # Parts of one joined row: q/k/v's gradients (or gate/up's) quantised as the columns of one operand.
@@ -190,7 +190,7 @@ def _part_store(X, COLUMN_SCALE, CODES, rows, row_mask, x_row_stride, n_cols, co
                 E4M3_MAX: tl.constexpr, HARDWARE_CAST: tl.constexpr, BLOCK: tl.constexpr):
     for start in range(0, n_cols, BLOCK):
         v, cols, mask = _scaled_tile(X, COLUMN_SCALE, rows, row_mask, x_row_stride, start, n_cols, True, BLOCK)
-        _store_codes(CODES, rows, cols, mask, v, scale, codes_row_stride, E4M3_MAX, HARDWARE_CAST)
+        store_codes(CODES, rows, cols, mask, v, scale, codes_row_stride, E4M3_MAX, HARDWARE_CAST)
 
 
 @triton.jit

@@ -6,20 +6,27 @@ Two numerics, both those of Hugging Face:
 - cast_before_weight=False (Gemma, offset=1.0): everything in float32, including (1 + w.float()),
   one rounding to x's dtype at the end.
 The weight term is always (offset + weight.float()) in float32; with offset=0 that is weight itself.
+
+With codes_to, the forward also quantises its output as `fp8_matmul.quantize_rows` would (the same bits: per-row
+e4m3 codes and float32 scales of the rounded output), in the same pass, for the FP8 products that read it.
 """
 import torch
 import triton
 import triton.language as tl
 
 from ._utils import MAX_FUSED_SIZE, new_output, num_warps_for, program_count
+from .fp8_matmul import E4M3_MAX, FP8_DTYPE, MIN_CAPABILITY, cuda_capability, store_codes
 
 
 @triton.jit
 def _rms_norm_fwd_kernel(
-    X, Y, W, RSTD,
+    X, Y, W, RSTD, CODES, SCALE,
     stride_x, stride_y,
     n_rows, n_cols, eps, offset,
     CAST_BEFORE_WEIGHT: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+    HARDWARE_CAST: tl.constexpr,
+    E4M3_MAX: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
@@ -36,7 +43,14 @@ def _rms_norm_fwd_kernel(
     if CAST_BEFORE_WEIGHT:
         normed = normed.to(X.dtype.element_ty).to(tl.float32)
     w = tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32) + offset
-    tl.store(Y + rows[:, None] * stride_y + cols[None, :], (normed * w[None, :]).to(Y.dtype.element_ty), mask=mask)
+    y = (normed * w[None, :]).to(Y.dtype.element_ty)
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y, mask=mask)
+    if QUANTIZE:  # quantize_rows of the rounded output: each row's largest magnitude maps to E4M3_MAX
+        v = y.to(tl.float32)
+        row_max = tl.max(tl.abs(v), axis=1)
+        scale = tl.where(row_max > 0, tl.math.div_rn(row_max, E4M3_MAX), 1.0)
+        tl.store(SCALE + rows, scale, mask=row_mask)
+        store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX, HARDWARE_CAST)
 
 
 @triton.jit
@@ -100,7 +114,8 @@ def _as_rows(t, n_cols):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _rms_norm_forward(x, weight, eps, offset, cast_before_weight):
+def _rms_norm_forward(x, weight, eps, offset, cast_before_weight, quantize=False):
+    """(y, x's rows, rstd, (codes, scale) of y's rows when quantize, else None)."""
     n_cols = x.shape[-1]
     x2d = _as_rows(x, n_cols)
     n_rows = x2d.shape[0]
@@ -110,18 +125,28 @@ def _rms_norm_forward(x, weight, eps, offset, cast_before_weight):
     y = new_output(x.shape, out_dtype, x.device)
     y2d = y.view(n_rows, n_cols)
     rstd = new_output((n_rows,), torch.float32, x.device)
+    quantised = None
+    if quantize:
+        quantised = (torch.empty((n_rows, n_cols), dtype=torch.uint8, device=x.device),
+                     torch.empty((n_rows, 1), dtype=torch.float32, device=x.device))
     if n_rows > 0:
         block_rows, block, num_warps = _blocks(n_cols, x.element_size())
+        codes, scale = quantised or (y2d, rstd)  # stand-ins for the pointers a plain norm never reads
         _rms_norm_fwd_kernel[(triton.cdiv(n_rows, block_rows),)](
-            x2d, y2d, weight, rstd,
+            x2d, y2d, weight, rstd, codes, scale,
             x2d.stride(0), y2d.stride(0),
             n_rows, n_cols, eps, offset,
             CAST_BEFORE_WEIGHT=cast_before_weight,
+            QUANTIZE=quantize,
+            HARDWARE_CAST=quantize and x.is_cuda and cuda_capability(x.device) >= MIN_CAPABILITY,
+            E4M3_MAX=E4M3_MAX,
             BLOCK_ROWS=block_rows,
             BLOCK_SIZE=block,
             num_warps=num_warps,
         )
-    return y, x2d, rstd
+    if quantised is not None:
+        quantised = (quantised[0].view(FP8_DTYPE), quantised[1])
+    return y, x2d, rstd, quantised
 
 
 def _rms_norm_backward(dy, x2d, weight, rstd, offset, cast_before_weight, compute_dw):
@@ -154,8 +179,10 @@ def _rms_norm_backward(dy, x2d, weight, rstd, offset, cast_before_weight, comput
 
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps, offset, cast_before_weight):
-        y, x2d, rstd = _rms_norm_forward(x, weight, eps, offset, cast_before_weight)
+    def forward(ctx, x, weight, eps, offset, cast_before_weight, codes_to):
+        y, x2d, rstd, quantised = _rms_norm_forward(x, weight, eps, offset, cast_before_weight, codes_to is not None)
+        if quantised is not None:
+            codes_to(y, y.view(-1, y.shape[-1]), *quantised)
         ctx.save_for_backward(x2d, weight, rstd)
         ctx.offset = offset
         ctx.cast_before_weight = cast_before_weight
@@ -168,15 +195,16 @@ class RMSNormFunction(torch.autograd.Function):
         dx, dw = _rms_norm_backward(
             dy, x2d, weight, rstd, ctx.offset, ctx.cast_before_weight, compute_dw=ctx.needs_input_grad[1]
         )
-        return dx.view(ctx.x_shape), dw, None, None, None
+        return dx.view(ctx.x_shape), dw, None, None, None, None
 
 
-def rms_norm(x, weight, eps, offset=0.0, cast_before_weight=True):
+def rms_norm(x, weight, eps, offset=0.0, cast_before_weight=True, codes_to=None):
     """RMSNorm over the last dimension of x (any leading shape); see the module docstring for numerics.
 
     Saves x and one float32 inverse RMS per row for backward. The weight gradient is computed only
-    when weight.requires_grad (frozen in LoRA: no dW work and no extra memory).
+    when weight.requires_grad (frozen in LoRA: no dW work and no extra memory). codes_to: called with
+    (y, y's rows, their e4m3 codes, their scales (rows, 1)) after the forward made them (see above).
     """
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} does not match hidden size {x.shape[-1]}")
-    return RMSNormFunction.apply(x, weight, float(eps), float(offset), bool(cast_before_weight))
+    return RMSNormFunction.apply(x, weight, float(eps), float(offset), bool(cast_before_weight), codes_to)

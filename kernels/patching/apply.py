@@ -17,7 +17,7 @@ from .families import FAMILIES, Family, family_of
 from .loss import patch_causal_lm_loss
 from .mlp import patch_mlp
 from .moe import nf4_experts, patch_moe_experts
-from .norms import is_rms_norm, patch_rms_norm
+from .norms import is_rms_norm, norms_feeding_fp8, patch_rms_norm
 
 logger = logging.getLogger("lanner.kernels")
 
@@ -78,6 +78,8 @@ def patch_model(model: nn.Module) -> PatchReport:
             patch_rms_norm(module, family.norm_offset, family.norm_cast_before_weight)
             report.patched["rms_norm"] += 1
     for layer in getattr(base, base.base_model_prefix).layers:
+        for norm in norms_feeding_fp8(layer):
+            patch_rms_norm(norm, family.norm_offset, family.norm_cast_before_weight, quantise_for_fp8=True)
         if hasattr(layer, "self_attn"):
             reason = patch_attention(layer.self_attn, family.rope_pair_tables, family.attention_softcap)
             if reason is None:

@@ -120,26 +120,46 @@ class FP8Linear(QuantisedLinear):
 
 
 class _LastQuantised:
-    """The rows quantised by the last forward product, until different rows come or these die (held by a
-    weak reference): q, k and v, and gate and up, multiply the same rows and quantise them once."""
+    """The rows quantised last, until different rows come or the tensor they were taken from dies (held by a
+    weak reference): q, k and v, and gate and up, multiply the same rows and quantise them once. Rows match by
+    where they are (address, shape, strides, device) and by their version counter, so a view of the same
+    memory matches too: the norm that produced the rows may offer their codes (`offer_quantised`), made in
+    its own pass, and the projections that read them take those."""
 
-    rows: weakref.ref | None = None
-    version = token = 0
+    key: tuple | None = None
+    owner: weakref.ref | None = None
+    token = 0
     quantised: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @staticmethod
+    def _key(rows: torch.Tensor) -> tuple:
+        return rows.data_ptr(), rows.shape, rows.stride(), rows.device, rows.dtype, rows._version
 
     @classmethod
     def of(cls, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if cls.rows is None or cls.rows() is not x2 or cls.version != x2._version:
-            cls.token += 1
-            token = cls.token
-            cls.rows = weakref.ref(x2, lambda _: cls._drop(token))
-            cls.version, cls.quantised = x2._version, quantize_rows(x2)
+        if cls.quantised is None or cls.key != cls._key(x2):
+            cls.offer(x2, x2, quantize_rows(x2))
         return cls.quantised
+
+    @classmethod
+    def offer(cls, owner: torch.Tensor, rows: torch.Tensor, quantised: tuple[torch.Tensor, torch.Tensor]) -> None:
+        cls.token += 1
+        token = cls.token
+        # while the owner lives its memory holds these rows (a version bump aside, which the key sees)
+        cls.owner = weakref.ref(owner, lambda _: cls._drop(token))
+        cls.key, cls.quantised = cls._key(rows), quantised
 
     @classmethod
     def _drop(cls, token: int) -> None:
         if cls.token == token:
-            cls.rows = cls.quantised = None
+            cls.key = cls.owner = cls.quantised = None
+
+
+def offer_quantised(owner: torch.Tensor, rows: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> None:
+    """quantize_rows(rows) as a kernel that produced them made it (the norm before q/k/v or gate/up): the next FP8
+    forward product of these rows (or of a view of the same memory, unchanged) takes it instead of quantising
+    them again. owner: the tensor rows views; the offer lasts while it lives."""
+    _LastQuantised.offer(owner, rows, (codes, scale))
 
 
 def fp8_forward(layer: FP8Linear, x2: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -326,6 +326,56 @@ def test_the_triton_quantiser_gives_torchs_codes_and_scales_bit_for_bit(shape, d
     assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
 
 
+# (5, 64): many rows a program; (3, 300): a row narrower than its block
+@pytest.mark.parametrize("shape", [(5, 64), (3, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offset, cast_before_weight", [(0.0, True), (1.0, False)])
+def test_a_norm_feeding_fp8_gives_quantize_rows_codes_of_its_output(shape, dtype, offset, cast_before_weight, device):
+    from lanner.kernels.ops.fp8_matmul import quantize_rows_torch
+    from lanner.kernels.ops.rmsnorm import rms_norm
+
+    x = wide_rows(*shape, seed=11).to(device=device, dtype=dtype)
+    x[1] = 0  # a zero row: scale 1
+    weight = (torch.randn(shape[1], generator=torch.Generator().manual_seed(3)) * 0.1).to(device=device, dtype=dtype)
+    offered = []
+    y = rms_norm(x, weight, 1e-6, offset, cast_before_weight, codes_to=lambda *args: offered.append(args))
+    assert torch.equal(y, rms_norm(x, weight, 1e-6, offset, cast_before_weight))  # the output unchanged
+    (owner, rows, codes, scale), = offered
+    assert owner is y and rows.data_ptr() == y.data_ptr() and rows.shape == shape
+    expected_codes, expected_scale = quantize_rows_torch(y)
+    assert torch.equal(scale, expected_scale) and scale[1].item() == 1
+    assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
+
+
+@pytest.mark.parametrize("family, mlp_norm", [("llama", "post_attention_layernorm"),
+                                              ("gemma2", "pre_feedforward_layernorm"), ("phi3", "post_attention_layernorm")])
+def test_norms_before_fp8_projections_quantise_for_them(family, mlp_norm, monkeypatch, device):
+    """The input norm and the MLP's norm quantise their outputs in their own pass; q/k/v (Phi-3's qkv) and
+    gate/up take those codes, so only o's and down's inputs are quantised by a product, and the loss is the
+    same to the bit as with every product quantising its own rows."""
+    from lanner.kernels.ops.rmsnorm import RMSNormFunction
+    from lanner.kernels.quant import fp8 as fp8_module
+
+    model = get_lora_model(tiny_model(family, device=device, **FP8_SIZES), load_in_fp8=True,
+                           gradient_checkpointing=False)
+    layers = model.get_base_model().model.layers
+    for layer in layers:
+        feeding = {name for name, module in layer.named_children() if getattr(module, "forward", None) is not None
+                   and getattr(module.forward, "keywords", {}).get("codes_to") is fp8_module.offer_quantised}
+        assert feeding == {"input_layernorm", mlp_norm}
+    ids = token_batches(1, 2, 6, model.config.vocab_size, device=device)[0]
+    calls = []
+    monkeypatch.setattr(fp8_module, "quantize_rows", lambda x, *a: calls.append(x.shape) or quantize_rows(x, *a))
+    fused = model(input_ids=ids, labels=ids).loss
+    assert len(calls) == 2 * len(layers)  # o's and down's inputs
+    forward = RMSNormFunction.forward
+    monkeypatch.setattr(RMSNormFunction, "forward", staticmethod(lambda ctx, *args: forward(ctx, *args[:-1], None)))
+    calls.clear()
+    plain = model(input_ids=ids, labels=ids).loss
+    assert len(calls) == 4 * len(layers)
+    assert torch.equal(fused, plain)
+
+
 def test_short_rows_share_a_quantiser_program_and_are_read_once():
     from lanner.kernels.ops.fp8_matmul import quantize_tile
 
