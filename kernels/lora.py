@@ -172,11 +172,11 @@ def _factors_A(projections, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _project(
-    x2: torch.Tensor, p: LoRAProjection, xa: torch.Tensor | None = None, for_glu: bool = False
+    x2: torch.Tensor, p: LoRAProjection, xa: torch.Tensor | None = None, term_elsewhere: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward of one projection on rows x2; returns the output and x2 @ A^T (None when not adapted).
-    xa: x2 @ A^T when the caller already has it. for_glu: the output is gate or up, and where
-    _rank_r_in_glu(p) the GLU kernel adds the rank-r term: the output is returned without it.
+    xa: x2 @ A^T when the caller already has it. term_elsewhere: the output is gate or up, and where
+    _term_elsewhere(p) the GLU kernel adds the rank-r term: the output is returned without it.
 
     The rank-r term is written first and the base GEMM adds onto it (beta=1, in its epilogue, where
     it costs nearly nothing): one write of the output instead of a write and then a read-modify-write
@@ -190,7 +190,7 @@ def _project(
             return out, None
         if xa is None:
             xa = x2 @ factor_in(p.lora_A, dtype).t()
-        return (out if for_glu else out.addmm_(xa, _scaled_B(p, dtype).t())), xa
+        return (out if term_elsewhere else out.addmm_(xa, _scaled_B(p, dtype).t())), xa
     weight = base_weight(p.base).to(dtype)
     if p.lora_A is None:
         out = x2 @ weight.t() if bias is None else torch.addmm(bias.to(dtype), x2, weight.t())
@@ -202,21 +202,22 @@ def _project(
     return out.addmm_(x2, weight.t()), xa
 
 
-def _rank_r_in_glu(p: LoRAProjection) -> bool:
-    """Whether the GLU kernel adds p's rank-r term (gate's, up's; the down projection's onto its input gradient)
-    instead of an addmm_ onto its product: where the base multiplies in its own format (FP8), whose GEMM cannot
-    accumulate onto an output, so each addmm_ would be one more pass over a (rows, intermediate) tensor."""
+def _term_elsewhere(p: LoRAProjection) -> bool:
+    """Whether the kernel its product goes to adds p's rank-r term (the GLU kernel: gate's, up's, and the down
+    projection's onto its input gradient; the RoPE kernel: q's and k's, where the caller asks) instead of an
+    addmm_ onto its product: where the base multiplies in its own format (FP8), whose GEMM cannot accumulate onto
+    an output, so each addmm_ would be one more pass over the output."""
     return p.lora_A is not None and type(p.base) in _BASE_MATMULS
 
 
 def _glu_terms(gate_p: LoRAProjection, up_p: LoRAProjection, xa_gate, xa_up):
     """Gate's and up's rank-r terms (xa, B^T) for the GLU kernel; None where the output has it."""
-    return tuple((xa, _scaled_B(p, xa.dtype).t()) if _rank_r_in_glu(p) else None
+    return tuple((xa, _scaled_B(p, xa.dtype).t()) if _term_elsewhere(p) else None
                  for p, xa in ((gate_p, xa_gate), (up_p, xa_up)))
 
 
 def _glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up) -> torch.Tensor:
-    """act(gate) * up of _project(..., for_glu=True)'s outputs (without autograd)."""
+    """act(gate) * up of _project(..., term_elsewhere=True)'s outputs (without autograd)."""
     return glu_rank_r(gate, up, activation, *_glu_terms(gate_p, up_p, xa_gate, xa_up))
 
 
@@ -306,20 +307,29 @@ class LoRAQKVFunction(torch.autograd.Function):
     in forward; in backward the adapted ones share one dA product, and their joint rank-r product goes
     into dX with the first base GEMM's (_input_grad): the input is read once for the three instead of
     three times, each way.
+
+    deferred: a dict, or None. Given, q's and k's rank-r terms are left out of their outputs where
+    _term_elsewhere (an FP8 base) and put in it as "q" and "k": (x A^T, scaling * B^T), for the RoPE kernel
+    to add. The outputs' gradients are still those of the whole projections, so backward is unchanged.
     """
 
     @staticmethod
-    def forward(ctx, x, dtype, projections, *lora_weights):
+    def forward(ctx, x, dtype, projections, deferred, *lora_weights):
         x2 = _rows(x, dtype)
         ctx.fused = all(p.lora_A is not None for p in projections)
+        defer = [deferred is not None and i < 2 and _term_elsewhere(p) for i, p in enumerate(projections)]
         if ctx.fused:
             xa_all = x2 @ _factors_A(projections, dtype).t()
             ctx.ranks = [p.lora_A.shape[0] for p in projections]
-            outs = [_project(x2, p, xa)[0] for p, xa in zip(projections, xa_all.split(ctx.ranks, dim=1))]
+            xas = xa_all.split(ctx.ranks, dim=1)
+            outs = [_project(x2, p, xa, term_elsewhere=d)[0] for p, xa, d in zip(projections, xas, defer)]
             ctx.save_for_backward(x2, xa_all)
         else:
-            outs, xas = zip(*(_project(x2, p) for p in projections))
+            outs, xas = zip(*(_project(x2, p, term_elsewhere=d) for p, d in zip(projections, defer)))
             ctx.save_for_backward(x2, *xas)
+        for name, p, xa, d in zip("qk", projections, xas, defer):
+            if d:  # xa: a column block of xa_all, its rows contiguous
+                deferred[name] = (xa, _scaled_B(p, dtype).t())
         ctx.projections, ctx.x_shape, ctx.x_dtype = projections, x.shape, x.dtype
         return tuple(out.view(*x.shape[:-1], out.shape[-1]) for out in outs)
 
@@ -330,7 +340,7 @@ class LoRAQKVFunction(torch.autograd.Function):
             xas = xas[0].split(ctx.ranks, dim=1)
         douts2 = [dout.reshape(-1, dout.shape[-1]).to(x2.dtype) for dout in douts]
         dx, grads = _shared_input_backward(x2, douts2, xas, ctx.projections)
-        return dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, *grads
+        return dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, None, *grads
 
 
 def gated_activation(activation: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -342,7 +352,7 @@ class MLPStash:
     """Carries some of one MLP's matmul outputs from its forward to its recompute under activation
     checkpointing, so the recompute skips their GEMMs (the memory engine's keep_mlp layers keep gate
     and up; its offloading layers keep up in host memory). `keep` names the projections kept, of
-    "gate" and "up"; each comes with its rank-r product, as _project(..., for_glu=True) gave them (an FP8
+    "gate" and "up"; each comes with its rank-r product, as _project(..., term_elsewhere=True) gave them (an FP8
     base's without its rank-r term). Emptied when the recompute takes them."""
 
     def __init__(self, keep=("gate", "up")):
@@ -364,7 +374,7 @@ def _down_lora_input(h, down_p):
 def _mlp_forward_rows(x2, projections, activation):
     """The MLP's output on rows x2, saving nothing."""
     gate_p, up_p, down_p = projections
-    (gate, xa_gate), (up, xa_up) = _project(x2, gate_p, for_glu=True), _project(x2, up_p, for_glu=True)
+    (gate, xa_gate), (up, xa_up) = _project(x2, gate_p, term_elsewhere=True), _project(x2, up_p, term_elsewhere=True)
     return _project(_glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up), down_p)[0]
 
 
@@ -379,7 +389,7 @@ def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down
     rows, dtype = dout2.shape[0], dout2.dtype
     step = dh_tile_rows if dh_tile_rows and rows > dh_tile_rows else max(rows, 1)
     adapted = down_p.lora_A is not None
-    down_term_in_glu = _rank_r_in_glu(down_p)
+    down_term_in_glu = _term_elsewhere(down_p)
     glu_terms = _glu_terms(gate_p, up_p, xa_gate, xa_up)
     down_input_grad = _base_input_grad_fn(down_p.base, dtype)
     dA_down = dB_down = None
@@ -450,8 +460,8 @@ class LoRAMLPFunction(torch.autograd.Function):
             ctx.save_for_backward(x2)
             return out.view(*x.shape[:-1], out.shape[-1])
         kept = (stash.take() if stash is not None else None) or {}
-        gate, xa_gate = kept["gate"] if "gate" in kept else _project(x2, gate_p, for_glu=True)
-        up, xa_up = kept["up"] if "up" in kept else _project(x2, up_p, for_glu=True)
+        gate, xa_gate = kept["gate"] if "gate" in kept else _project(x2, gate_p, term_elsewhere=True)
+        up, xa_up = kept["up"] if "up" in kept else _project(x2, up_p, term_elsewhere=True)
         ha_down = kept.get("ha_down")
         if output_needed:
             out, ha_down = _project(_glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up), down_p)
@@ -480,8 +490,8 @@ class LoRAMLPFunction(torch.autograd.Function):
             dx, grads = torch.empty_like(x2), None
             for start in range(0, x2.shape[0], ctx.tile_rows):
                 rows = slice(start, start + ctx.tile_rows)
-                gate, xa_gate = _project(x2[rows], gate_p, for_glu=True)
-                up, xa_up = _project(x2[rows], up_p, for_glu=True)
+                gate, xa_gate = _project(x2[rows], gate_p, term_elsewhere=True)
+                up, xa_up = _project(x2[rows], up_p, term_elsewhere=True)
                 dx_tile, tile_grads = _mlp_backward(ctx.projections, ctx.activation, x2[rows], gate, up, xa_gate,
                                                     xa_up, None, dout2[rows], ctx.dh_tile_rows)
                 del gate, up
@@ -499,11 +509,12 @@ def lora_linear(x: torch.Tensor, projection: LoRAProjection) -> torch.Tensor:
 
 
 def lora_qkv(
-    x: torch.Tensor, q: LoRAProjection, k: LoRAProjection, v: LoRAProjection
+    x: torch.Tensor, q: LoRAProjection, k: LoRAProjection, v: LoRAProjection, deferred: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """deferred: see LoRAQKVFunction (q's and k's rank-r terms left to the RoPE kernel)."""
     projections = (q, k, v)
     dtype = compute_dtype(x)
-    return LoRAQKVFunction.apply(x, dtype, projections, *_flat_lora_weights(projections))
+    return LoRAQKVFunction.apply(x, dtype, projections, deferred, *_flat_lora_weights(projections))
 
 
 def lora_mlp(

@@ -71,6 +71,25 @@ def tile_dot(a, b, acc, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     return out
 
 
+@triton.jit
+def plus_rank_r(value, TARGET, LEFT, RIGHT, rows, cols, row_mask, col_mask, rank, stride_left, stride_right_j,
+                 stride_right_col, HAS_TERM: tl.constexpr, R: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    # value (a float32 tile of TARGET) + left[rows] @ right[:, cols], rounded once to TARGET's dtype as an addmm_
+    # onto it would be; left (rows, rank), right (rank, cols) with any strides, R of the rank at a time (a rank of
+    # 1,024 whole would not fit the shared memory). Unchanged without HAS_TERM.
+    if HAS_TERM:
+        for start in range(0, rank, R):
+            j = start + tl.arange(0, R)
+            left = tl.load(LEFT + rows[:, None] * stride_left + j[None, :],
+                           mask=row_mask[:, None] & (j[None, :] < rank), other=0.0)
+            right = tl.load(RIGHT + j[:, None] * stride_right_j + cols[None, :] * stride_right_col,
+                            mask=(j[:, None] < rank) & col_mask[None, :], other=0.0)
+            value = tile_dot(left, right, value, DOT_PRECISION, UPCAST)
+        value = value.to(TARGET.dtype.element_ty).to(tl.float32)
+    return value
+
+
 def rank_block(rank: int) -> int:
     """The rank dim of a rank-r dot's tile: tl.dot needs 16 at least, and a large rank goes RANK_CHUNK at a time."""
     return min(RANK_CHUNK, max(16, triton.next_power_of_2(rank)))

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._utils import dot_precision, new_output, num_warps_for, rank_block, tanh, tile_dot
+from ._utils import dot_precision, new_output, num_warps_for, plus_rank_r, rank_block, tanh
 
 _SILU, _GELU, _GELU_TANH, _CLAMPED_SWIGLU = 0, 1, 2, 3
 _MAX_BLOCK = 4096
@@ -129,25 +129,6 @@ def _glu_bwd_kernel(
 
 
 @triton.jit
-def _plus_rank_r(value, TARGET, LEFT, RIGHT, rows, cols, row_mask, col_mask, rank, stride_left, stride_right_j,
-                 stride_right_col, HAS_TERM: tl.constexpr, R: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr):
-    # value (a float32 tile of TARGET) + left[rows] @ right[:, cols], rounded once to TARGET's dtype as an addmm_
-    # onto it would be; left (rows, rank), right (rank, cols) with any strides, R of the rank at a time (a rank of
-    # 1,024 whole would not fit the shared memory). Unchanged without HAS_TERM.
-    if HAS_TERM:
-        for start in range(0, rank, R):
-            j = start + tl.arange(0, R)
-            left = tl.load(LEFT + rows[:, None] * stride_left + j[None, :],
-                           mask=row_mask[:, None] & (j[None, :] < rank), other=0.0)
-            right = tl.load(RIGHT + j[:, None] * stride_right_j + cols[None, :] * stride_right_col,
-                            mask=(j[:, None] < rank) & col_mask[None, :], other=0.0)
-            value = tile_dot(left, right, value, DOT_PRECISION, UPCAST)
-        value = value.to(TARGET.dtype.element_ty).to(tl.float32)
-    return value
-
-
-@triton.jit
 def _glu_rank_r_kernel(
     DOUT, GATE, UP, OUT,
     GATE_LEFT, GATE_RIGHT, UP_LEFT, UP_RIGHT, DOUT_LEFT, DOUT_RIGHT,
@@ -168,10 +149,10 @@ def _glu_rank_r_kernel(
     mask = row_mask[:, None] & col_mask[None, :]
     gate_ptrs = GATE + rows[:, None] * stride_gate + cols[None, :] * stride_gate_col
     up_ptrs = UP + rows[:, None] * stride_up + cols[None, :] * stride_up_col
-    g = _plus_rank_r(tl.load(gate_ptrs, mask=mask, other=0.0).to(tl.float32), GATE, GATE_LEFT, GATE_RIGHT, rows,
+    g = plus_rank_r(tl.load(gate_ptrs, mask=mask, other=0.0).to(tl.float32), GATE, GATE_LEFT, GATE_RIGHT, rows,
                      cols, row_mask, col_mask, gate_rank, stride_gate_left, stride_gate_right_j,
                      stride_gate_right_col, GATE_TERM, R, DOT_PRECISION, UPCAST)
-    u = _plus_rank_r(tl.load(up_ptrs, mask=mask, other=0.0).to(tl.float32), UP, UP_LEFT, UP_RIGHT, rows, cols,
+    u = plus_rank_r(tl.load(up_ptrs, mask=mask, other=0.0).to(tl.float32), UP, UP_LEFT, UP_RIGHT, rows, cols,
                      row_mask, col_mask, up_rank, stride_up_left, stride_up_right_j, stride_up_right_col,
                      UP_TERM, R, DOT_PRECISION, UPCAST)
     act, dact = _activation_and_derivative(g, ACTIVATION, alpha, limit)
@@ -180,7 +161,7 @@ def _glu_rank_r_kernel(
     up = up.to(GATE.dtype.element_ty).to(tl.float32)
     if BACKWARD:
         dout_ptrs = DOUT + rows[:, None] * stride_dout + cols[None, :]
-        dout = _plus_rank_r(tl.load(dout_ptrs, mask=mask, other=0.0).to(tl.float32), DOUT, DOUT_LEFT, DOUT_RIGHT,
+        dout = plus_rank_r(tl.load(dout_ptrs, mask=mask, other=0.0).to(tl.float32), DOUT, DOUT_LEFT, DOUT_RIGHT,
                             rows, cols, row_mask, col_mask, dout_rank, stride_dout_left, stride_dout_right_j,
                             stride_dout_right_col, DOUT_TERM, R, DOT_PRECISION, UPCAST)
         dact_out = (dout * up).to(GATE.dtype.element_ty).to(tl.float32)

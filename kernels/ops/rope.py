@@ -8,7 +8,10 @@ partial_rotary_factor), cos/sin cover only the first R < D dims of a head: those
 replaced by R and the rest is left as it is, as HF's apply_rotary_pos_emb does with q[..., :R]. Backward applies the transpose of that map to the
 incoming gradients (rotation by -theta when both halves of cos/sin agree, as they do for HF's
 rotary modules), also in place. The arithmetic is in float32 with one rounding to q's dtype, where
-HF rounds each of its three bf16 operations; the two agree within bf16 rounding. The results keep
+HF rounds each of its three bf16 operations; the two agree within bf16 rounding. With a rank-r term for q
+or k (a LoRA term, left (tokens, r) @ right (r, heads * D)), the kernel adds it to the projection's output
+first, rounded once to its dtype as the `addmm_` onto the projection would (an FP8 base's GEMM cannot add
+it in its epilogue): one pass over q and k instead of two. The results keep
 q's and k's dtypes (HF would promote to a wider cos/sin dtype; its rotary module returns cos/sin in
 the activations' dtype, so this does not arise there).
 """
@@ -16,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._utils import has_internal_overlap, num_warps_for
+from ._utils import dot_precision, has_internal_overlap, num_warps_for, plus_rank_r, rank_block
 
 
 @triton.jit
@@ -73,6 +76,77 @@ def _rope_kernel(
                   cos1, cos2, sin1, sin2, HALF, INVERSE, BLOCK_KH)
 
 
+@triton.jit
+def _rope_rank_r_kernel(
+    X, COS, SIN, LEFT, RIGHT,
+    stride_xb, stride_xh, stride_xt, stride_xd,
+    stride_cb, stride_ct, stride_cd,
+    stride_sb, stride_st, stride_sd,
+    n_tokens, seq_len, HALF, head_dim, rank, stride_left, stride_right_j, stride_right_col,
+    HAS_TERM: tl.constexpr, R: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # One program per (BLOCK_T tokens, head) of X (B, H, T, D, any strides), fully rotary (2 * HALF == D): the
+    # rank-r term's rows of the left factor are the tokens (b * T + t), its columns of the right one the head's.
+    m = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    h = tl.program_id(1).to(tl.int64)
+    m_mask = m < n_tokens
+    b, t = m // seq_len, m % seq_len
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HALF
+    mask = m_mask[:, None] & d_mask[None, :]
+    ptr1 = X + b[:, None] * stride_xb + h * stride_xh + t[:, None] * stride_xt + d[None, :] * stride_xd
+    ptr2 = ptr1 + HALF * stride_xd
+    x1 = plus_rank_r(tl.load(ptr1, mask=mask, other=0.0).to(tl.float32), X, LEFT, RIGHT, m, h * head_dim + d, m_mask,
+                     d_mask, rank, stride_left, stride_right_j, stride_right_col, HAS_TERM, R, DOT_PRECISION, UPCAST)
+    x2 = plus_rank_r(tl.load(ptr2, mask=mask, other=0.0).to(tl.float32), X, LEFT, RIGHT, m, h * head_dim + HALF + d,
+                     m_mask, d_mask, rank, stride_left, stride_right_j, stride_right_col, HAS_TERM, R, DOT_PRECISION,
+                     UPCAST)
+    cos_rows = COS + b[:, None] * stride_cb + t[:, None] * stride_ct
+    sin_rows = SIN + b[:, None] * stride_sb + t[:, None] * stride_st
+    cos1 = tl.load(cos_rows + d[None, :] * stride_cd, mask=mask, other=0.0).to(tl.float32)
+    cos2 = tl.load(cos_rows + (d[None, :] + HALF) * stride_cd, mask=mask, other=0.0).to(tl.float32)
+    sin1 = tl.load(sin_rows + d[None, :] * stride_sd, mask=mask, other=0.0).to(tl.float32)
+    sin2 = tl.load(sin_rows + (d[None, :] + HALF) * stride_sd, mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptr1, (x1 * cos1 - x2 * sin1).to(X.dtype.element_ty), mask=mask)
+    tl.store(ptr2, (x2 * cos2 + x1 * sin2).to(X.dtype.element_ty), mask=mask)
+
+
+# Tokens a program of the rank-r kernel takes (the term's dot needs 16 rows at least).
+_RANK_R_TOKENS = 32
+
+
+def _check_term(x, term, name):
+    left, right = term
+    bsz, heads, seq_len, head_dim = x.shape
+    if (left.shape != (bsz * seq_len, left.shape[1]) or left.stride(1) != 1
+            or right.shape != (left.shape[1], heads * head_dim)):
+        raise ValueError(f"apply_rope: {name}'s rank-r term must be left ({bsz * seq_len}, r) with contiguous rows and "
+                         f"right (r, {heads * head_dim}); got {tuple(left.shape)} and {tuple(right.shape)}")
+
+
+def _rope_rank_r_launch(x, cos, sin, term):
+    """Adds term (or nothing) to x and rotates it in place, by +theta (the forward only)."""
+    bsz, heads, seq_len, head_dim = x.shape
+    if bsz * seq_len == 0:
+        return
+    half = cos.shape[-1] // 2
+    cos_strides = (cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), cos.stride(2))
+    sin_strides = (sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1), sin.stride(2))
+    left, right = term if term is not None else (x, x)  # stand-ins for pointers never read
+    rank = left.shape[1] if term is not None else 0
+    _rope_rank_r_kernel[(triton.cdiv(bsz * seq_len, _RANK_R_TOKENS), heads)](
+        x, cos, sin, left, right,
+        *x.stride(), *cos_strides, *sin_strides,
+        bsz * seq_len, seq_len, half, head_dim, rank,
+        left.stride(0) if term is not None else 0, right.stride(0) if term is not None else 0,
+        right.stride(1) if term is not None else 0,
+        HAS_TERM=term is not None, R=rank_block(max(rank, 1)), DOT_PRECISION=dot_precision(x.dtype),
+        UPCAST=x.device.type != "cuda", BLOCK_T=_RANK_R_TOKENS, BLOCK_D=max(16, triton.next_power_of_2(half)),
+        num_warps=4,
+    )
+
+
 def _check_shapes(q, k, cos, sin):
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError("apply_rope: q and k must be (batch, heads, seq, head_dim)")
@@ -123,8 +197,12 @@ class RoPEFunction(torch.autograd.Function):
     # new autograd views of it, whose backward is the inverse rotation. The inputs' version counters
     # are bumped so that any other node that saved the unrotated q or k fails loudly in backward.
     @staticmethod
-    def forward(ctx, q, k, cos, sin):
-        _rope_launch(q, k, cos, sin, inverse=False)
+    def forward(ctx, q, k, cos, sin, terms):
+        if terms == (None, None):
+            _rope_launch(q, k, cos, sin, inverse=False)
+        else:
+            for x, term in zip((q, k), terms):
+                _rope_rank_r_launch(x, cos, sin, term)
         for t in (q, k):
             if not t.is_inference():  # inference tensors have no version counter
                 torch.autograd.graph.increment_version(t)
@@ -138,10 +216,10 @@ class RoPEFunction(torch.autograd.Function):
         if dk.untyped_storage().data_ptr() == dq.untyped_storage().data_ptr():
             dk = dk.clone()  # e.g. both outputs fed one add: rotating shared memory twice would be wrong
         _rope_launch(dq, dk, cos, sin, inverse=True)
-        return dq, dk, None, None
+        return dq, dk, None, None, None
 
 
-def apply_rope(q, k, cos, sin):
+def apply_rope(q, k, cos, sin, q_term=None, k_term=None):
     """Applies HF's rotary embedding to q (B, Hq, T, D) and k (B, Hk, T, D) in place; returns (q, k).
 
     q and k may be any strided views (e.g. (B, T, H, D) tensors transposed to (B, H, T, D)). Their
@@ -153,13 +231,22 @@ def apply_rope(q, k, cos, sin):
     (partial rotary: only the first R dims of each head rotate); no gradient flows to cos/sin. Backward rotates the incoming
     gradients in place, so they are overwritten (autograd-owned in normal training; a gradient
     passed to .backward() by hand is overwritten too).
+
+    q_term, k_term: a rank-r term (left (B * T, r) with contiguous rows, right (r, heads * D)) added to q (k)
+    before the rotation, as a constant: no gradient flows to it here (the LoRA function that deferred it
+    takes dq as its output's gradient). Fully rotary heads only (R == D).
     """
     if cos.dim() == 2:
         cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
     _check_shapes(q, k, cos, sin)
+    for x, term, name in ((q, q_term, "q"), (k, k_term, "k")):
+        if term is not None:
+            _check_term(x, term, name)
+            if cos.shape[-1] != x.shape[-1]:
+                raise ValueError("apply_rope: a rank-r term needs fully rotary heads (cos/sin as wide as head_dim)")
     if torch.is_grad_enabled() and any(t.is_leaf and t.requires_grad for t in (q, k)):
         raise RuntimeError("apply_rope rotates q and k in place: they cannot be leaves requiring grad")
-    return RoPEFunction.apply(q, k, cos, sin)
+    return RoPEFunction.apply(q, k, cos, sin, (q_term, k_term))
 
 
 def rope_cos_sin(inv_freq, position_ids, attention_scaling=1.0, dtype=torch.float32):

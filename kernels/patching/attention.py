@@ -24,33 +24,42 @@ def _modeling_module(attention: nn.Module):
     return sys.modules[type(attention).__module__]
 
 
-def _project(x, projection_modules):
-    """Runs the (one or three) projections on the LoRA kernels, or as PEFT layers when a feature needs that."""
+def _project(x, projection_modules, deferred=None):
+    """Runs the (one or three) projections on the LoRA kernels, or as PEFT layers when a feature needs that.
+    deferred: a dict for q's and k's rank-r terms where the RoPE kernel adds them (lora_qkv)."""
     if first_blocker(projection_modules) is None:
         projections = [lora_projection(m) for m in projection_modules]
-        return lora_qkv(x, *projections) if len(projections) == 3 else (lora_linear(x, projections[0]),)
+        return lora_qkv(x, *projections, deferred) if len(projections) == 3 else (lora_linear(x, projections[0]),)
     return tuple(m(x) for m in projection_modules)
 
 
-def _rotate(attention: nn.Module, q, k, cos, sin, pair_tables: bool):
+def _rope_takes_terms(attention: nn.Module, position_embeddings, pair_tables: bool) -> bool:
+    """Whether q and k go from their projections straight to the RoPE kernel, rotated whole (no per-head norm
+    between, no partial rotary), so that it can add their rank-r terms."""
+    cos = position_embeddings[0]
+    return not hasattr(attention, "q_norm") and not pair_tables and cos.shape[-1] == attention.head_dim
+
+
+def _rotate(attention: nn.Module, q, k, cos, sin, pair_tables: bool, terms=None):
     if pair_tables:  # gpt-oss: one cos/sin per pair (i, i + D/2), the kernel's tables repeat them
         cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
     # Partial rotary (Phi-4-mini's partial_rotary_factor): cos/sin cover the first dims of each head only,
     # which the kernel rotates in place, leaving the rest.
     if cos.shape[-1] <= q.shape[-1] and cos.shape[-1] % 2 == 0:
-        return apply_rope(q, k, cos, sin)
+        return apply_rope(q, k, cos, sin, *((terms or {}).get(name) for name in "qk"))
     return _modeling_module(attention).apply_rotary_pos_emb(q, k, cos, sin)
 
 
 def _attend(attention: nn.Module, q, k, v, input_shape, position_embeddings, attention_mask, kwargs,
-            pair_tables=False, softcapped=False):
+            pair_tables=False, softcapped=False, terms=None):
+    """terms: q's and k's rank-r terms that their projections left to the RoPE kernel (_rope_takes_terms)."""
     hidden_shape = (*input_shape, -1, attention.head_dim)
     q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
     if hasattr(attention, "q_norm"):  # Qwen3, Gemma 3: per-head RMSNorm before RoPE
         q, k = attention.q_norm(q), attention.k_norm(k)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     cos, sin = position_embeddings
-    q, k = _rotate(attention, q, k, cos, sin, pair_tables)
+    q, k = _rotate(attention, q, k, cos, sin, pair_tables, terms)
 
     config = attention.config
     if hasattr(attention, "sliding_window"):
@@ -87,9 +96,10 @@ def _attention_forward(attention: nn.Module, hidden_states, *args, pair_tables=F
     if not _can_run(args, kwargs):
         return plain_forward(attention)(hidden_states, *args, **kwargs)
     position_embeddings, attention_mask, rest = _split_kwargs(kwargs)
-    q, k, v = _project(hidden_states, (attention.q_proj, attention.k_proj, attention.v_proj))
+    terms = {} if _rope_takes_terms(attention, position_embeddings, pair_tables) else None
+    q, k, v = _project(hidden_states, (attention.q_proj, attention.k_proj, attention.v_proj), terms)
     out, weights = _attend(attention, q, k, v, hidden_states.shape[:-1], position_embeddings, attention_mask, rest,
-                           pair_tables, softcapped)
+                           pair_tables, softcapped, terms)
     (out,) = _project(out, (attention.o_proj,))
     return out, weights
 

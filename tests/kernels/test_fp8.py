@@ -326,6 +326,31 @@ def test_the_triton_quantiser_gives_torchs_codes_and_scales_bit_for_bit(shape, d
     assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
 
 
+@pytest.mark.parametrize("family, deferred", [("llama", True), ("qwen3", False)])
+def test_q_and_k_lora_terms_over_fp8_go_to_the_rope_kernel(family, deferred, monkeypatch, device):
+    """Over an FP8 base, q's and k's rank-r terms are left out of their products and added by the RoPE kernel
+    (one pass over q and k fewer), unless a per-head norm (Qwen3's) sits between; loss and LoRA gradients as
+    with the addmm_ onto each product."""
+    from lanner.kernels.patching import attention as attention_module
+
+    model = get_lora_model(tiny_model(family, device=device, **FP8_SIZES), load_in_fp8=True,
+                           gradient_checkpointing=False)
+    randomise_lora(model)
+    ids = token_batches(1, 2, 6, model.config.vocab_size, device=device)[0]
+    seen = []
+    forward = lora.LoRAQKVFunction.forward
+    monkeypatch.setattr(lora.LoRAQKVFunction, "forward", staticmethod(
+        lambda ctx, x, dtype, projections, terms, *w: seen.append(terms) or forward(ctx, x, dtype, projections, terms,
+                                                                                   *w)))
+    loss, grads = step_grads(model, ids)
+    assert [sorted(t) if t is not None else None for t in seen] == [["k", "q"] if deferred else None] * 2
+    model.zero_grad()
+    monkeypatch.setattr(attention_module, "_rope_takes_terms", lambda *args: False)
+    loss_added, grads_added = step_grads(model, ids)
+    assert abs(loss - loss_added) <= 1e-6 * abs(loss_added)
+    assert max_relative_error(grads, grads_added) < 1e-5
+
+
 # (5, 64): many rows a program; (3, 300): a row narrower than its block
 @pytest.mark.parametrize("shape", [(5, 64), (3, 300)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

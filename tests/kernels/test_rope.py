@@ -202,3 +202,54 @@ def test_partial_rotary_matches_phi3(device):
     got_q, got_k = torch.autograd.grad((q_out, k_out), (xq, xk), (grad_q.clone(), grad_k.clone()))
     torch.testing.assert_close(got_q, ref_q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_k, ref_k, rtol=1e-5, atol=1e-5)
+
+
+# (batch, q heads, k heads, seq, head_dim, rank): tokens past one program's 32, a rank past RANK_CHUNK's 16 here
+@pytest.mark.parametrize("config", [(2, 4, 2, 20, 64, 8), (1, 3, 1, 37, 32, 20)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("terms", ["both", "q only"])
+def test_rank_r_terms_are_added_before_the_rotation_as_an_addmm(config, dtype, terms, device, monkeypatch):
+    """apply_rope with q's (and k's) rank-r term: the projection's output plus left @ right, rounded once to its
+    dtype (an addmm_ onto it), then rotated; backward takes the gradient to the projection's output as without."""
+    from lanner.kernels.ops import _utils
+
+    monkeypatch.setattr(_utils, "RANK_CHUNK", 16)
+    bsz, n_q, n_k, seq_len, head_dim, rank = config
+    position_ids = _packed_position_ids(bsz, seq_len, device)
+    cos, sin = _rotary(n_q, head_dim, device)(torch.empty(1, device=device, dtype=dtype), position_ids)
+    g = torch.Generator().manual_seed(5)
+
+    def term(heads):
+        left = torch.randn(bsz * seq_len, rank, generator=g).to(device=device, dtype=dtype)
+        right = (torch.randn(heads * head_dim, rank, generator=g) * 0.3).to(device=device, dtype=dtype).t()
+        return left, right  # right: a transposed view, as B^T is
+
+    q_term, k_term = term(n_q), (term(n_k) if terms == "both" else None)
+    xq, q = _projection_outputs(bsz, n_q, seq_len, head_dim, dtype, device)
+    xk, k = _projection_outputs(bsz, n_k, seq_len, head_dim, dtype, device)
+    full = []
+    for x, t in ((xq, q_term), (xk, k_term)):
+        rows = x.detach().reshape(bsz * seq_len, -1)
+        rows = rows.clone() if t is None else torch.addmm(rows, *t)  # one rounding, as the kernel
+        full.append(rows.view(bsz, seq_len, -1, head_dim).transpose(1, 2).requires_grad_())
+    q_ref, k_ref = apply_rotary_pos_emb(*full, cos, sin)
+
+    q_out, k_out = apply_rope(q, k, cos, sin, q_term, k_term)
+    tol = TOL[dtype]
+    torch.testing.assert_close(q_out, q_ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(k_out, k_ref, rtol=tol, atol=tol)
+    dq, dk = torch.randn_like(q_out), torch.randn_like(k_out)
+    torch.autograd.backward((q_out, k_out), (dq.clone(), dk.clone()))
+    torch.autograd.backward((q_ref, k_ref), (dq, dk))
+    torch.testing.assert_close(xq.grad, full[0].grad.transpose(1, 2).reshape(xq.shape), rtol=tol, atol=tol)
+    torch.testing.assert_close(xk.grad, full[1].grad.transpose(1, 2).reshape(xk.shape), rtol=tol, atol=tol)
+
+
+def test_a_rank_r_term_needs_fully_rotary_heads_and_its_shapes(device):
+    q, k = torch.zeros(1, 2, 3, 16, device=device), torch.zeros(1, 1, 3, 16, device=device)
+    cos = sin = torch.ones(1, 3, 16, device=device)
+    with pytest.raises(ValueError, match="q's rank-r term"):
+        apply_rope(q, k, cos, sin, q_term=(torch.zeros(3, 4, device=device), torch.zeros(4, 16, device=device)))
+    with pytest.raises(ValueError, match="fully rotary"):
+        apply_rope(q, k, cos[..., :8], sin[..., :8],
+                   q_term=(torch.zeros(3, 4, device=device), torch.zeros(4, 32, device=device)))
