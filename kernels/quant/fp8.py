@@ -137,12 +137,16 @@ class _LastQuantised:
 
     @classmethod
     def of(cls, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if x2.is_inference():  # no version counter to tell a change in place: quantised every time
+            return quantize_rows(x2)
         if cls.quantised is None or cls.key != cls._key(x2):
             cls.offer(x2, x2, quantize_rows(x2))
         return cls.quantised
 
     @classmethod
     def offer(cls, owner: torch.Tensor, rows: torch.Tensor, quantised: tuple[torch.Tensor, torch.Tensor]) -> None:
+        if rows.is_inference():
+            return
         cls.token += 1
         token = cls.token
         # while the owner lives its memory holds these rows (a version bump aside, which the key sees)

@@ -94,6 +94,11 @@ def test_rows_shared_by_projections_are_quantised_once(monkeypatch):
     torch.testing.assert_close(fp8_forward(q, x), 2 * first[0], rtol=1e-6, atol=1e-6)
     fp8_forward(q, x.clone())
     assert len(calls) == 3
+    with torch.inference_mode():  # no version counter: quantised at every product
+        rows = torch.randn(5, 32)
+        fp8_forward(q, rows), rows.mul_(2)
+        torch.testing.assert_close(fp8_forward(k, rows), fp8_forward(k, rows.clone()), rtol=0, atol=0)
+    assert len(calls) == 6
 
 
 def gemm_bound(x, w, x_scale, w_scale):
