@@ -64,6 +64,12 @@ def _user_function(function: dict, name: str):
     return reward
 
 
+# The largest |reward| a function may return. Weights go to 100 (spec.RewardFunction), so weighted totals and their
+# spread, which TRL normalises in float32 (its largest finite value 3.4e38, a square of one 1.8e19), stay far
+# inside it: a reward of 1e30 passed the finite check and turned every advantage of its group into NaN or zero.
+MAX_ABS_REWARD = 1e6
+
+
 def _checked(values, count: int) -> list:
     if not isinstance(values, (list, tuple)) or len(values) != count:
         raise TypeError(f"reward returned {type(values).__name__}"
@@ -72,8 +78,9 @@ def _checked(values, count: int) -> list:
     out = []
     for index, value in enumerate(values):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value)):
-            raise TypeError(f"reward returned {value!r} for completion {index}; rewards are finite numbers or None")
+                                  or not math.isfinite(value) or abs(value) > MAX_ABS_REWARD):
+            raise TypeError(f"reward returned {value!r} for completion {index}; rewards are numbers within "
+                            f"±{MAX_ABS_REWARD:g} (or None)")
         out.append(None if value is None else float(value))
     return out
 

@@ -62,6 +62,13 @@ def test_an_exception_comes_back_with_the_users_traceback():
     assert 'File "<reward mine>", line 2, in helper' in error.traceback and "sandbox_child" not in error.traceback
 
 
+@pytest.mark.parametrize("value", ["float('nan')", "1e30", "-10 ** 7", "True", "'1'"])
+def test_a_reward_that_is_not_a_bounded_number_is_refused_in_words(value):
+    error = failure(f"def reward(prompts, completions, **c):\n    return [{value} for _ in completions]\n")
+    assert error.message == f"TypeError: reward returned {eval(value)!r} for completion 0; rewards are numbers " \
+                            "within ±1e+06 (or None)"
+
+
 def test_a_function_that_never_returns_is_stopped_by_the_timeout():
     error = failure("def reward(prompts, completions, **c):\n    while True:\n        pass\n",
                     SandboxLimits(timeout_s=1))
