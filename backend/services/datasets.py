@@ -7,7 +7,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete as delete_rows
+from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
 from lanner.backend import dataset_preview
@@ -124,15 +125,22 @@ def store_upload(session: Session, settings: Settings, user: User, received: Pat
 
 
 def delete(session: Session, settings: Settings, user: User, dataset: Dataset) -> None:
-    """Deletes the dataset and its folder; refused while a queued or running job uses it."""
+    """Deletes the dataset and its folder; refused while a queued or running job uses it. One conditional
+    write: of two deletes at once one deletes and the other answers 404, and a job queued on the dataset
+    after it was read still keeps it."""
     require_owner_or_admin(user, dataset.owner_id, "delete this dataset")
-    busy = session.scalar(select(func.count()).select_from(Job).where(
-        Job.dataset_id == dataset.id, Job.status.in_([JobStatus.queued, JobStatus.running])))
-    if busy:
-        raise UserError(409, f"{busy} queued or running job(s) use dataset {dataset.id}: cancel them first")
-    session.delete(dataset)
+    dataset_id = dataset.id
+    busy_jobs = select(Job.id).where(Job.dataset_id == dataset_id, Job.status.in_([JobStatus.queued, JobStatus.running]))
+    deleted = session.execute(delete_rows(Dataset).where(Dataset.id == dataset_id, ~exists(busy_jobs))
+                              .execution_options(synchronize_session=False)).rowcount
     session.commit()
-    get_store(settings).delete(f"datasets/{dataset.id}")
+    if not deleted:
+        if session.get(Dataset, dataset_id, populate_existing=True) is None:
+            raise UserError(404, f"No dataset {dataset_id}")
+        busy = session.scalar(select(func.count()).select_from(busy_jobs.subquery()))
+        raise UserError(409, f"{busy} queued or running job(s) use dataset {dataset_id}: cancel them first")
+    session.expunge(dataset)
+    get_store(settings).delete(f"datasets/{dataset_id}")
 
 
 def rows_and_tokenizer(dataset: Dataset, model: str, settings: Settings):

@@ -116,6 +116,24 @@ def test_delete_is_for_the_owner_or_an_admin_and_not_while_a_job_needs_it(team, 
     assert team.admin.delete("/api/datasets/999").status_code == 404
 
 
+def test_of_two_deletes_at_once_one_deletes_and_the_other_is_a_404(team_on_each_database):
+    # both read the dataset before either wrote: each answered 204 (the second deleted nothing)
+    from lanner.backend.services import datasets
+    from lanner.core import db
+    from lanner.core.errors import UserError
+    from lanner.core.models import Dataset, User
+
+    team = team_on_each_database
+    dataset_id = upload(team.alice, "chat.jsonl", CHAT_ROWS).json()["id"]
+    with db.session_factory(team.api.settings.database_url)() as session:
+        stale = session.get(Dataset, dataset_id)
+        alice = session.get(User, stale.owner_id)
+        assert team.alice.delete(f"/api/datasets/{dataset_id}").status_code == 204
+        with pytest.raises(UserError) as error:
+            datasets.delete(session, team.api.settings, alice, stale)
+    assert error.value.status == 404 and error.value.message == f"No dataset {dataset_id}"
+
+
 def test_preview_marks_the_trained_tokens_and_stats_count_them(team, allowed_smollm2):
     smollm2_dir = allowed_smollm2
     dataset = upload(team.alice, "chat.jsonl", CHAT_ROWS).json()
