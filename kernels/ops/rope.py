@@ -112,8 +112,9 @@ def _rope_rank_r_kernel(
     tl.store(ptr2, (x2 * cos2 + x1 * sin2).to(X.dtype.element_ty), mask=mask)
 
 
-# Tokens a program of the rank-r kernel takes (the term's dot needs 16 rows at least).
-_RANK_R_TOKENS = 32
+# Elements of one half-head tile a program of the rank-r kernel holds (32 tokens of a 128-wide head): its six
+# float32 tiles stay in registers; tokens in multiples of 16 (the term's dot needs 16 rows at least).
+_RANK_R_TILE = 2048
 
 
 def _check_term(x, term, name):
@@ -135,14 +136,16 @@ def _rope_rank_r_launch(x, cos, sin, term):
     sin_strides = (sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1), sin.stride(2))
     left, right = term if term is not None else (x, x)  # stand-ins for pointers never read
     rank = left.shape[1] if term is not None else 0
-    _rope_rank_r_kernel[(triton.cdiv(bsz * seq_len, _RANK_R_TOKENS), heads)](
+    block_d = max(16, triton.next_power_of_2(half))
+    block_t = max(16, _RANK_R_TILE // block_d)
+    _rope_rank_r_kernel[(triton.cdiv(bsz * seq_len, block_t), heads)](
         x, cos, sin, left, right,
         *x.stride(), *cos_strides, *sin_strides,
         bsz * seq_len, seq_len, half, head_dim, rank,
         left.stride(0) if term is not None else 0, right.stride(0) if term is not None else 0,
         right.stride(1) if term is not None else 0,
         HAS_TERM=term is not None, R=rank_block(max(rank, 1)), DOT_PRECISION=dot_precision(x.dtype),
-        UPCAST=x.device.type != "cuda", BLOCK_T=_RANK_R_TOKENS, BLOCK_D=max(16, triton.next_power_of_2(half)),
+        UPCAST=x.device.type != "cuda", BLOCK_T=block_t, BLOCK_D=block_d,
         num_warps=4,
     )
 

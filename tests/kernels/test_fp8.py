@@ -331,7 +331,7 @@ def test_the_triton_quantiser_gives_torchs_codes_and_scales_bit_for_bit(shape, d
     assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
 
 
-@pytest.mark.parametrize("family, deferred", [("llama", True), ("qwen3", False)])
+@pytest.mark.parametrize("family, deferred", [("llama", True), ("gemma2", True), ("qwen3", False)])
 def test_q_and_k_lora_terms_over_fp8_go_to_the_rope_kernel(family, deferred, monkeypatch, device):
     """Over an FP8 base, q's and k's rank-r terms are left out of their products and added by the RoPE kernel
     (one pass over q and k fewer), unless a per-head norm (Qwen3's) sits between; loss and LoRA gradients as

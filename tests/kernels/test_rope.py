@@ -204,8 +204,10 @@ def test_partial_rotary_matches_phi3(device):
     torch.testing.assert_close(got_k, ref_k, rtol=1e-5, atol=1e-5)
 
 
-# (batch, q heads, k heads, seq, head_dim, rank): tokens past one program's 32, a rank past RANK_CHUNK's 16 here
-@pytest.mark.parametrize("config", [(2, 4, 2, 20, 64, 8), (1, 3, 1, 37, 32, 20)], ids=str)
+# (batch, q heads, k heads, seq, head_dim, rank): tokens past one program's (64 of a 64-wide head, 16 of a 256-wide
+# one), a rank past RANK_CHUNK's 16 here, a head_dim not a power of two
+@pytest.mark.parametrize("config", [(2, 4, 2, 40, 64, 8), (1, 3, 1, 37, 32, 20), (1, 2, 1, 20, 256, 4),
+                                    (2, 2, 2, 9, 80, 16)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("terms", ["both", "q only"])
 def test_rank_r_terms_are_added_before_the_rotation_as_an_addmm(config, dtype, terms, device, monkeypatch):
