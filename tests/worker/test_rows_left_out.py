@@ -80,6 +80,7 @@ def test_packed_sft_leaves_out_rows_with_nothing_to_learn(smollm2_dir, tmp_path)
             start += length
     assert ("warning", "2 of 5 training rows were left out: none of their answer fits within max_seq_len "
                        "(64 tokens)") in events.lines
+    assert not any("reach max_seq_len" in line for _, line in events.lines)  # the kept rows fit whole
     with pytest.raises(JobFailed, match=r"^No training row has any of its answer within max_seq_len \(64 tokens\)"):
         build_trainer(model, tokenizer, rows[:2], options, str(tmp_path / "run"), [])
 
@@ -108,3 +109,21 @@ def test_rows_the_chat_template_refuses_are_left_out_with_its_reason(smollm2_dir
                                         "Conversation roles must alternate user/assistant/user/assistant/...)")]
     with pytest.raises(JobFailed, match=r"^The chat template refuses every row: Conversation roles must alternate"):
         rows_the_template_takes([twice], tokenizer, [])
+
+
+def test_rows_cut_at_max_seq_len_are_counted_in_the_log(smollm2_dir, tmp_path):
+    # raw text for pretrain (and long conversations): the tail past max_seq_len is not trained on, and said so
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lanner.worker.training.sft import build_trainer
+
+    options = training_options_of("pretrain", {"hyperparameters": {"max_seq_len": 64, "eval_fraction": 0,
+                                                                   "before_after_eval": False}})
+    tokenizer = load_tokenizer(str(smollm2_dir), options)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    events = Events()
+    build_trainer(model, tokenizer, [{"text": LONG}, {"text": "Short text."}, {"text": LONG}], options,
+                  str(tmp_path / "run"), [MetricsCallback(events, 1)])
+    assert ("warning", "2 of 3 training rows reach max_seq_len (64 tokens): what is past it is not trained on") \
+        in events.lines

@@ -47,6 +47,9 @@ def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, 
                     in (("training", rows_in, kept), ("validation", eval_in, eval_kept)) if taken < total]
         metrics.events.log(f"{' and '.join(left_out)} were left out: none of their answer fits within max_seq_len "
                            f"({options.max_seq_length} tokens)", level="warning")
+    if metrics is not None and trainer.cut_rows.get("train"):
+        metrics.events.log(f"{trainer.cut_rows['train']} of {kept} training rows reach max_seq_len "
+                           f"({options.max_seq_length} tokens): what is past it is not trained on", level="warning")
     if evaluation is not None and eval_kept == 0:
         raise JobFailed(f"None of the {eval_in} validation rows has any of its answer within max_seq_len "
                         f"({options.max_seq_length} tokens) once the chat template is applied: raise max_seq_len, "
@@ -67,16 +70,19 @@ class KernelLossSFTTrainer(LateLogging, SFTTrainer):
     step is logged one step late (LateLogging), so the host does not wait for the GPU between steps."""
 
     kept_rows: dict[str, tuple[int, int]] = {}  # dataset name -> (rows in, rows kept); replaced, never changed
+    cut_rows: dict[str, int] = {}  # dataset name -> kept rows that max_length cut short; replaced, never changed
 
     def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func, dataset_name):
         """Rows are tokenised, truncated to max_length and rid of those with no label left to learn (TRL's
         preparation without packing) before they are packed: TRL's packing truncates without dropping them,
         so a row whose answer max_length cuts off whole would train on nothing. `kept_rows[dataset_name]` is
-        (rows in, rows kept)."""
+        (rows in, rows kept), `cut_rows[dataset_name]` how many of those max_length cut short (a row of exactly
+        max_length tokens counts too: the tokeniser's output does not tell the two apart)."""
         if args.max_length is None or "input_ids" in dataset.column_names:  # already prepared: TRL's way
             return super()._prepare_dataset(dataset, processing_class, args, packing, formatting_func, dataset_name)
         prepared = super()._prepare_dataset(dataset, processing_class, args, False, formatting_func, dataset_name)
         self.kept_rows = {**self.kept_rows, dataset_name: (len(dataset), len(prepared))}
+        self.cut_rows = {**self.cut_rows, dataset_name: sum(len(ids) >= args.max_length for ids in prepared["input_ids"])}
         if not packing or len(prepared) == 0:
             return prepared
         return super()._prepare_dataset(prepared, processing_class, args, True, formatting_func, dataset_name)
