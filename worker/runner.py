@@ -292,6 +292,10 @@ def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, j
             sampler.stop()
     if taken:  # another worker may run it already: its status, stream and checkpoints are no longer ours
         return None
+    try:  # before the final status: whoever reads that status finds the flag gone too
+        clear_cancel(redis, job.id)
+    except Exception:  # Redis away: the flag expires by itself
+        log.warning("could not clear the cancel flag of job %s", job.id, exc_info=True)
     stopped_by_drain = drained and process.returncode == -signal.SIGKILL  # past DRAIN_GRACE_SECONDS
     status, error = (None, None) if stopped_by_drain else _outcome(sessions, job.id, process.returncode, cancelled,
                                                                    log_path)
@@ -302,10 +306,6 @@ def run_job(settings: Settings, sessions: sessionmaker[Session], redis: Redis, j
         events.status(status, error=error)
         publish_queue_event(redis, "finished", {**job_summary(job), "status": status.value, "error": error})
     events.flush(FLUSH_SECONDS)
-    try:
-        clear_cancel(redis, job.id)
-    except Exception:  # Redis away: the flag expires by itself
-        log.warning("could not clear the cancel flag of job %s", job.id, exc_info=True)
     return status
 
 
