@@ -175,8 +175,9 @@ def _project(
     x2: torch.Tensor, p: LoRAProjection, xa: torch.Tensor | None = None, term_elsewhere: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Forward of one projection on rows x2; returns the output and x2 @ A^T (None when not adapted).
-    xa: x2 @ A^T when the caller already has it. term_elsewhere: the output is gate or up, and where
-    _term_elsewhere(p) the GLU kernel adds the rank-r term: the output is returned without it.
+    xa: x2 @ A^T when the caller already has it. term_elsewhere: the output goes to a kernel that adds the
+    rank-r term where _term_elsewhere(p) (gate's and up's to the GLU kernel, q's and k's to the RoPE kernel):
+    the output is then returned without it.
 
     The rank-r term is written first and the base GEMM adds onto it (beta=1, in its epilogue, where
     it costs nearly nothing): one write of the output instead of a write and then a read-modify-write

@@ -135,6 +135,20 @@ def _scaled_tile(X, COLUMN_SCALE, rows, row_mask, x_row_stride, start, n_cols, H
     return v, cols, mask
 
 
+def hardware_e4m3_cast(device: torch.device) -> bool:
+    """Whether the quantisers round to e4m3 with the GPU's conversion instruction (FP8 GPUs) rather than by
+    `_e4m3_bits`' integer operations (the CPU interpreter, older GPUs): the same bits either way."""
+    return device.type == "cuda" and cuda_capability(device) >= MIN_CAPABILITY
+
+
+@triton.jit
+def row_scales(amax, E4M3_MAX: tl.constexpr):
+    """The float32 scale of each row of a (rows, block) tile of magnitudes: its largest maps to E4M3_MAX, an
+    all-zero row gets 1."""
+    row_max = tl.max(amax, axis=1)
+    return tl.where(row_max > 0, tl.math.div_rn(row_max, E4M3_MAX), 1.0)
+
+
 @triton.jit
 def store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX: tl.constexpr, HARDWARE_CAST: tl.constexpr):
     v = tl.minimum(tl.maximum(tl.math.div_rn(v, scale[:, None]), -E4M3_MAX), E4M3_MAX)
@@ -161,8 +175,7 @@ def _quantize_rows_kernel(X, COLUMN_SCALE, CODES, SCALE, n_rows, n_cols, x_row_s
             v, cols, mask = _scaled_tile(X, COLUMN_SCALE, rows, row_mask, x_row_stride, start, n_cols,
                                          HAS_COLUMN_SCALE, BLOCK)
             amax = tl.maximum(amax, tl.abs(v))
-    row_max = tl.max(amax, axis=1)
-    scale = tl.where(row_max > 0, tl.math.div_rn(row_max, E4M3_MAX), 1.0)
+    scale = row_scales(amax, E4M3_MAX)
     tl.store(SCALE + rows, scale, mask=row_mask)
     if ONE_PASS:
         store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX, HARDWARE_CAST)
@@ -204,8 +217,7 @@ def _quantize_joined_kernel(X0, X1, X2, COLUMN_SCALE, CODES, SCALE, n_rows, n0, 
     amax = _part_amax(X0, COLUMN_SCALE, rows, row_mask, stride0, n0, amax, BLOCK)
     amax = _part_amax(X1, COLUMN_SCALE + n0, rows, row_mask, stride1, n1, amax, BLOCK)
     amax = _part_amax(X2, COLUMN_SCALE + n0 + n1, rows, row_mask, stride2, n2, amax, BLOCK)
-    row_max = tl.max(amax, axis=1)
-    scale = tl.where(row_max > 0, tl.math.div_rn(row_max, E4M3_MAX), 1.0)
+    scale = row_scales(amax, E4M3_MAX)
     tl.store(SCALE + rows, scale, mask=row_mask)
     # the second read of each part mostly hits the L2 cache
     _part_store(X0, COLUMN_SCALE, CODES, rows, row_mask, stride0, n0, width, scale, E4M3_MAX, HARDWARE_CAST, BLOCK)
@@ -251,7 +263,7 @@ def quantize_joined_rows_triton(parts: list[torch.Tensor], column_scales: list[t
         rows_per_program = max(1, QUANTIZE_TILE // 2 // block)
         _quantize_joined_kernel[(triton.cdiv(rows, rows_per_program),)](
             *padded, column_scale, codes, scale, rows, *n, *(p.stride(0) for p in padded),
-            E4M3_MAX=E4M3_MAX, HARDWARE_CAST=parts[0].is_cuda and cuda_capability(parts[0].device) >= MIN_CAPABILITY,
+            E4M3_MAX=E4M3_MAX, HARDWARE_CAST=hardware_e4m3_cast(parts[0].device),
             ROWS=rows_per_program, BLOCK=block, num_warps=8)
     return codes.view(FP8_DTYPE), scale
 
@@ -279,10 +291,9 @@ def quantize_rows_triton(x: torch.Tensor, column_scale: torch.Tensor | None = No
     if rows:
         column_scale = None if column_scale is None else column_scale.float().contiguous()
         rows_per_program, block = quantize_tile(cols, column_scale is not None)
-        hardware_cast = x.is_cuda and cuda_capability(x.device) >= MIN_CAPABILITY
         _quantize_rows_kernel[(triton.cdiv(rows, rows_per_program),)](
             x, column_scale if column_scale is not None else scale, codes, scale, rows, cols, x.stride(0),
-            E4M3_MAX=E4M3_MAX, HAS_COLUMN_SCALE=column_scale is not None, HARDWARE_CAST=hardware_cast,
+            E4M3_MAX=E4M3_MAX, HAS_COLUMN_SCALE=column_scale is not None, HARDWARE_CAST=hardware_e4m3_cast(x.device),
             ROWS=rows_per_program, BLOCK=block, ONE_PASS=block >= cols, num_warps=8)
     return codes.view(FP8_DTYPE), scale
 

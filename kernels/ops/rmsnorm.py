@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ._utils import MAX_FUSED_SIZE, new_output, num_warps_for, program_count
-from .fp8_matmul import E4M3_MAX, FP8_DTYPE, MIN_CAPABILITY, cuda_capability, store_codes
+from .fp8_matmul import E4M3_MAX, FP8_DTYPE, hardware_e4m3_cast, row_scales, store_codes
 
 
 @triton.jit
@@ -47,8 +47,7 @@ def _rms_norm_fwd_kernel(
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y, mask=mask)
     if QUANTIZE:  # quantize_rows of the rounded output: each row's largest magnitude maps to E4M3_MAX
         v = y.to(tl.float32)
-        row_max = tl.max(tl.abs(v), axis=1)
-        scale = tl.where(row_max > 0, tl.math.div_rn(row_max, E4M3_MAX), 1.0)
+        scale = row_scales(tl.abs(v), E4M3_MAX)
         tl.store(SCALE + rows, scale, mask=row_mask)
         store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX, HARDWARE_CAST)
 
@@ -138,7 +137,7 @@ def _rms_norm_forward(x, weight, eps, offset, cast_before_weight, quantize=False
             n_rows, n_cols, eps, offset,
             CAST_BEFORE_WEIGHT=cast_before_weight,
             QUANTIZE=quantize,
-            HARDWARE_CAST=quantize and x.is_cuda and cuda_capability(x.device) >= MIN_CAPABILITY,
+            HARDWARE_CAST=quantize and hardware_e4m3_cast(x.device),
             E4M3_MAX=E4M3_MAX,
             BLOCK_ROWS=block_rows,
             BLOCK_SIZE=block,

@@ -117,6 +117,12 @@ def _rope_rank_r_kernel(
 _RANK_R_TILE = 2048
 
 
+def _table_strides(table):
+    """cos's or sin's (B or 1, T, R) strides; a broadcast batch of 1 is read with stride 0, so one kernel serves both
+    layouts."""
+    return (table.stride(0) if table.shape[0] > 1 else 0, table.stride(1), table.stride(2))
+
+
 def _check_term(x, term, name):
     left, right = term
     bsz, heads, seq_len, head_dim = x.shape
@@ -132,8 +138,7 @@ def _rope_rank_r_launch(x, cos, sin, term):
     if bsz * seq_len == 0:
         return
     half = cos.shape[-1] // 2
-    cos_strides = (cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), cos.stride(2))
-    sin_strides = (sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1), sin.stride(2))
+    cos_strides, sin_strides = _table_strides(cos), _table_strides(sin)
     left, right = term if term is not None else (x, x)  # stand-ins for pointers never read
     rank = left.shape[1] if term is not None else 0
     block_d = max(16, triton.next_power_of_2(half))
@@ -169,9 +174,7 @@ def _rope_launch(q, k, cos, sin, inverse):
     bsz, n_q_heads, seq_len, head_dim = q.shape
     n_k_heads = k.shape[1]
     half = cos.shape[-1] // 2  # the rotary dims; with partial rotary the rest of each head passes through
-    # A broadcast batch of 1 is read with stride 0 so one kernel serves both layouts.
-    cos_strides = (cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), cos.stride(2))
-    sin_strides = (sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1), sin.stride(2))
+    cos_strides, sin_strides = _table_strides(cos), _table_strides(sin)
     block_d = triton.next_power_of_2(half)
     block_qh = triton.next_power_of_2(n_q_heads)
     block_kh = triton.next_power_of_2(n_k_heads)
