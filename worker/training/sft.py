@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 
+import pyarrow.compute as pc
 import torch
 from transformers import Trainer
 from trl import SFTConfig, SFTTrainer
@@ -82,7 +83,8 @@ class KernelLossSFTTrainer(LateLogging, SFTTrainer):
             return super()._prepare_dataset(dataset, processing_class, args, packing, formatting_func, dataset_name)
         prepared = super()._prepare_dataset(dataset, processing_class, args, False, formatting_func, dataset_name)
         self.kept_rows = {**self.kept_rows, dataset_name: (len(dataset), len(prepared))}
-        self.cut_rows = {**self.cut_rows, dataset_name: sum(len(ids) >= args.max_length for ids in prepared["input_ids"])}
+        lengths = pc.list_value_length(prepared.with_format("arrow")["input_ids"])  # not every id as a Python int
+        self.cut_rows = {**self.cut_rows, dataset_name: pc.sum(pc.greater_equal(lengths, args.max_length)).as_py() or 0}
         if not packing or len(prepared) == 0:
             return prepared
         return super()._prepare_dataset(prepared, processing_class, args, True, formatting_func, dataset_name)
