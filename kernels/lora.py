@@ -283,12 +283,19 @@ def _flat_lora_weights(projections: Sequence[LoRAProjection]) -> list[torch.Tens
 
 
 class LoRALinearFunction(torch.autograd.Function):
-    """One LoRA projection (the attention output projection, or any single adapted linear)."""
+    """One LoRA projection (the attention output projection, or any single adapted linear).
+
+    deferred: a dict, or None. Given, the rank-r term is left out of the output where _term_elsewhere (an FP8
+    base) and put in it as "out": (x A^T, scaling * B^T), for the residual add after it (ops.residual_add).
+    The output's gradient is still the whole projection's, so backward is unchanged."""
 
     @staticmethod
-    def forward(ctx, x, dtype, projection, lora_A, lora_B):
+    def forward(ctx, x, dtype, projection, deferred, lora_A, lora_B):
         x2 = _rows(x, dtype)
-        out, xa = _project(x2, projection)
+        defer = deferred is not None and _term_elsewhere(projection)
+        out, xa = _project(x2, projection, term_elsewhere=defer)
+        if defer:
+            deferred["out"] = (xa, _scaled_B(projection, dtype).t())
         ctx.save_for_backward(x2, xa)
         ctx.projection, ctx.x_shape, ctx.x_dtype = projection, x.shape, x.dtype
         return out.view(*x.shape[:-1], out.shape[-1])
@@ -298,7 +305,7 @@ class LoRALinearFunction(torch.autograd.Function):
         x2, xa = ctx.saved_tensors
         dout2 = dout.reshape(-1, dout.shape[-1]).to(x2.dtype)
         dx, grads = _shared_input_backward(x2, [dout2], [xa], [ctx.projection])
-        return dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, *grads
+        return dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, None, *grads
 
 
 class LoRAQKVFunction(torch.autograd.Function):
@@ -442,11 +449,13 @@ class LoRAMLPFunction(torch.autograd.Function):
     dh_tile_rows: backward builds the down projection's input gradient this many rows at a time (see
     _mlp_backward). after_backward: called once backward has let go of the MLP's tensors (the memory
     engine then starts bringing the previous layer's offloaded up projection back).
+
+    deferred: as LoRALinearFunction's, for the down projection (untiled only).
     """
 
     @staticmethod
     def forward(ctx, x, dtype, activation, projections, stash, output_needed, tile_rows, dh_tile_rows, after_backward,
-                *lora_weights):
+                deferred, *lora_weights):
         gate_p, up_p, down_p = projections
         x2 = _rows(x, dtype)
         ctx.projections, ctx.activation, ctx.x_shape, ctx.x_dtype = projections, activation, x.shape, x.dtype
@@ -465,7 +474,11 @@ class LoRAMLPFunction(torch.autograd.Function):
         up, xa_up = kept["up"] if "up" in kept else _project(x2, up_p, term_elsewhere=True)
         ha_down = kept.get("ha_down")
         if output_needed:
-            out, ha_down = _project(_glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up), down_p)
+            defer = deferred is not None and _term_elsewhere(down_p)
+            out, ha_down = _project(_glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up), down_p,
+                                    term_elsewhere=defer)
+            if defer:
+                deferred["out"] = (ha_down, _scaled_B(down_p, dtype).t())
         else:
             if "ha_down" not in kept:
                 ha_down = _down_lora_input(_glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up),
@@ -501,12 +514,13 @@ class LoRAMLPFunction(torch.autograd.Function):
         del x2, saved, dout2
         if ctx.after_backward is not None:
             ctx.after_backward()
-        return (dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, None, None, None, None, None, None, *grads)
+        return (dx.view(ctx.x_shape).to(ctx.x_dtype), None, None, None, None, None, None, None, None, None, *grads)
 
 
-def lora_linear(x: torch.Tensor, projection: LoRAProjection) -> torch.Tensor:
+def lora_linear(x: torch.Tensor, projection: LoRAProjection, deferred: dict | None = None) -> torch.Tensor:
+    """deferred: see LoRALinearFunction (the rank-r term left to the residual add)."""
     dtype = compute_dtype(x)
-    return LoRALinearFunction.apply(x, dtype, projection, *projection.lora_weights)
+    return LoRALinearFunction.apply(x, dtype, projection, deferred, *projection.lora_weights)
 
 
 def lora_qkv(
@@ -521,18 +535,19 @@ def lora_qkv(
 def lora_mlp(
     x: torch.Tensor, gate: LoRAProjection, up: LoRAProjection, down: LoRAProjection, activation: str,
     *, stash: MLPStash | None = None, output_needed: bool = True, tile_rows: int | None = None,
-    dh_tile_rows: int | None = None, after_backward: Callable[[], None] | None = None,
+    dh_tile_rows: int | None = None, after_backward: Callable[[], None] | None = None, deferred: dict | None = None,
 ) -> torch.Tensor:
     """activation: "silu" (SwiGLU), "gelu" (exact GeGLU) or "gelu_tanh" (tanh-approximated GeGLU).
 
     stash, output_needed, tile_rows, dh_tile_rows and after_backward serve activation checkpointing
     and long sequences (see LoRAMLPFunction); the defaults give the plain forward and backward.
+    deferred: the down projection's rank-r term left to the residual add (see LoRAMLPFunction).
     """
     if activation not in GLU_ACTIVATIONS:
         raise ValueError(f"unknown GLU activation {activation!r}; expected one of {GLU_ACTIVATIONS}")
     projections = (gate, up, down)
     dtype = compute_dtype(x)
     return LoRAMLPFunction.apply(
-        x, dtype, activation, projections, stash, output_needed, tile_rows, dh_tile_rows, after_backward,
+        x, dtype, activation, projections, stash, output_needed, tile_rows, dh_tile_rows, after_backward, deferred,
         *_flat_lora_weights(projections),
     )

@@ -14,6 +14,7 @@ from ..peft_projections import fast_path_blocker
 from .attention import patch_attention
 from .binding import is_patched, plain_forwards, unbind_forward
 from .families import FAMILIES, Family, family_of
+from .layers import patch_decoder_layer
 from .loss import patch_causal_lm_loss
 from .mlp import patch_mlp
 from .moe import nf4_experts, patch_moe_experts
@@ -61,8 +62,8 @@ def patch_model(model: nn.Module) -> PatchReport:
     """Puts a (PEFT-wrapped or plain) Hugging Face causal LM's hot paths on the kernels, in place.
 
     RMSNorms, the decoder layers' attention (q/k/v/o projections and RoPE), MLP blocks, LoRA-adapted
-    mixture-of-experts experts, and the loss. Returns what was patched; an unsupported model is left
-    untouched and logged once.
+    mixture-of-experts experts, the residual adds over FP8 bases (patching/layers.py), and the loss. Returns
+    what was patched; an unsupported model is left untouched and logged once.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     family = family_of(base)
@@ -99,6 +100,8 @@ def patch_model(model: nn.Module) -> PatchReport:
                 report.patched["mlp"] += 1
             else:
                 fallbacks.add(f"the MLP runs on transformers' forward ({reason})")
+        if patch_decoder_layer(layer):
+            report.patched["residual_terms"] += 1
     if patch_causal_lm_loss(base):
         report.patched["loss"] += 1
     if report.patched["attention"]:

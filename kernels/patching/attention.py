@@ -26,10 +26,12 @@ def _modeling_module(attention: nn.Module):
 
 def _project(x, projection_modules, deferred=None):
     """Runs the (one or three) projections on the LoRA kernels, or as PEFT layers when a feature needs that.
-    deferred: a dict for q's and k's rank-r terms where the RoPE kernel adds them (lora_qkv)."""
+    deferred: a dict for q's and k's rank-r terms where the RoPE kernel adds them (lora_qkv), or for o's where
+    the residual add does (lora_linear)."""
     if first_blocker(projection_modules) is None:
         projections = [lora_projection(m) for m in projection_modules]
-        return lora_qkv(x, *projections, deferred) if len(projections) == 3 else (lora_linear(x, projections[0]),)
+        return (lora_qkv(x, *projections, deferred) if len(projections) == 3
+                else (lora_linear(x, projections[0], deferred),))
     return tuple(m(x) for m in projection_modules)
 
 
@@ -92,7 +94,9 @@ def _split_kwargs(kwargs):
     return kwargs["position_embeddings"], kwargs.get("attention_mask"), rest
 
 
-def _attention_forward(attention: nn.Module, hidden_states, *args, pair_tables=False, softcapped=False, **kwargs):
+def _attention_forward(attention: nn.Module, hidden_states, *args, pair_tables=False, softcapped=False,
+                       output_terms=None, **kwargs):
+    """output_terms: a dict for o's rank-r term where the residual add takes it (patching/layers.py)."""
     if not _can_run(args, kwargs):
         return plain_forward(attention)(hidden_states, *args, **kwargs)
     position_embeddings, attention_mask, rest = _split_kwargs(kwargs)
@@ -100,11 +104,11 @@ def _attention_forward(attention: nn.Module, hidden_states, *args, pair_tables=F
     q, k, v = _project(hidden_states, (attention.q_proj, attention.k_proj, attention.v_proj), terms)
     out, weights = _attend(attention, q, k, v, hidden_states.shape[:-1], position_embeddings, attention_mask, rest,
                            pair_tables, softcapped, terms)
-    (out,) = _project(out, (attention.o_proj,))
+    (out,) = _project(out, (attention.o_proj,), output_terms)
     return out, weights
 
 
-def _fused_qkv_attention_forward(attention: nn.Module, hidden_states, *args, **kwargs):
+def _fused_qkv_attention_forward(attention: nn.Module, hidden_states, *args, output_terms=None, **kwargs):
     """Phi-3: one qkv_proj whose output is split into q, k and v."""
     if not _can_run(args, kwargs):
         return plain_forward(attention)(hidden_states, *args, **kwargs)
@@ -118,7 +122,7 @@ def _fused_qkv_attention_forward(attention: nn.Module, hidden_states, *args, **k
             for part in (slice(0, q_size), slice(q_size, q_size + kv_size)))
     v = qkv[..., q_size + kv_size:]
     out, weights = _attend(attention, q, k, v, hidden_states.shape[:-1], position_embeddings, attention_mask, rest)
-    (out,) = _project(out, (attention.o_proj,))
+    (out,) = _project(out, (attention.o_proj,), output_terms)
     return out, weights
 
 

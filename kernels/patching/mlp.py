@@ -8,26 +8,28 @@ from .binding import bind_forward, plain_forward
 from .families import glu_activation
 
 
-def _mlp_forward(mlp: nn.Module, x, *, activation: str):
+def _mlp_forward(mlp: nn.Module, x, *, activation: str, output_terms: dict | None = None):
+    """output_terms: a dict for the down projection's rank-r term where the residual add takes it (lora_mlp's
+    deferred; patching/layers.py)."""
     projections = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
     if first_blocker(projections) is not None:
         return plain_forward(mlp)(x)
     run = current_layer_run()
     if run is None:
-        return lora_mlp(x, *(lora_projection(m) for m in projections), activation)
+        return lora_mlp(x, *(lora_projection(m) for m in projections), activation, deferred=output_terms)
     return lora_mlp(x, *(lora_projection(m) for m in projections), activation,
                     stash=run.mlp_stash, output_needed=run.mlp_output_needed, tile_rows=run.mlp_tile_rows,
-                    dh_tile_rows=run.mlp_dh_tile_rows, after_backward=run.after_mlp_backward)
+                    dh_tile_rows=run.mlp_dh_tile_rows, after_backward=run.after_mlp_backward, deferred=output_terms)
 
 
-def _fused_gate_up_mlp_forward(mlp: nn.Module, x, *, activation: str):
+def _fused_gate_up_mlp_forward(mlp: nn.Module, x, *, activation: str, output_terms: dict | None = None):
     """Phi-3: gate and up are the two halves of one gate_up_proj output."""
     projections = (mlp.gate_up_proj, mlp.down_proj)
     if first_blocker(projections) is not None:
         return plain_forward(mlp)(x)
     gate_up_p, down_p = (lora_projection(m) for m in projections)
     gate, up = lora_linear(x, gate_up_p).chunk(2, dim=-1)
-    return lora_linear(gated_activation(activation, gate, up), down_p)
+    return lora_linear(gated_activation(activation, gate, up), down_p, output_terms)
 
 
 def patch_mlp(mlp: nn.Module) -> str | None:

@@ -356,6 +356,65 @@ def test_q_and_k_lora_terms_over_fp8_go_to_the_rope_kernel(family, deferred, mon
     assert max_relative_error(grads, grads_added) < 1e-5
 
 
+# (rows, cols, rank): rows past a tile's 32 and columns past its 128, a rank past RANK_CHUNK's 16 here
+@pytest.mark.parametrize("rows, cols, rank", [(70, 200, 20), (5, 64, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_residual_add_with_a_rank_r_term_rounds_the_term_as_an_addmm(rows, cols, rank, dtype, monkeypatch, device,
+                                                                     assert_close_scaled):
+    """residual + (out + left @ right): the term rounded once onto out (an addmm_), then the residual added; the
+    gradient goes whole to both."""
+    from lanner.kernels.ops import _utils
+    from lanner.kernels.ops.residual import residual_add
+
+    monkeypatch.setattr(_utils, "RANK_CHUNK", 16)
+    g = torch.Generator().manual_seed(7)
+    residual, out = (torch.randn(2, rows, cols, generator=g).to(device=device, dtype=dtype).requires_grad_()
+                     for _ in range(2))
+    left = torch.randn(2 * rows, rank, generator=g).to(device=device, dtype=dtype)
+    right = (torch.randn(cols, rank, generator=g) * 0.3).to(device=device, dtype=dtype).t()  # B^T: a view
+    got = residual_add(residual, out, (left, right))
+    # in float32, out + term rounded once to the dtype, then the residual added and rounded
+    term_added = torch.addmm(out.detach().float().view(-1, cols), left.float(), right.float()).to(dtype)
+    expected = (residual.detach().float() + term_added.float().view(out.shape)).to(dtype)
+    assert_close_scaled(got, expected, {torch.float32: 1e-5, torch.bfloat16: 8e-3}[dtype])
+    grad = torch.randn_like(got)
+    got.backward(grad)
+    assert torch.equal(residual.grad, grad) and torch.equal(out.grad, grad)
+    assert torch.equal(residual_add(residual, out), residual + out)
+
+
+@pytest.mark.parametrize("family, fused", [("llama", True), ("qwen3", True), ("gemma2", False)])
+def test_o_and_down_lora_terms_over_fp8_go_to_the_residual_adds(family, fused, monkeypatch, device):
+    """Over an FP8 base, a decoder layer of Llama's layout adds o's and down's rank-r terms in its residual adds
+    (one pass over each output fewer); Gemma 2's (two more norms) keeps its own forward. Loss and LoRA gradients
+    as with the addmm_ onto each product, with and without the memory engine's recompute."""
+    from lanner.kernels.patching import layers as layers_module
+    from lanner.kernels.patching.binding import unbind_forward
+
+    terms = []
+    add = layers_module.residual_add
+    monkeypatch.setattr(layers_module, "residual_add", lambda r, o, t=None: terms.append(t is not None) or add(r, o, t))
+    for checkpointing in (False, True):
+        model = get_lora_model(tiny_model(family, device=device, **FP8_SIZES), load_in_fp8=True,
+                               gradient_checkpointing=checkpointing)
+        randomise_lora(model)
+        if checkpointing:
+            _force_plan(model, ["recompute", "recompute"], (0,))
+        ids = token_batches(1, 2, 5, model.config.vocab_size, device=device)[0]
+        layers = model.get_base_model().model.layers
+        assert all(is_patched(layer) == fused for layer in layers)
+        terms.clear()
+        loss, grads = step_grads(model, ids)
+        if fused:  # two adds a layer, each with its term; the recompute repeats the attention's
+            assert terms.count(True) == (3 if checkpointing else 2) * len(layers) and all(terms)
+        model.zero_grad()
+        for layer in layers:
+            unbind_forward(layer)
+        loss_added, grads_added = step_grads(model, ids)
+        assert abs(loss - loss_added) <= 1e-6 * abs(loss_added)
+        assert max_relative_error(grads, grads_added) < 1e-5
+
+
 # (5, 64): many rows a program; (3, 300): a row narrower than its block
 @pytest.mark.parametrize("shape", [(5, 64), (3, 300)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

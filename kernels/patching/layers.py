@@ -1,0 +1,53 @@
+"""Decoder layers of Llama's layout whose residual adds take the rank-r terms o and down left out.
+
+Over an FP8 base the o and down projections' GEMMs cannot accumulate their LoRA terms onto their outputs
+(quant/fp8.py); the layer's own forward hands the terms to its residual adds (ops/residual.py) instead of an
+addmm_ each: a read and a write of (tokens x hidden) fewer per projection, in the forward and in the recompute.
+"""
+import functools
+
+import torch
+from torch import nn
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from ..ops.residual import residual_add
+from .binding import bind_forward, is_patched, plain_forward
+from .norms import is_fp8
+
+# The children of a decoder layer whose forward is Llama's: norm, attention, residual add, norm, MLP, residual add
+# (Llama, Mistral, Qwen2/3, Gemma 1). Gemma 2/3's extra norms and Phi-3's dropouts keep the family's forward.
+_LLAMA_LAYOUT = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
+# Where transformers checkpoints a layer: in its __call__ (5.17), which then calls the instance's forward (this
+# one), or in the class's forward (later 5.x), which this one replaces and so must do the same.
+_CHECKPOINTS_IN_FORWARD = "__call__" not in GradientCheckpointingLayer.__dict__
+
+
+def _decoder_layer_forward(layer: nn.Module, hidden_states, *args, **kwargs):
+    if args or kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
+        return plain_forward(layer)(hidden_states, *args, **kwargs)
+    if _CHECKPOINTS_IN_FORWARD and layer.gradient_checkpointing and layer.training and torch.is_grad_enabled():
+        return layer._gradient_checkpointing_func(functools.partial(_residual_terms_forward, layer, **kwargs),
+                                                  hidden_states)
+    return _residual_terms_forward(layer, hidden_states, **kwargs)
+
+
+def _residual_terms_forward(layer: nn.Module, hidden_states, **kwargs):
+    terms = {}
+    attended, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), output_terms=terms, **kwargs)
+    hidden_states = residual_add(hidden_states, attended, terms.pop("out", None))
+    out = layer.mlp(layer.post_attention_layernorm(hidden_states), output_terms=terms)
+    return residual_add(hidden_states, out, terms.pop("out", None))
+
+
+def patch_decoder_layer(layer: nn.Module) -> bool:
+    """Binds the forward above where the layer has Llama's layout, its attention and MLP run on the kernels (their
+    forwards take output_terms), and o or down has an FP8 base; whether it did."""
+    if {name for name, _ in layer.named_children()} != _LLAMA_LAYOUT:
+        return False
+    attention, mlp = layer.self_attn, layer.mlp
+    if not (is_patched(attention) and is_patched(mlp)):
+        return False
+    if not (is_fp8(getattr(attention, "o_proj", None)) or is_fp8(getattr(mlp, "down_proj", None))):
+        return False
+    bind_forward(layer, _decoder_layer_forward)
+    return True
