@@ -54,15 +54,17 @@ def _rms_norm_fwd_kernel(
 
 @triton.jit
 def _rms_norm_bwd_kernel(
-    DY, X, W, RSTD, DX, DW_PARTIAL,
-    stride_dy, stride_x, stride_dx,
+    DY, X, W, RSTD, DX, DW_PARTIAL, DPASSED,
+    stride_dy, stride_x, stride_dx, stride_dpassed,
     n_rows, n_cols, offset, rows_per_program,
     CAST_BEFORE_WEIGHT: tl.constexpr,
     COMPUTE_DW: tl.constexpr,
+    ADD_DPASSED: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    # dx = rstd * (dn - n * mean(dn * n)) with n = x * rstd and dn = dy * (offset + w).
+    # dx = rstd * (dn - n * mean(dn * n)) with n = x * rstd and dn = dy * (offset + w); with ADD_DPASSED, plus the
+    # gradient of x's other use (pass_input).
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_SIZE)
     col_mask = cols < n_cols
@@ -84,6 +86,8 @@ def _rms_norm_bwd_kernel(
             # Hugging Face's autograd rounds the gradient of the rounded normalised value to x's dtype.
             dnormed = dnormed.to(X.dtype.element_ty).to(tl.float32)
         dx = rstd * (dnormed - normed * (tl.sum(dnormed * normed, axis=1) / n_cols)[:, None])
+        if ADD_DPASSED:
+            dx += tl.load(DPASSED + rows[:, None] * stride_dpassed + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if COMPUTE_DW:
             if CAST_BEFORE_WEIGHT:
@@ -148,9 +152,10 @@ def _rms_norm_forward(x, weight, eps, offset, cast_before_weight, quantize=False
     return y, x2d, rstd, quantised
 
 
-def _rms_norm_backward(dy, x2d, weight, rstd, offset, cast_before_weight, compute_dw):
+def _rms_norm_backward(dy, x2d, weight, rstd, offset, cast_before_weight, compute_dw, dpassed=None):
     n_rows, n_cols = x2d.shape
     dy2d = _as_rows(dy, n_cols)
+    dpassed2d = dy2d if dpassed is None else _as_rows(dpassed, n_cols)  # (dy stands in for an absent one)
     dx = new_output((n_rows, n_cols), x2d.dtype, x2d.device)
     block_rows, block, num_warps = _blocks(n_cols, x2d.element_size())
     if compute_dw:
@@ -161,11 +166,12 @@ def _rms_norm_backward(dy, x2d, weight, rstd, offset, cast_before_weight, comput
         n_programs, rows_per_program, dw_partial = triton.cdiv(n_rows, block_rows), block_rows, dx
     if n_rows > 0:
         _rms_norm_bwd_kernel[(n_programs,)](
-            dy2d, x2d, weight, rstd, dx, dw_partial,
-            dy2d.stride(0), x2d.stride(0), dx.stride(0),
+            dy2d, x2d, weight, rstd, dx, dw_partial, dpassed2d,
+            dy2d.stride(0), x2d.stride(0), dx.stride(0), dpassed2d.stride(0),
             n_rows, n_cols, offset, rows_per_program,
             CAST_BEFORE_WEIGHT=cast_before_weight,
             COMPUTE_DW=compute_dw,
+            ADD_DPASSED=dpassed is not None,
             BLOCK_ROWS=block_rows,
             BLOCK_SIZE=block,
             num_warps=num_warps,
@@ -178,7 +184,7 @@ def _rms_norm_backward(dy, x2d, weight, rstd, offset, cast_before_weight, comput
 
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps, offset, cast_before_weight, codes_to):
+    def forward(ctx, x, weight, eps, offset, cast_before_weight, codes_to, pass_input=False):
         y, x2d, rstd, quantised = _rms_norm_forward(x, weight, eps, offset, cast_before_weight, codes_to is not None)
         if quantised is not None:
             codes_to(y, y.view(-1, y.shape[-1]), *quantised)
@@ -186,24 +192,30 @@ class RMSNormFunction(torch.autograd.Function):
         ctx.offset = offset
         ctx.cast_before_weight = cast_before_weight
         ctx.x_shape = x.shape
-        return y
+        return (y, x.view_as(x)) if pass_input else y
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy, dpassed=None):
         x2d, weight, rstd = ctx.saved_tensors
+        if dy is None:  # only the passed view was used
+            return dpassed, None, None, None, None, None, None
         dx, dw = _rms_norm_backward(
-            dy, x2d, weight, rstd, ctx.offset, ctx.cast_before_weight, compute_dw=ctx.needs_input_grad[1]
+            dy, x2d, weight, rstd, ctx.offset, ctx.cast_before_weight, compute_dw=ctx.needs_input_grad[1],
+            dpassed=dpassed,
         )
-        return dx.view(ctx.x_shape), dw, None, None, None, None
+        return dx.view(ctx.x_shape), dw, None, None, None, None, None
 
 
-def rms_norm(x, weight, eps, offset=0.0, cast_before_weight=True, codes_to=None):
+def rms_norm(x, weight, eps, offset=0.0, cast_before_weight=True, codes_to=None, pass_input=False):
     """RMSNorm over the last dimension of x (any leading shape); see the module docstring for numerics.
 
     Saves x and one float32 inverse RMS per row for backward. The weight gradient is computed only
     when weight.requires_grad (frozen in LoRA: no dW work and no extra memory). codes_to: called with
     (y, y's rows, their e4m3 codes, their scales (rows, 1)) after the forward made them (see above).
+    pass_input: returns (y, a view of x) instead, for x's other use (a decoder layer's residual add): the
+    backward adds that view's gradient into x's in its own pass, instead of autograd adding the two after it.
     """
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} does not match hidden size {x.shape[-1]}")
-    return RMSNormFunction.apply(x, weight, float(eps), float(offset), bool(cast_before_weight), codes_to)
+    return RMSNormFunction.apply(x, weight, float(eps), float(offset), bool(cast_before_weight), codes_to,
+                                 bool(pass_input))

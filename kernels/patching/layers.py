@@ -3,6 +3,8 @@
 Over an FP8 base the o and down projections' GEMMs cannot accumulate their LoRA terms onto their outputs
 (quant/fp8.py); the layer's own forward hands the terms to its residual adds (ops/residual.py) instead of an
 addmm_ each: a read and a write of (tokens x hidden) fewer per projection, in the forward and in the recompute.
+In backward its norms add the residual stream's gradient into theirs (rms_norm's pass_input): two adds of
+(tokens x hidden) a layer fewer.
 """
 import functools
 
@@ -32,20 +34,24 @@ def _decoder_layer_forward(layer: nn.Module, hidden_states, *args, **kwargs):
 
 
 def _residual_terms_forward(layer: nn.Module, hidden_states, **kwargs):
+    # Each norm passes its input on to the residual add (rms_norm's pass_input), so that in backward the residual
+    # stream's gradient is added into the norm's input gradient in the norm's pass, not by autograd after it.
     terms = {}
-    attended, _ = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), output_terms=terms, **kwargs)
-    hidden_states = residual_add(hidden_states, attended, terms.pop("out", None))
-    out = layer.mlp(layer.post_attention_layernorm(hidden_states), output_terms=terms)
-    return residual_add(hidden_states, out, terms.pop("out", None))
+    normed, residual = layer.input_layernorm(hidden_states, pass_input=True)
+    attended, _ = layer.self_attn(hidden_states=normed, output_terms=terms, **kwargs)
+    hidden_states = residual_add(residual, attended, terms.pop("out", None))
+    normed, residual = layer.post_attention_layernorm(hidden_states, pass_input=True)
+    out = layer.mlp(normed, output_terms=terms)
+    return residual_add(residual, out, terms.pop("out", None))
 
 
 def patch_decoder_layer(layer: nn.Module) -> bool:
-    """Binds the forward above where the layer has Llama's layout, its attention and MLP run on the kernels (their
-    forwards take output_terms), and o or down has an FP8 base; whether it did."""
+    """Binds the forward above where the layer has Llama's layout, its norms, attention and MLP run on the kernels
+    (their forwards take pass_input and output_terms), and o or down has an FP8 base; whether it did."""
     if {name for name, _ in layer.named_children()} != _LLAMA_LAYOUT:
         return False
     attention, mlp = layer.self_attn, layer.mlp
-    if not (is_patched(attention) and is_patched(mlp)):
+    if not all(is_patched(m) for m in (attention, mlp, layer.input_layernorm, layer.post_attention_layernorm)):
         return False
     if not (is_fp8(getattr(attention, "o_proj", None)) or is_fp8(getattr(mlp, "down_proj", None))):
         return False

@@ -6,9 +6,11 @@ from ..quant.fp8 import FP8Linear, offer_quantised
 from .binding import bind_forward
 
 
-def _rms_norm_forward(module: nn.Module, hidden_states, *, offset: float, cast_before_weight: bool, codes_to=None):
+def _rms_norm_forward(module: nn.Module, hidden_states, *, offset: float, cast_before_weight: bool, codes_to=None,
+                      pass_input: bool = False):
+    """pass_input: (output, a view of the input for its other use), rms_norm's (patching/layers.py)."""
     return rms_norm(hidden_states, module.weight, module._lanner_eps, offset=offset,
-                    cast_before_weight=cast_before_weight, codes_to=codes_to)
+                    cast_before_weight=cast_before_weight, codes_to=codes_to, pass_input=pass_input)
 
 
 def is_rms_norm(module: nn.Module) -> bool:

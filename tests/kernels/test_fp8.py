@@ -428,7 +428,8 @@ def test_a_norm_feeding_fp8_gives_quantize_rows_codes_of_its_output(shape, dtype
     weight = (torch.randn(shape[1], generator=torch.Generator().manual_seed(3)) * 0.1).to(device=device, dtype=dtype)
     offered = []
     y = rms_norm(x, weight, 1e-6, offset, cast_before_weight, codes_to=lambda *args: offered.append(args))
-    assert torch.equal(y, rms_norm(x, weight, 1e-6, offset, cast_before_weight))  # the output unchanged
+    # the output as without codes (in float32 the GPU's compiled kernel may sum the squares in another order)
+    torch.testing.assert_close(y, rms_norm(x, weight, 1e-6, offset, cast_before_weight))
     (owner, rows, codes, scale), = offered
     assert owner is y and rows.data_ptr() == y.data_ptr() and rows.shape == shape
     expected_codes, expected_scale = quantize_rows_torch(y)
@@ -458,7 +459,7 @@ def test_norms_before_fp8_projections_quantise_for_them(family, mlp_norm, monkey
     fused = model(input_ids=ids, labels=ids).loss
     assert len(calls) == 2 * len(layers)  # o's and down's inputs
     forward = RMSNormFunction.forward
-    monkeypatch.setattr(RMSNormFunction, "forward", staticmethod(lambda ctx, *args: forward(ctx, *args[:-1], None)))
+    monkeypatch.setattr(RMSNormFunction, "forward", staticmethod(lambda ctx, *args: forward(ctx, *args[:5], None, *args[6:])))
     calls.clear()
     plain = model(input_ids=ids, labels=ids).loss
     assert len(calls) == 4 * len(layers)

@@ -118,16 +118,17 @@ def test_the_graphs_bookkeeping_on_the_cpu(monkeypatch, graphs_device):
     assert max_relative_error(weights, plain_weights) < 1e-5
 
 
-def _trained(family, batches, monkeypatch, graphs: bool, two_forwards_at=(), hook=None, layers=3):
+def _trained(family, batches, monkeypatch, graphs: bool, two_forwards_at=(), hook=None, layers=3, fp8=False):
     """Losses, final LoRA weights, the memory engine and the bytes allocated as each step starts, of SGD steps on
     `batches` (float32, on the batches' device); at the steps in two_forwards_at, two forwards (this batch and the
-    next) before one backward."""
+    next) before one backward. fp8: over FP8 base weights (whose layers run patching/layers.py's forward)."""
     monkeypatch.setenv("LANNER_CUDA_GRAPHS", "1" if graphs else "0")
     layer_types = dict(layer_types=["sliding_attention", "full_attention", "sliding_attention"]) \
         if family == "gemma3" else {}
     device = batches[0].device
-    model = get_lora_model(tiny_model(family, device=device, num_hidden_layers=layers, **layer_types),
-                           r=8, lora_alpha=8)
+    sizes = dict(hidden_size=64, intermediate_size=128) if fp8 else {}  # FP8 GEMMs: multiples of 16
+    model = get_lora_model(tiny_model(family, device=device, num_hidden_layers=layers, **layer_types, **sizes),
+                           r=8, lora_alpha=8, load_in_fp8=fp8)
     randomise_lora(model)
     model.train()
     if hook is not None:
@@ -272,12 +273,13 @@ def test_a_first_layer_whose_input_needs_no_gradient(monkeypatch):
     assert max_relative_error(weights, plain_weights) < 1e-5
 
 
-def test_offloaded_inputs_and_kept_layers_run_graphed_as_the_ordinary_path(monkeypatch, graphs_device):
+@pytest.mark.parametrize("fp8", [False, True], ids=["16-bit", "fp8"])
+def test_offloaded_inputs_and_kept_layers_run_graphed_as_the_ordinary_path(fp8, monkeypatch, graphs_device):
     """A plan of five layers, R Ro Ro K Ro (o: input in host memory; the planner never offloads the last layer's,
     graphs take it all the same): inputs go out from their layer's forward graph and come back in the backward graph
     of the layer above (a kept one's too), or in their own where none did; outputs alternate in two buffers; kept
     layers' graphs record autograd and differentiate it. Every loss and the final weights as the same plan gives
-    them without graphs."""
+    them without graphs; over FP8 bases too (the layers' own forward, its norms passing their inputs on)."""
     from lanner.kernels.memory import engine as engine_module
 
     codes = ["R", "Ro", "Ro", "K", "Ro"]
@@ -286,8 +288,9 @@ def test_offloaded_inputs_and_kept_layers_run_graphed_as_the_ordinary_path(monke
     monkeypatch.setattr(engine_module, "plan_memory",
                         lambda *args, **kwargs: dataclasses.replace(planned(*args, **kwargs), layers=layers))
     batches = token_batches(4, 1, 8, 96, device=graphs_device)
-    losses, weights, engine, held = _trained("llama", batches, monkeypatch, graphs=True, layers=len(codes))
-    plain_losses, plain_weights, plain, _ = _trained("llama", batches, monkeypatch, graphs=False, layers=len(codes))
+    losses, weights, engine, held = _trained("llama", batches, monkeypatch, graphs=True, layers=len(codes), fp8=fp8)
+    plain_losses, plain_weights, plain, _ = _trained("llama", batches, monkeypatch, graphs=False, layers=len(codes),
+                                                     fp8=fp8)
     assert plain.graphs is None and [layer.code for layer in plain.plan.layers] == codes
     graphs = engine.graphs
     assert engine.plan.graphed and graphs.off_reason is None and graphs.graphed_forwards == 3

@@ -109,3 +109,23 @@ def test_rms_norm_many_rows_for_weight_grad_partials(device, assert_close_scaled
     w64 = weight.detach().double().requires_grad_()
     _reference_fp64(x.detach(), w64, 1e-6, 0.0).backward(dy.double())
     assert_close_scaled(weight.grad, w64.grad, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("used", ["both", "normed only", "passed only"])
+def test_pass_input_adds_the_passed_views_gradient_into_the_inputs(dtype, used, device, assert_close_scaled):
+    """rms_norm(..., pass_input=True) gives (y, a view of x); x's gradient is the norm's plus that view's (the
+    residual stream's), added in the norm's backward pass: as autograd's sum of x's two uses."""
+    x, weight = _inputs((3, 5, 96), dtype, device, weight_grad=True)
+    y, passed = rms_norm(x, weight, 1e-6, pass_input=True)
+    assert passed.data_ptr() == x.data_ptr() and torch.equal(y, rms_norm(x, weight, 1e-6))
+    dy, dpassed = torch.randn_like(y), torch.randn_like(x)
+    outputs = {"both": (y, passed), "normed only": (y,), "passed only": (passed,)}[used]
+    grads = {"both": (dy, dpassed), "normed only": (dy,), "passed only": (dpassed,)}[used]
+    got = torch.autograd.grad(outputs, (x, weight) if used != "passed only" else (x,), grads)
+    x_ref = x.detach().requires_grad_()
+    y_ref = rms_norm(x_ref, weight, 1e-6)
+    ref_outputs = {"both": (y_ref, x_ref * 1), "normed only": (y_ref,), "passed only": (x_ref * 1,)}[used]
+    expected = torch.autograd.grad(ref_outputs, (x_ref, weight) if used != "passed only" else (x_ref,), grads)
+    for g, e in zip(got, expected):
+        assert_close_scaled(g, e, TOL[dtype])
