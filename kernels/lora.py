@@ -13,6 +13,7 @@ engine's checkpointing the MLP can skip work its recompute does not need (see Lo
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -41,15 +42,18 @@ class BaseMatmul:
     input_grad: Callable[[nn.Module, torch.Tensor], torch.Tensor]
     # joined_input_grad(layers, douts) = the sum of dout_i @ W_i of layers reading the same rows, in one product
     joined_input_grad: Callable[[list[nn.Module], list[torch.Tensor]], torch.Tensor] | None = None
+    # repeated_input_grad(layer) = input_grad(layer, ·) for several douts in a row, preparing the weight once
+    repeated_input_grad: Callable[[nn.Module], Callable[[torch.Tensor], torch.Tensor]] | None = None
 
 
 _BASE_MATMULS: dict[type, BaseMatmul] = {}
 
 
-def register_base_matmul(layer_type: type, forward, input_grad, joined_input_grad=None) -> None:
+def register_base_matmul(layer_type: type, forward, input_grad, joined_input_grad=None,
+                         repeated_input_grad=None) -> None:
     """Teach the LoRA functions a frozen layer type that multiplies in its own format (e.g. FP8 on the
     tensor cores) instead of handing out a dense weight."""
-    _BASE_MATMULS[layer_type] = BaseMatmul(forward, input_grad, joined_input_grad)
+    _BASE_MATMULS[layer_type] = BaseMatmul(forward, input_grad, joined_input_grad, repeated_input_grad)
 
 
 def supports_base_layer(layer: nn.Module) -> bool:
@@ -61,11 +65,15 @@ def _base_input_grad_fn(layer: nn.Module, dtype: torch.dtype) -> Callable:
     dense weight is read once here, for every call of the returned function. Without dx, no second buffer
     of the output's size exists: the rank-r product is written first and the dense GEMM accumulates onto it
     (beta=1); a base with its own product (FP8, whose GEMM cannot accumulate) writes that first and the
-    rank-r product accumulates onto it. With dx, such a base's product is one more buffer, added to dx."""
+    rank-r product accumulates onto it. With dx, such a base's product is one more buffer, added to dx. Such a
+    base's weight is prepared once too where it can be (BaseMatmul.repeated_input_grad: FP8's transposed codes)."""
     matmul = _BASE_MATMULS.get(type(layer))
     if matmul is not None:
+        product_of = (matmul.repeated_input_grad(layer) if matmul.repeated_input_grad is not None
+                      else functools.partial(matmul.input_grad, layer))
+
         def grad(dout, dx=None, rank_r=None):
-            product = matmul.input_grad(layer, dout)
+            product = product_of(dout)
             if rank_r is not None:
                 product.addmm_(*rank_r)
             return product if dx is None else dx.add_(product)

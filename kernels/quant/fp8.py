@@ -20,6 +20,7 @@ Nothing else changes: the LoRA factors' products, the GLU, norms, RoPE and the l
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -192,16 +193,38 @@ def fp8_joined_input_grad(layers: list[FP8Linear], douts: list[torch.Tensor]) ->
     if len(layers) > MAX_JOINED_PARTS:
         return fp8_joined_input_grad(layers[:MAX_JOINED_PARTS], douts[:MAX_JOINED_PARTS]).add_(
             fp8_joined_input_grad(layers[MAX_JOINED_PARTS:], douts[MAX_JOINED_PARTS:]))
+    return _joined_input_grad(layers, douts, holder=None)
+
+
+def fp8_repeated_input_grad(layer: FP8Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+    """fp8_input_grad(layer, ·) for several douts in a row (the row tiles of one gradient: the MLP backward's dh
+    tiles): W^T's codes are transposed into the shared buffer at the first call and reused by the next ones while
+    no other product has written there since (one 56 MiB transpose of the 8B shape's down weight a layer instead
+    of one a tile)."""
+    holder = object()
+    return lambda dout: _joined_input_grad([layer], [dout], holder)
+
+
+class _TransposedBuffer:
+    """Which caller's codes the shared buffer of transposed codes holds: (its token, the buffer's address)."""
+
+    holding = None
+
+
+def _joined_input_grad(layers: list[FP8Linear], douts: list[torch.Tensor], holder) -> torch.Tensor:
     fp8s = [layer.fp8 for layer in layers]
     backend = fp8_backend(douts[0].device)
     codes, scale = quantize_joined_rows(douts, [fp8.scale for fp8 in fp8s])
     width, k = codes.shape[1], fp8s[0].shape[1]
     if backend == "scaled_mm":  # the GEMM's second operand column-major: the codes transposed side by side
         transposed = shared_buffer(width * k, fp8s[0].codes.device, torch.uint8, "fp8_transposed").view(k, width)
-        start = 0
-        for fp8 in fp8s:
-            transpose_into(fp8.codes, transposed[:, start:start + fp8.shape[0]])
-            start += fp8.shape[0]
+        holding = None if holder is None else (holder, transposed.data_ptr())
+        if holding is None or _TransposedBuffer.holding != holding:
+            start = 0
+            for fp8 in fp8s:
+                transpose_into(fp8.codes, transposed[:, start:start + fp8.shape[0]])
+                start += fp8.shape[0]
+        _TransposedBuffer.holding = holding
         weight_t = transposed.view(FP8_DTYPE)
     else:
         stacked = fp8s[0].codes if len(fp8s) == 1 else torch.cat([fp8.codes for fp8 in fp8s])
@@ -248,6 +271,6 @@ class FP8LinearFunction(torch.autograd.Function):
         return dx, None, dbias
 
 
-register_base_matmul(FP8Linear, fp8_forward, fp8_input_grad, fp8_joined_input_grad)
+register_base_matmul(FP8Linear, fp8_forward, fp8_input_grad, fp8_joined_input_grad, fp8_repeated_input_grad)
 
 __all__ = ["E4M3_MAX", "FP8Linear", "FP8Weight", "dequantize_fp8", "fp8_alignable", "quantize_fp8"]

@@ -604,6 +604,46 @@ def test_the_joined_input_gradient_is_the_stacked_layers_on_both_branches(widths
     assert torch.equal(fp8_module.fp8_joined_input_grad(layers, douts), emulated)
 
 
+def test_the_mlp_backward_transposes_down_s_codes_once_for_all_its_dh_tiles(monkeypatch):
+    """The MLP backward builds dh in row tiles (dh_tile_rows); over an FP8 down projection on the tensor-core
+    branch (a stand-in for torch._scaled_mm on the CPU) W^T's codes are transposed once for all the tiles, not once
+    a tile; a product that wrote the shared buffer between them would have the next tile transpose again. The
+    gradients are those of one tile."""
+    from lanner.kernels.quant import fp8 as fp8_module
+
+    if torch.cuda.is_available():
+        pytest.skip("the stand-in for torch._scaled_mm is the CPU's (test_scaled_mm_matches_the_emulation on a GPU)")
+    monkeypatch.setattr(torch, "_scaled_mm", fake_scaled_mm)
+    monkeypatch.setattr(fp8_module, "fp8_backend", lambda device: "scaled_mm")
+    transposed = []
+    transpose = fp8_module.transpose_into
+    monkeypatch.setattr(fp8_module, "transpose_into", lambda x, out: transposed.append(x.shape) or transpose(x, out))
+    g = torch.Generator().manual_seed(4)
+
+    def projection(n_in, n_out):
+        base = FP8Linear.from_linear(torch.nn.Linear(n_in, n_out, bias=False)).to(torch.bfloat16)
+        return lora.LoRAProjection(base, torch.randn(4, n_in, generator=g).bfloat16(),
+                                   torch.randn(n_out, 4, generator=g).bfloat16(), 0.5)
+
+    projections = (projection(64, 128), projection(64, 128), projection(128, 64))
+    x = wide_rows(24, 64, seed=5).bfloat16()
+    dout = wide_rows(24, 64, seed=6).bfloat16()
+    grads = {}
+    for dh_tile_rows in (None, 8):
+        transposed.clear()
+        xr = x.clone().requires_grad_()
+        lora.lora_mlp(xr, *projections, "silu", dh_tile_rows=dh_tile_rows).backward(dout)
+        grads[dh_tile_rows] = xr.grad
+        assert transposed == [(64, 128), (128, 64), (128, 64)]  # down's once, then gate's and up's side by side
+    assert torch.equal(grads[8], grads[None])
+    product = fp8_module.fp8_repeated_input_grad(projections[2].base)
+    transposed.clear()
+    product(dout[:8]), product(dout[8:16])
+    fp8_module.fp8_input_grad(projections[0].base, wide_rows(8, 128, seed=7).bfloat16())  # takes the buffer over
+    product(dout[16:])
+    assert transposed == [(64, 128), (128, 64), (64, 128)]
+
+
 # (24, 16, 16): k/v-wide parts several rows to a program; (300, 1040): a block narrower than the widest part;
 # (4200, 4200): parts past half a tile, in quarter-tile blocks (gate's and up's)
 @pytest.mark.parametrize("widths", [(64, 16, 16), (300, 1040), (5,), (4200, 4200)])
