@@ -67,6 +67,25 @@ class _ResidualAdd(torch.autograd.Function):
         return grad, grad, None, None
 
 
+class _UnreadSum(torch.autograd.Function):
+    """residual + out where the sum is only differentiated, never read: no pass, the gradient to both."""
+
+    @staticmethod
+    def forward(ctx, residual, out):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, grad
+
+
+def unread_sum(residual: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """residual + out in autograd's graph, its values left as out's: for a checkpoint's recompute whose MLP left its
+    output unwritten (LoRAMLPFunction's output_needed), where the layer's output is differentiated, not read (the
+    memory engine's graphs take the recompute's gradients from it)."""
+    return _UnreadSum.apply(residual, out)
+
+
 def residual_add(residual: torch.Tensor, out: torch.Tensor, term=None) -> torch.Tensor:
     """residual + out, where term = (left, right), (rows, r) by (r, columns), is first added onto out's rows
     (as out.addmm_(left, right) would): one kernel for alike 16/32-bit tensors on the GPU or the interpreter,

@@ -4,7 +4,7 @@ Over an FP8 base the o and down projections' GEMMs cannot accumulate their LoRA 
 (quant/fp8.py); the layer's own forward hands the terms to its residual adds (ops/residual.py) instead of an
 addmm_ each: a read and a write of (tokens x hidden) fewer per projection, in the forward and in the recompute.
 In backward its norms add the residual stream's gradient into theirs (rms_norm's pass_input): two adds of
-(tokens x hidden) a layer fewer.
+(tokens x hidden) a layer fewer; in a recompute whose MLP skips its output, the last residual add is not made at all.
 """
 import functools
 
@@ -12,7 +12,8 @@ import torch
 from torch import nn
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from ..ops.residual import residual_add
+from ..memory.layer_run import current_layer_run
+from ..ops.residual import residual_add, unread_sum
 from .binding import bind_forward, is_patched, plain_forward
 from .norms import is_fp8
 
@@ -42,6 +43,9 @@ def _residual_terms_forward(layer: nn.Module, hidden_states, **kwargs):
     hidden_states = residual_add(residual, attended, terms.pop("out", None))
     normed, residual = layer.post_attention_layernorm(hidden_states, pass_input=True)
     out = layer.mlp(normed, output_terms=terms)
+    run = current_layer_run()
+    if run is not None and not run.mlp_output_needed:  # a recompute: the MLP left out unwritten, the sum is unread
+        return unread_sum(residual, out)
     return residual_add(residual, out, terms.pop("out", None))
 
 

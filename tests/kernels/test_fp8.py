@@ -364,7 +364,7 @@ def test_residual_add_with_a_rank_r_term_rounds_the_term_as_an_addmm(rows, cols,
     """residual + (out + left @ right): the term rounded once onto out (an addmm_), then the residual added; the
     gradient goes whole to both."""
     from lanner.kernels.ops import _utils
-    from lanner.kernels.ops.residual import residual_add
+    from lanner.kernels.ops.residual import residual_add, unread_sum
 
     monkeypatch.setattr(_utils, "RANK_CHUNK", 16)
     g = torch.Generator().manual_seed(7)
@@ -381,6 +381,11 @@ def test_residual_add_with_a_rank_r_term_rounds_the_term_as_an_addmm(rows, cols,
     got.backward(grad)
     assert torch.equal(residual.grad, grad) and torch.equal(out.grad, grad)
     assert torch.equal(residual_add(residual, out), residual + out)
+    residual.grad = out.grad = None
+    unread = unread_sum(residual, out)  # a recompute's: out's values, the sum's gradient
+    assert torch.equal(unread, out)
+    unread.backward(grad)
+    assert torch.equal(residual.grad, grad) and torch.equal(out.grad, grad)
 
 
 @pytest.mark.parametrize("family, fused", [("llama", True), ("qwen3", True), ("gemma2", False)])

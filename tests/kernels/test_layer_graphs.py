@@ -282,13 +282,19 @@ def test_offloaded_inputs_and_kept_layers_run_graphed_as_the_ordinary_path(fp8, 
     them without graphs; over FP8 bases too (the layers' own forward, its norms passing their inputs on)."""
     from lanner.kernels.memory import engine as engine_module
 
+    from lanner.kernels.patching import layers as layers_module
+
     codes = ["R", "Ro", "Ro", "K", "Ro"]
     layers = tuple(LayerPlan("keep" if code == "K" else "recompute", code.endswith("o")) for code in codes)
     planned = engine_module.plan_memory
     monkeypatch.setattr(engine_module, "plan_memory",
                         lambda *args, **kwargs: dataclasses.replace(planned(*args, **kwargs), layers=layers))
+    unread = []  # the FP8 layers' recomputes differentiate their output without making the last residual add
+    unread_sum = layers_module.unread_sum
+    monkeypatch.setattr(layers_module, "unread_sum", lambda *args: unread.append(1) or unread_sum(*args))
     batches = token_batches(4, 1, 8, 96, device=graphs_device)
     losses, weights, engine, held = _trained("llama", batches, monkeypatch, graphs=True, layers=len(codes), fp8=fp8)
+    assert bool(unread) == fp8
     plain_losses, plain_weights, plain, _ = _trained("llama", batches, monkeypatch, graphs=False, layers=len(codes),
                                                      fp8=fp8)
     assert plain.graphs is None and [layer.code for layer in plain.plan.layers] == codes
