@@ -4,7 +4,7 @@ Over an FP8 base the o and down projections' GEMMs cannot accumulate their LoRA 
 (quant/fp8.py); the layer's own forward hands the terms to its residual adds (ops/residual.py) instead of an
 addmm_ each: a read and a write of (tokens x hidden) fewer per projection, in the forward and in the recompute.
 In backward its norms add the residual stream's gradient into theirs (rms_norm's pass_input): two adds of
-(tokens x hidden) a layer fewer; in a recompute whose MLP skips its output, the last residual add is not made at all.
+(tokens x hidden) a layer fewer; in a recompute whose MLP skips its output, the last residual add is not made.
 """
 import functools
 
@@ -29,12 +29,12 @@ def _decoder_layer_forward(layer: nn.Module, hidden_states, *args, **kwargs):
     if args or kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None:
         return plain_forward(layer)(hidden_states, *args, **kwargs)
     if _CHECKPOINTS_IN_FORWARD and layer.gradient_checkpointing and layer.training and torch.is_grad_enabled():
-        return layer._gradient_checkpointing_func(functools.partial(_residual_terms_forward, layer, **kwargs),
+        return layer._gradient_checkpointing_func(functools.partial(_layer_forward, layer, **kwargs),
                                                   hidden_states)
-    return _residual_terms_forward(layer, hidden_states, **kwargs)
+    return _layer_forward(layer, hidden_states, **kwargs)
 
 
-def _residual_terms_forward(layer: nn.Module, hidden_states, **kwargs):
+def _layer_forward(layer: nn.Module, hidden_states, **kwargs):
     # Each norm passes its input on to the residual add (rms_norm's pass_input), so that in backward the residual
     # stream's gradient is added into the norm's input gradient in the norm's pass, not by autograd after it.
     terms = {}

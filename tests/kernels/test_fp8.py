@@ -464,7 +464,8 @@ def test_norms_before_fp8_projections_quantise_for_them(family, mlp_norm, monkey
     fused = model(input_ids=ids, labels=ids).loss
     assert len(calls) == 2 * len(layers)  # o's and down's inputs
     forward = RMSNormFunction.forward
-    monkeypatch.setattr(RMSNormFunction, "forward", staticmethod(lambda ctx, *args: forward(ctx, *args[:5], None, *args[6:])))
+    monkeypatch.setattr(RMSNormFunction, "forward",
+                        staticmethod(lambda ctx, *args: forward(ctx, *args[:5], None, *args[6:])))  # no codes_to
     calls.clear()
     plain = model(input_ids=ids, labels=ids).loss
     assert len(calls) == 4 * len(layers)
