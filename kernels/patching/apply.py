@@ -62,7 +62,7 @@ def patch_model(model: nn.Module) -> PatchReport:
     """Puts a (PEFT-wrapped or plain) Hugging Face causal LM's hot paths on the kernels, in place.
 
     RMSNorms, the decoder layers' attention (q/k/v/o projections and RoPE), MLP blocks, LoRA-adapted
-    mixture-of-experts experts, the residual adds over FP8 bases (patching/layers.py), and the loss. Returns
+    mixture-of-experts experts, the decoder layers of Llama's layout (patching/layers.py), and the loss. Returns
     what was patched; an unsupported model is left untouched and logged once.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -101,7 +101,7 @@ def patch_model(model: nn.Module) -> PatchReport:
             else:
                 fallbacks.add(f"the MLP runs on transformers' forward ({reason})")
         if patch_decoder_layer(layer):
-            report.patched["residual_terms"] += 1
+            report.patched["decoder_layer"] += 1
     if patch_causal_lm_loss(base):
         report.patched["loss"] += 1
     if report.patched["attention"]:

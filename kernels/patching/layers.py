@@ -1,10 +1,12 @@
-"""Decoder layers of Llama's layout whose residual adds take the rank-r terms o and down left out.
+"""Decoder layers of Llama's layout on our own forward: the residual stream without passes of its own.
 
-Over an FP8 base the o and down projections' GEMMs cannot accumulate their LoRA terms onto their outputs
-(quant/fp8.py); the layer's own forward hands the terms to its residual adds (ops/residual.py) instead of an
-addmm_ each: a read and a write of (tokens x hidden) fewer per projection, in the forward and in the recompute.
-In backward its norms add the residual stream's gradient into theirs (rms_norm's pass_input): two adds of
-(tokens x hidden) a layer fewer; in a recompute whose MLP skips its output, the last residual add is not made.
+- In backward the norms add the residual stream's gradient into theirs (rms_norm's pass_input): two adds of
+  (tokens x hidden) a layer fewer than autograd's sums after them.
+- In a recompute whose MLP skips its output, the last residual add is not made (ops.residual.unread_sum).
+- Over an FP8 base the o and down projections' GEMMs cannot accumulate their LoRA terms onto their outputs
+  (quant/fp8.py): the residual adds take those terms (ops/residual.py) instead of an addmm_ each, a read and a write
+  of (tokens x hidden) fewer per projection, in the forward and in the recompute (16-bit bases add theirs in the
+  GEMM's epilogue already).
 """
 import functools
 
@@ -15,7 +17,6 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from ..memory.layer_run import current_layer_run
 from ..ops.residual import residual_add, unread_sum
 from .binding import bind_forward, is_patched, plain_forward
-from .norms import is_fp8
 
 # The children of a decoder layer whose forward is Llama's: norm, attention, residual add, norm, MLP, residual add
 # (Llama, Mistral, Qwen2/3, Gemma 1). Gemma 2/3's extra norms and Phi-3's dropouts keep the family's forward.
@@ -50,14 +51,12 @@ def _layer_forward(layer: nn.Module, hidden_states, **kwargs):
 
 
 def patch_decoder_layer(layer: nn.Module) -> bool:
-    """Binds the forward above where the layer has Llama's layout, its norms, attention and MLP run on the kernels
-    (their forwards take pass_input and output_terms), and o or down has an FP8 base; whether it did."""
+    """Binds the forward above where the layer has Llama's layout and its norms, attention and MLP run on the kernels
+    (their forwards take pass_input and output_terms); whether it did."""
     if {name for name, _ in layer.named_children()} != _LLAMA_LAYOUT:
         return False
-    attention, mlp = layer.self_attn, layer.mlp
-    if not all(is_patched(m) for m in (attention, mlp, layer.input_layernorm, layer.post_attention_layernorm)):
-        return False
-    if not (is_fp8(getattr(attention, "o_proj", None)) or is_fp8(getattr(mlp, "down_proj", None))):
+    parts = (layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm)
+    if not all(is_patched(part) for part in parts):
         return False
     bind_forward(layer, _decoder_layer_forward)
     return True

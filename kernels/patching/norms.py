@@ -27,7 +27,7 @@ def patch_rms_norm(module: nn.Module, offset: float, cast_before_weight: bool, q
                  codes_to=offer_quantised if quantise_for_fp8 else None)
 
 
-def is_fp8(projection) -> bool:
+def _is_fp8(projection) -> bool:
     return isinstance(getattr(projection, "base_layer", projection), FP8Linear)  # PEFT's wrapper or the layer
 
 
@@ -41,4 +41,4 @@ def norms_feeding_fp8(layer: nn.Module) -> list[nn.Module]:
     if mlp is not None and not hasattr(mlp, "experts"):
         mlp_norm = getattr(layer, "pre_feedforward_layernorm", None) or getattr(layer, "post_attention_layernorm", None)
         pairs.append((mlp_norm, getattr(mlp, "gate_proj", None) or getattr(mlp, "gate_up_proj", None)))
-    return [norm for norm, projection in pairs if norm is not None and is_rms_norm(norm) and is_fp8(projection)]
+    return [norm for norm, projection in pairs if norm is not None and is_rms_norm(norm) and _is_fp8(projection)]

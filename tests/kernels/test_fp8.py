@@ -390,8 +390,8 @@ def test_residual_add_with_a_rank_r_term_rounds_the_term_as_an_addmm(rows, cols,
 
 @pytest.mark.parametrize("family, fused", [("llama", True), ("qwen3", True), ("gemma2", False)])
 def test_o_and_down_lora_terms_over_fp8_go_to_the_residual_adds(family, fused, monkeypatch, device):
-    """Over an FP8 base, a decoder layer of Llama's layout adds o's and down's rank-r terms in its residual adds
-    (one pass over each output fewer); Gemma 2's (two more norms) keeps its own forward. Loss and LoRA gradients
+    """Over an FP8 base, a decoder layer of Llama's layout (patching/layers.py) adds o's and down's rank-r terms in
+    its residual adds (one pass over each output fewer); Gemma 2's (two more norms) keeps its own forward. Loss and LoRA gradients
     as with the addmm_ onto each product, with and without the memory engine's recompute."""
     from lanner.kernels.patching import layers as layers_module
     from lanner.kernels.patching.binding import unbind_forward

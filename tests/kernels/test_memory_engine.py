@@ -247,7 +247,8 @@ def test_the_planning_forward_leaves_nothing_behind(device):
     model = _model("llama", device, layers=2, memory_budget_gib=64.0)
     inputs = []
     first_norm = model.base_model.model.model.layers[0].input_layernorm
-    first_norm.register_forward_hook(lambda _m, args, out: inputs.append((weakref.ref(args[0]), weakref.ref(out))))
+    # (the layer's forward has its norms pass their input on: (output, the input's view))
+    first_norm.register_forward_hook(lambda _m, args, out: inputs.append((weakref.ref(args[0]), weakref.ref(out[0]))))
     for ids in token_batches(2, 1, 5, model.config.vocab_size, device=device):
         _step(model, ids)
     gc.collect()

@@ -40,6 +40,10 @@ def test_one_training_step_matches_plain_peft(family, device):
     assert out.logits is None  # the fused head never built them
     torch.testing.assert_close(out.loss, loss_plain, rtol=LOSS_RTOL, atol=0)
     assert max_relative_error(lora_grads(fast), lora_grads(plain)) < GRAD_RTOL
+    # the decoder layers of Llama's layout run patching/layers.py's forward (Gemma 2/3, Phi-3 and MoE their own)
+    layers = fast.get_base_model().model.layers
+    llama_layout = family in ("llama", "mistral", "qwen2", "qwen3", "gemma")
+    assert all(is_patched(layer) == llama_layout for layer in layers)
 
 
 def test_training_without_checkpointing_runs_attention_on_the_kernels(device, monkeypatch):
@@ -112,7 +116,8 @@ def test_patching_is_per_instance(device):
     fast = get_lora_model(tiny_model("llama", device=device), gradient_checkpointing=False)
     bystander = tiny_model("llama", device=device)
 
-    assert len(_patched_modules(fast)) == 2 * 2 + 2 * 2 + 1 + 1  # attention + mlp, norms, final norm, head
+    # the layers (patching/layers.py), attention + mlp, norms, final norm, head
+    assert len(_patched_modules(fast)) == 2 + 2 * 2 + 2 * 2 + 1 + 1
     assert _patched_modules(bystander) == []
     assert (modeling_llama.LlamaMLP.forward, modeling_llama.LlamaAttention.forward,
             modeling_llama.LlamaRMSNorm.forward, modeling_llama.LlamaForCausalLM.forward) == class_forwards
