@@ -199,7 +199,7 @@ def _project(
             return out, None
         if xa is None:
             xa = x2 @ factor_in(p.lora_A, dtype).t()
-        return (out if term_elsewhere else out.addmm_(xa, _scaled_B(p, dtype).t())), xa
+        return (out if term_elsewhere else out.addmm_(*_rank_r_term(p, xa))), xa
     weight = base_weight(p.base).to(dtype)
     if p.lora_A is None:
         out = x2 @ weight.t() if bias is None else torch.addmm(bias.to(dtype), x2, weight.t())
@@ -213,16 +213,20 @@ def _project(
 
 def _term_elsewhere(p: LoRAProjection) -> bool:
     """Whether the kernel its product goes to adds p's rank-r term (the GLU kernel: gate's, up's, and the down
-    projection's onto its input gradient; the RoPE kernel: q's and k's, where the caller asks) instead of an
-    addmm_ onto its product: where the base multiplies in its own format (FP8), whose GEMM cannot accumulate onto
-    an output, so each addmm_ would be one more pass over the output."""
+    projection's onto its input gradient; the RoPE kernel: q's and k's, and the residual add: o's and down's, where
+    the caller asks) instead of an addmm_ onto its product: where the base multiplies in its own format (FP8), whose
+    GEMM cannot accumulate onto an output, so each addmm_ would be one more pass over the output."""
     return p.lora_A is not None and type(p.base) in _BASE_MATMULS
 
 
+def _rank_r_term(p: LoRAProjection, xa: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """p's rank-r term as the factors (x A^T, scaling * B^T) whose product it is, in xa's dtype."""
+    return xa, _scaled_B(p, xa.dtype).t()
+
+
 def _glu_terms(gate_p: LoRAProjection, up_p: LoRAProjection, xa_gate, xa_up):
-    """Gate's and up's rank-r terms (xa, B^T) for the GLU kernel; None where the output has it."""
-    return tuple((xa, _scaled_B(p, xa.dtype).t()) if _term_elsewhere(p) else None
-                 for p, xa in ((gate_p, xa_gate), (up_p, xa_up)))
+    """Gate's and up's rank-r terms (_rank_r_term) for the GLU kernel; None where the output has it."""
+    return tuple(_rank_r_term(p, xa) if _term_elsewhere(p) else None for p, xa in ((gate_p, xa_gate), (up_p, xa_up)))
 
 
 def _glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up) -> torch.Tensor:
@@ -303,7 +307,7 @@ class LoRALinearFunction(torch.autograd.Function):
         defer = deferred is not None and _term_elsewhere(projection)
         out, xa = _project(x2, projection, term_elsewhere=defer)
         if defer:
-            deferred["out"] = (xa, _scaled_B(projection, dtype).t())
+            deferred["out"] = _rank_r_term(projection, xa)
         ctx.save_for_backward(x2, xa)
         ctx.projection, ctx.x_shape, ctx.x_dtype = projection, x.shape, x.dtype
         return out.view(*x.shape[:-1], out.shape[-1])
@@ -345,7 +349,7 @@ class LoRAQKVFunction(torch.autograd.Function):
             ctx.save_for_backward(x2, *xas)
         for name, p, xa, d in zip("qk", projections, xas, defer):
             if d:  # xa: a column block of xa_all, its rows contiguous
-                deferred[name] = (xa, _scaled_B(p, dtype).t())
+                deferred[name] = _rank_r_term(p, xa)
         ctx.projections, ctx.x_shape, ctx.x_dtype = projections, x.shape, x.dtype
         return tuple(out.view(*x.shape[:-1], out.shape[-1]) for out in outs)
 
@@ -486,7 +490,7 @@ class LoRAMLPFunction(torch.autograd.Function):
             out, ha_down = _project(_glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up), down_p,
                                     term_elsewhere=defer)
             if defer:
-                deferred["out"] = (ha_down, _scaled_B(down_p, dtype).t())
+                deferred["out"] = _rank_r_term(down_p, ha_down)
         else:
             if "ha_down" not in kept:
                 ha_down = _down_lora_input(_glu_of_projections(activation, gate, up, gate_p, up_p, xa_gate, xa_up),
