@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from .ops.glu import GLU_ACTIVATIONS, glu, glu_backward_in_place, glu_rank_r
+from .ops.glu import GLU_ACTIVATIONS, glu, glu_backward_in_place, glu_rank_r, glu_row_amax_parts
 
 _WEIGHT_READERS: dict[type, Callable[[nn.Module], torch.Tensor]] = {nn.Linear: lambda layer: layer.weight}
 
@@ -44,16 +44,24 @@ class BaseMatmul:
     joined_input_grad: Callable[[list[nn.Module], list[torch.Tensor]], torch.Tensor] | None = None
     # repeated_input_grad(layer) = input_grad(layer, ·) for several douts in a row, preparing the weight once
     repeated_input_grad: Callable[[nn.Module], Callable[[torch.Tensor], torch.Tensor]] | None = None
+    # For a base that quantises the gradient rows it multiplies (FP8): row_amax_scale(layer) is the float32 factor
+    # of dout's columns before they are quantised, and joined_input_grad(..., row_amax=) takes the joined rows'
+    # largest magnitudes (of each dout times its factor) as the GLU kernel found them while it wrote gate's and
+    # up's gradients, in parts (rows, parts), so that the quantiser reads each row once
+    row_amax_scale: Callable[[nn.Module], torch.Tensor] | None = None
 
 
 _BASE_MATMULS: dict[type, BaseMatmul] = {}
 
 
 def register_base_matmul(layer_type: type, forward, input_grad, joined_input_grad=None,
-                         repeated_input_grad=None) -> None:
+                         repeated_input_grad=None, row_amax_scale=None) -> None:
     """Teach the LoRA functions a frozen layer type that multiplies in its own format (e.g. FP8 on the
     tensor cores) instead of handing out a dense weight."""
-    _BASE_MATMULS[layer_type] = BaseMatmul(forward, input_grad, joined_input_grad, repeated_input_grad)
+    _BASE_MATMULS[layer_type] = BaseMatmul(forward, input_grad, joined_input_grad, repeated_input_grad,
+                                           row_amax_scale)
+
+
 
 
 def supports_base_layer(layer: nn.Module) -> bool:
@@ -241,18 +249,20 @@ def _lora_backward(dout: torch.Tensor, xa: torch.Tensor, p: LoRAProjection):
     return dB.to(p.lora_B.dtype), dout @ _scaled_B(p, dout.dtype)
 
 
-def _input_grad(pairs, dxa: torch.Tensor | None = None, A: torch.Tensor | None = None) -> torch.Tensor:
+def _input_grad(pairs, dxa: torch.Tensor | None = None, A: torch.Tensor | None = None,
+                row_amax: torch.Tensor | None = None) -> torch.Tensor:
     """dX = dxa @ A + the sum of dout @ W over (dout, projection) pairs. The rank-r product goes with the
     first projection's (see _base_input_grad_fn): before a dense GEMM that accumulates onto it, or onto an
     FP8 product that then is dX, so it never costs a pass of its own over dX. Each W is read (a 4-bit one
     dequantised into the shared buffer) just before its GEMM. A base type with a joined product (FP8) gives
-    the whole sum from one GEMM."""
+    the whole sum from one GEMM; row_amax: the joined douts' row maxima, for it (BaseMatmul.row_amax_scale)."""
     rank_r = None if dxa is None else (dxa, A.to(dxa.dtype))
     pairs = list(pairs)
     bases = [p.base for _, p in pairs]
     joined = _joined_input_grad(bases)
     if joined is not None:  # one product for all of them (FP8's GEMM cannot accumulate onto dX)
-        dx = joined(bases, [dout for dout, _ in pairs])
+        douts = [dout for dout, _ in pairs]
+        dx = joined(bases, douts) if row_amax is None else joined(bases, douts, row_amax=row_amax)
         return dx if rank_r is None else dx.addmm_(*rank_r)
     dx = None
     for dout, p in pairs:
@@ -270,10 +280,10 @@ def _joined_input_grad(layers) -> Callable | None:
     return matmul.joined_input_grad
 
 
-def _shared_input_backward(x2: torch.Tensor, douts, xas, projections) -> tuple[torch.Tensor, list]:
+def _shared_input_backward(x2: torch.Tensor, douts, xas, projections, row_amax=None) -> tuple[torch.Tensor, list]:
     """dX and the LoRA gradients [dA, dB, dA, dB, ...] (None for an unadapted projection) of
     projections that all read the rows x2 (o_proj alone; q/k/v; gate/up). The adapted ones share
-    one dA product (x2 read once) and one rank-r product into dX (_input_grad)."""
+    one dA product (x2 read once) and one rank-r product into dX (_input_grad, which takes row_amax)."""
     adapted = [(dout, xa, p) for dout, xa, p in zip(douts, xas, projections) if p.lora_A is not None]
     dxa_all = A_all = None
     dBs, dAs = iter(()), iter(())
@@ -283,7 +293,7 @@ def _shared_input_backward(x2: torch.Tensor, douts, xas, projections) -> tuple[t
         A_all = _factors_A([p for _, _, p in adapted], dxa_all.dtype)
         dBs = iter(dBs)
         dAs = iter((dxa_all.t() @ x2).split([p.lora_A.shape[0] for _, _, p in adapted]))
-    dx = _input_grad(zip(douts, projections), dxa_all, A_all)
+    dx = _input_grad(zip(douts, projections), dxa_all, A_all, row_amax)
     grads = []
     for p in projections:
         grads += [None, None] if p.lora_A is None else [next(dAs).to(p.lora_A.dtype), next(dBs)]
@@ -412,6 +422,13 @@ def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down
     down_term_in_glu = _term_elsewhere(down_p)
     glu_terms = _glu_terms(gate_p, up_p, xa_gate, xa_up)
     down_input_grad = _base_input_grad_fn(down_p.base, dtype)
+    # gate's and up's joined input gradient quantises what the GLU writes: the GLU finds its row maxima
+    row_amax = column_scales = None
+    joined = _joined_input_grad([gate_p.base, up_p.base]) is not None
+    row_amax_scale = _BASE_MATMULS[type(gate_p.base)].row_amax_scale if joined else None
+    if row_amax_scale is not None:
+        column_scales = [row_amax_scale(p.base) for p in (gate_p, up_p)]
+        row_amax = gate.new_empty((rows, glu_row_amax_parts(gate.shape[1])), dtype=torch.float32)
     dA_down = dB_down = None
     if adapted:
         A_down = factor_in(down_p.lora_A, dtype)
@@ -426,7 +443,9 @@ def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down
         dh = down_input_grad(dout2[tile], rank_r=None if down_term_in_glu else down_term)
         h, _, _ = glu_backward_in_place(dh, gate[tile], up[tile], activation,
                                         *(None if term is None else (term[0][tile], term[1]) for term in glu_terms),
-                                        dout_term=down_term if down_term_in_glu else None)
+                                        dout_term=down_term if down_term_in_glu else None,
+                                        row_amax=None if row_amax is None else row_amax[tile],
+                                        column_scales=column_scales)
         if adapted:
             if recompute_ha:
                 ha_down[tile] = _down_lora_input(h, down_p)
@@ -436,7 +455,7 @@ def _mlp_backward(projections, activation, x2, gate, up, xa_gate, xa_up, ha_down
     if adapted:
         dB_down = (dout2.t() @ ha_down).mul_(down_p.scaling).to(down_p.lora_B.dtype)
         dA_down = dA_down.to(down_p.lora_A.dtype)
-    dx, grads = _shared_input_backward(x2, (gate, up), (xa_gate, xa_up), (gate_p, up_p))  # now d_gate, d_up
+    dx, grads = _shared_input_backward(x2, (gate, up), (xa_gate, xa_up), (gate_p, up_p), row_amax)  # d_gate, d_up
     return dx, (*grads, dA_down, dB_down)
 
 

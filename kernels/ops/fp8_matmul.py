@@ -34,6 +34,8 @@ QUANTIZE_CHUNK_ELEMENTS = 2**24
 # warps), or blocks of a half of that of a longer row that it reads twice (16 a thread: fewer registers, more
 # programs to an SM, while the rows they hold still fit in the L2 cache for their second read).
 QUANTIZE_TILE = 8192
+# The (rows, columns) tile of the quantiser of rows whose maxima are known: each tile on its own, read once.
+KNOWN_AMAX_TILE = (8, 1024)
 # The transpose's square tiles of bytes: rows of 128 bytes, whole cache lines, both ways.
 TRANSPOSE_TILE = 128
 
@@ -70,17 +72,20 @@ def fp8_backend(device: torch.device) -> str:
     return "scaled_mm"
 
 
-def quantize_rows(x: torch.Tensor, column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, column_scale: torch.Tensor | None = None, row_amax: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, scale): x (M, K), times column_scale (K,) when given, as e4m3 codes and a float32 scale per
     row (M, 1) with x * column_scale ~= codes * scale; on a GPU one Triton kernel (x read once, twice for
     rows longer than QUANTIZE_TILE; the codes written once), elsewhere torch in chunks. The same codes and
-    scales, bit for bit."""
+    scales, bit for bit. row_amax: each row's largest |x * column_scale| as the maxima of its parts (M, parts),
+    float32, found by the kernel that wrote x (the GLU's): every row is then read once, in tiles."""
     if x.is_cuda:
-        return quantize_rows_triton(x, column_scale)
-    return quantize_rows_torch(x, column_scale)
+        return quantize_rows_triton(x, column_scale, row_amax)
+    return quantize_rows_torch(x, column_scale, row_amax)
 
 
-def quantize_rows_torch(x: torch.Tensor, column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_torch(x: torch.Tensor, column_scale: torch.Tensor | None = None, row_amax: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, scale): x (M, K), times column_scale (K,) when given, as e4m3 codes and a float32 scale per
     row (M, 1) with x * column_scale ~= codes * scale.
 
@@ -94,7 +99,7 @@ def quantize_rows_torch(x: torch.Tensor, column_scale: torch.Tensor | None = Non
     for start in range(0, x.shape[0], step):
         rows = slice(start, start + step)
         x32 = x[rows].to(torch.float32, copy=True) if column_scale is None else x[rows] * column_scale.float()
-        amax = x32.abs().amax(dim=-1, keepdim=True)
+        amax = x32.abs().amax(dim=-1, keepdim=True) if row_amax is None else row_amax[rows].amax(dim=-1, keepdim=True)
         # a tensor divisor: CUDA divides by a Python scalar as a product with its reciprocal (not correctly
         # rounded), which differs from the Triton kernel's div_rn in the last bit
         chunk_scale = torch.where(amax > 0, amax / torch.full_like(amax, E4M3_MAX), torch.ones_like(amax))
@@ -186,6 +191,43 @@ def _quantize_rows_kernel(X, COLUMN_SCALE, CODES, SCALE, n_rows, n_cols, x_row_s
             store_codes(CODES, rows, cols, mask, v, scale, n_cols, E4M3_MAX, HARDWARE_CAST)
 
 
+@triton.jit
+def _quantize_known_kernel(X, COLUMN_SCALE, CODES, SCALE, ROW_AMAX, n_rows, n_cols, x_row_stride, codes_row_stride,
+                           n_parts, E4M3_MAX: tl.constexpr, HAS_COLUMN_SCALE: tl.constexpr,
+                           HARDWARE_CAST: tl.constexpr, WRITE_SCALE: tl.constexpr, ROWS: tl.constexpr,
+                           BLOCK: tl.constexpr, PARTS: tl.constexpr):
+    # Rows whose largest magnitudes are known, in parts (ROW_AMAX (rows, n_parts)): each (ROWS, BLOCK) tile is
+    # quantised on its own, read once; the programs of the first column block write the scales.
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < n_rows
+    parts = tl.arange(0, PARTS)
+    amax = tl.load(ROW_AMAX + rows[:, None] * n_parts + parts[None, :],
+                   mask=row_mask[:, None] & (parts[None, :] < n_parts), other=0.0)
+    scale = row_scales(amax, E4M3_MAX)
+    if WRITE_SCALE:
+        if tl.program_id(1) == 0:
+            tl.store(SCALE + rows, scale, mask=row_mask)
+    v, cols, mask = _scaled_tile(X, COLUMN_SCALE, rows, row_mask, x_row_stride, tl.program_id(1) * BLOCK, n_cols,
+                                 HAS_COLUMN_SCALE, BLOCK)
+    store_codes(CODES, rows, cols, mask, v, scale, codes_row_stride, E4M3_MAX, HARDWARE_CAST)
+
+
+def _quantize_known(x: torch.Tensor, column_scale: torch.Tensor | None, codes: torch.Tensor, scale: torch.Tensor,
+                    row_amax: torch.Tensor, write_scale: bool = True) -> None:
+    """_quantize_known_kernel over x (rows, n) into codes (rows, n) (a column block of wider codes too)."""
+    rows, cols = x.shape
+    if (row_amax.dtype != torch.float32 or row_amax.dim() != 2 or row_amax.shape[0] != rows
+            or not row_amax.is_contiguous()):
+        raise ValueError(f"row_amax: float32 (rows, parts), contiguous, for {rows} rows; got {row_amax.dtype} "
+                         f"{tuple(row_amax.shape)}")
+    block_rows, block = KNOWN_AMAX_TILE
+    _quantize_known_kernel[(triton.cdiv(rows, block_rows), triton.cdiv(cols, block))](
+        x, column_scale if column_scale is not None else scale, codes, scale, row_amax, rows, cols, x.stride(0),
+        codes.stride(0), row_amax.shape[1], E4M3_MAX=E4M3_MAX, HAS_COLUMN_SCALE=column_scale is not None,
+        HARDWARE_CAST=hardware_e4m3_cast(x.device), WRITE_SCALE=write_scale, ROWS=block_rows, BLOCK=block,
+        PARTS=triton.next_power_of_2(row_amax.shape[1]), num_warps=8)
+
+
 # Parts of one joined row: q/k/v's gradients (or gate/up's) quantised as the columns of one operand.
 MAX_JOINED_PARTS = 3
 
@@ -227,30 +269,37 @@ def _quantize_joined_kernel(X0, X1, X2, COLUMN_SCALE, CODES, SCALE, n_rows, n0, 
                 HARDWARE_CAST, BLOCK)
 
 
-def quantize_joined_rows(parts: list[torch.Tensor], column_scales: list[torch.Tensor]
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_joined_rows(parts: list[torch.Tensor], column_scales: list[torch.Tensor],
+                         row_amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_rows of the parts' columns side by side, each part times its column scale: (codes (M, sum of
     the widths), scale (M, 1)), one scale per joined row, without the joined rows ever being written in 16
-    bits. On a GPU one Triton kernel (each part read twice, the second time mostly from the L2 cache), elsewhere
-    torch on the joined copy; the same bits as quantize_rows of that copy (which one part is: it may be read once)."""
+    bits. On a GPU one Triton kernel (each part read twice, the second time mostly from the L2 cache; with
+    row_amax, the joined rows' maxima as quantize_rows takes them, once, in tiles), elsewhere torch on the joined
+    copy; the same bits as quantize_rows of that copy (which one part is: it may be read once)."""
     if not 1 <= len(parts) <= MAX_JOINED_PARTS or len(column_scales) != len(parts):
         raise ValueError(f"quantize_joined_rows: 1 to {MAX_JOINED_PARTS} parts, each with its column scale; got "
                          f"{len(parts)} parts and {len(column_scales)} scales")
     if len(parts) == 1:
-        return quantize_rows(parts[0], column_scales[0])
+        return quantize_rows(parts[0], column_scales[0], row_amax)
     if not parts[0].is_cuda:
-        return quantize_rows_torch(torch.cat(parts, dim=1), torch.cat(column_scales))
-    return quantize_joined_rows_triton(parts, column_scales)
+        return quantize_rows_torch(torch.cat(parts, dim=1), torch.cat(column_scales), row_amax)
+    return quantize_joined_rows_triton(parts, column_scales, row_amax)
 
 
-def quantize_joined_rows_triton(parts: list[torch.Tensor], column_scales: list[torch.Tensor]
-                                ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_joined_rows_triton(parts: list[torch.Tensor], column_scales: list[torch.Tensor],
+                                row_amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     parts = [p if p.stride(-1) == 1 else p.contiguous() for p in parts]
     rows = parts[0].shape[0]
     widths = [p.shape[1] for p in parts]
     codes = torch.empty((rows, sum(widths)), dtype=torch.uint8, device=parts[0].device)
     scale = torch.empty((rows, 1), dtype=torch.float32, device=parts[0].device)
-    if rows:
+    if rows and row_amax is not None:
+        start = 0
+        for i, (part, part_scale) in enumerate(zip(parts, column_scales)):
+            _quantize_known(part, part_scale.float().reshape(-1).contiguous(), codes[:, start:start + part.shape[1]],
+                            scale, row_amax, write_scale=i == 0)
+            start += part.shape[1]
+    elif rows:
         column_scale = torch.cat([s.float().reshape(-1) for s in column_scales])
         padded = parts + [parts[0]] * (MAX_JOINED_PARTS - len(parts))  # absent parts: zero columns
         n = widths + [0] * (MAX_JOINED_PARTS - len(parts))
@@ -279,7 +328,8 @@ def quantize_tile(n_cols: int, column_scale: bool = False) -> tuple[int, int]:
     return 1, QUANTIZE_TILE // (4 if column_scale else 2)
 
 
-def quantize_rows_triton(x: torch.Tensor, column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_triton(x: torch.Tensor, column_scale: torch.Tensor | None = None,
+                         row_amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize_rows in one Triton kernel (GPU, or the CPU interpreter in the tests). On a GPU with FP8
     (compute capability 8.9+) the e4m3 rounding is the hardware's conversion, elsewhere `_e4m3_bits`, whose
     ~30 integer operations an element made the kernel compute-bound: both round to nearest even."""
@@ -288,8 +338,10 @@ def quantize_rows_triton(x: torch.Tensor, column_scale: torch.Tensor | None = No
     rows, cols = x.shape
     codes = torch.empty((rows, cols), dtype=torch.uint8, device=x.device)
     scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
-    if rows:
-        column_scale = None if column_scale is None else column_scale.float().contiguous()
+    column_scale = None if column_scale is None else column_scale.float().contiguous()
+    if rows and row_amax is not None:
+        _quantize_known(x, column_scale, codes, scale, row_amax)
+    elif rows:
         rows_per_program, block = quantize_tile(cols, column_scale is not None)
         _quantize_rows_kernel[(triton.cdiv(rows, rows_per_program),)](
             x, column_scale if column_scale is not None else scale, codes, scale, rows, cols, x.stride(0),

@@ -136,13 +136,16 @@ def _glu_rank_r_kernel(
     gate_rank, stride_gate_left, stride_gate_right_j, stride_gate_right_col,
     up_rank, stride_up_left, stride_up_right_j, stride_up_right_col,
     dout_rank, stride_dout_left, stride_dout_right_j, stride_dout_right_col,
+    ROW_AMAX, GATE_COLUMN_SCALE, UP_COLUMN_SCALE, stride_amax,
     alpha, limit,
     ACTIVATION: tl.constexpr, BACKWARD: tl.constexpr,
-    GATE_TERM: tl.constexpr, UP_TERM: tl.constexpr, DOUT_TERM: tl.constexpr, R: tl.constexpr,
+    GATE_TERM: tl.constexpr, UP_TERM: tl.constexpr, DOUT_TERM: tl.constexpr, R: tl.constexpr, AMAX: tl.constexpr,
     DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # Forward: OUT = act(g) * u. BACKWARD: as _glu_bwd_kernel with WRITE_OUT, d = DOUT (+ its term). g = GATE + its
-    # rank-r term, u = UP + its term, each rounded once to the dtype.
+    # rank-r term, u = UP + its term, each rounded once to the dtype. AMAX (backward): each row's largest magnitude
+    # of d_gate * GATE_COLUMN_SCALE and d_up * UP_COLUMN_SCALE (as rounded and stored) in the tile goes to
+    # ROW_AMAX[row, tile column], for the FP8 quantiser of gate's and up's joined input gradient.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask, col_mask = rows < n_rows, cols < n_cols
@@ -165,8 +168,17 @@ def _glu_rank_r_kernel(
                             rows, cols, row_mask, col_mask, dout_rank, stride_dout_left, stride_dout_right_j,
                             stride_dout_right_col, DOUT_TERM, R, DOT_PRECISION, UPCAST)
         dact_out = (dout * up).to(GATE.dtype.element_ty).to(tl.float32)
-        tl.store(gate_ptrs, (dact_out * dact).to(GATE.dtype.element_ty), mask=mask)
-        tl.store(up_ptrs, (dout * act * dup).to(UP.dtype.element_ty), mask=mask)
+        d_gate = (dact_out * dact).to(GATE.dtype.element_ty)
+        d_up = (dout * act * dup).to(UP.dtype.element_ty)
+        tl.store(gate_ptrs, d_gate, mask=mask)
+        if AMAX:  # each maximum taken right after its store: the tile's values live no longer than without
+            gate_scale = tl.load(GATE_COLUMN_SCALE + cols, mask=col_mask, other=0.0)
+            amax = tl.max(tl.abs(d_gate.to(tl.float32) * gate_scale[None, :]), axis=1)
+        tl.store(up_ptrs, d_up, mask=mask)
+        if AMAX:
+            up_scale = tl.load(UP_COLUMN_SCALE + cols, mask=col_mask, other=0.0)
+            amax = tl.maximum(amax, tl.max(tl.abs(d_up.to(tl.float32) * up_scale[None, :]), axis=1))
+            tl.store(ROW_AMAX + rows * stride_amax + tl.program_id(1), amax, mask=row_mask)
         tl.store(dout_ptrs, (act * up).to(DOUT.dtype.element_ty), mask=mask)
     else:
         tl.store(OUT + rows[:, None] * stride_out + cols[None, :], (act * up).to(OUT.dtype.element_ty), mask=mask)
@@ -238,14 +250,26 @@ def _term_arguments(term, rows2d):
     return (left, right, left.shape[1], left.stride(0), right.stride(0), right.stride(1)), left.shape[1]
 
 
-def _glu_rank_r(dout2d, gate2d, up2d, out, activation, terms):
+def glu_row_amax_parts(n_cols: int) -> int:
+    """The columns of glu_backward_in_place's row_amax for rows of n_cols: one a column tile."""
+    return triton.cdiv(n_cols, _RANK_R_TILES["backward"][1])
+
+
+def _glu_rank_r(dout2d, gate2d, up2d, out, activation, terms, row_amax=None, column_scales=None):
     """The rank-r kernel over (rows, cols): forward into out when dout2d is None, else backward in place."""
     n_rows, n_cols = gate2d.shape
     if not gate2d.numel():
         return
+    backward = dout2d is not None
+    if row_amax is not None and (
+            row_amax.dtype != torch.float32 or row_amax.shape != (n_rows, glu_row_amax_parts(n_cols))
+            or row_amax.stride(1) != 1 or column_scales is None
+            or any(c.shape != (n_cols,) or c.dtype != torch.float32 or not c.is_contiguous() for c in column_scales)):
+        raise ValueError(f"glu: row_amax must be float32 ({n_rows}, {glu_row_amax_parts(n_cols)}) with contiguous "
+                         f"rows, with two contiguous float32 column scales of {n_cols}")
     code, alpha, limit = _kernel_activation(activation)
     (gate_term, gate_rank), (up_term, up_rank), (dout_term, dout_rank) = (_term_arguments(t, gate2d) for t in terms)
-    backward = dout2d is not None
+    gate_scale, up_scale = column_scales if row_amax is not None else (gate2d, gate2d)
     block_m, block_n, warps = _RANK_R_TILES["backward" if backward else "forward"]
     grid = (triton.cdiv(n_rows, block_m), triton.cdiv(n_cols, block_n))
     _glu_rank_r_kernel[grid](
@@ -253,9 +277,11 @@ def _glu_rank_r(dout2d, gate2d, up2d, out, activation, terms):
         gate_term[0], gate_term[1], up_term[0], up_term[1], dout_term[0], dout_term[1],
         n_rows, n_cols, dout2d.stride(0) if backward else 0, gate2d.stride(0), gate2d.stride(1), up2d.stride(0),
         up2d.stride(1), 0 if backward else out.stride(0),
-        *gate_term[2:], *up_term[2:], *dout_term[2:], alpha, limit,
+        *gate_term[2:], *up_term[2:], *dout_term[2:],
+        gate2d if row_amax is None else row_amax, gate_scale, up_scale, 0 if row_amax is None else row_amax.stride(0),
+        alpha, limit,
         ACTIVATION=code, BACKWARD=backward, GATE_TERM=gate_rank > 0, UP_TERM=up_rank > 0, DOUT_TERM=dout_rank > 0,
-        R=rank_block(max(gate_rank, up_rank, dout_rank)),
+        R=rank_block(max(gate_rank, up_rank, dout_rank)), AMAX=row_amax is not None,
         DOT_PRECISION=dot_precision(gate2d.dtype), UPCAST=gate2d.device.type != "cuda",
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
     )
@@ -314,20 +340,24 @@ def glu_rank_r(gate, up, activation, gate_term=None, up_term=None):
     return out
 
 
-def glu_backward_in_place(dout, gate, up, activation, gate_term=None, up_term=None, dout_term=None):
+def glu_backward_in_place(dout, gate, up, activation, gate_term=None, up_term=None, dout_term=None, row_amax=None,
+                          column_scales=None):
     """Backward of act(gate) * up for gate and up the caller saved, without autograd: writes d_gate
     over gate, d_up over up and the recomputed output over dout, allocating nothing.
     activation: as glu's. Gate and up may have any column stride. Returns (output, d_gate, d_up) in
     those buffers. gate_term, up_term: as glu_rank_r's (the forward's); dout_term: a rank-r term of the
-    incoming gradient (the down projection's, for 2-D rows)."""
+    incoming gradient (the down projection's, for 2-D rows). row_amax, column_scales: a float32 (rows,
+    glu_row_amax_parts(cols)) buffer filled with each row's largest magnitude of [d_gate * gate's column scale,
+    d_up * up's] (two float32 (cols,) vectors) in each column tile, for the FP8 quantiser of gate's and up's joined
+    input gradient (`quantize_joined_rows(..., row_amax)`: each row then read once)."""
     if not (dout.shape == gate.shape == up.shape) or not (dout.dtype == gate.dtype == up.dtype):
         raise ValueError("glu_backward_in_place: dout, gate and up must have one shape and dtype")
     if dout.stride(-1) != 1:
         raise ValueError("glu_backward_in_place: dout's rows must be contiguous")
     rows = [t.view(-1, t.shape[-1]) for t in (dout, gate, up)]  # views: the results land in the callers' buffers
     terms = (gate_term, up_term, dout_term)
-    if any(term is not None for term in terms):
-        _glu_rank_r(*rows, None, activation, terms)
+    if any(term is not None for term in terms) or row_amax is not None:
+        _glu_rank_r(*rows, None, activation, terms, row_amax, column_scales)
     else:
         _glu_backward(*rows, activation, write_out=True)
     return dout, gate, up

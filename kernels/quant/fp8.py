@@ -183,17 +183,19 @@ def fp8_input_grad(layer: FP8Linear, dout: torch.Tensor) -> torch.Tensor:
     return fp8_joined_input_grad([layer], [dout])
 
 
-def fp8_joined_input_grad(layers: list[FP8Linear], douts: list[torch.Tensor]) -> torch.Tensor:
+def fp8_joined_input_grad(layers: list[FP8Linear], douts: list[torch.Tensor], row_amax: torch.Tensor | None = None
+                          ) -> torch.Tensor:
     """The sum of dout_i @ W_i over projections that read the same rows (q/k/v, gate/up) as one FP8 GEMM: the
     douts, each scaled by its weight's column scale, quantised as one row (one scale per token over all of
     them), times the weights' codes stacked and transposed. Not a pass over dX per further projection to add
     its product, and one GEMM with a long reduction instead of k/v's short ones. The shared scale coarsens
     only elements below e4m3's normal range of the joined row's largest (2^-6 of 448 times smaller): their error
-    stays within 2^-10 of the row's scale, the bound of every element (docs/fp8.md)."""
+    stays within 2^-10 of the row's scale, the bound of every element (docs/fp8.md). row_amax: the joined rows'
+    maxima in parts (of each dout times its column scale), as the GLU kernel found them writing gate's and up's."""
     if len(layers) > MAX_JOINED_PARTS:
         return fp8_joined_input_grad(layers[:MAX_JOINED_PARTS], douts[:MAX_JOINED_PARTS]).add_(
             fp8_joined_input_grad(layers[MAX_JOINED_PARTS:], douts[MAX_JOINED_PARTS:]))
-    return _joined_input_grad(layers, douts, holder=None)
+    return _joined_input_grad(layers, douts, holder=None, row_amax=row_amax)
 
 
 def fp8_repeated_input_grad(layer: FP8Linear) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -211,10 +213,10 @@ class _TransposedBuffer:
     holding = None
 
 
-def _joined_input_grad(layers: list[FP8Linear], douts: list[torch.Tensor], holder) -> torch.Tensor:
+def _joined_input_grad(layers: list[FP8Linear], douts: list[torch.Tensor], holder, row_amax=None) -> torch.Tensor:
     fp8s = [layer.fp8 for layer in layers]
     backend = fp8_backend(douts[0].device)
-    codes, scale = quantize_joined_rows(douts, [fp8.scale for fp8 in fp8s])
+    codes, scale = quantize_joined_rows(douts, [fp8.scale for fp8 in fp8s], row_amax)
     width, k = codes.shape[1], fp8s[0].shape[1]
     if backend == "scaled_mm":  # the GEMM's second operand column-major: the codes transposed side by side
         transposed = shared_buffer(width * k, fp8s[0].codes.device, torch.uint8, "fp8_transposed").view(k, width)
@@ -271,6 +273,7 @@ class FP8LinearFunction(torch.autograd.Function):
         return dx, None, dbias
 
 
-register_base_matmul(FP8Linear, fp8_forward, fp8_input_grad, fp8_joined_input_grad, fp8_repeated_input_grad)
+register_base_matmul(FP8Linear, fp8_forward, fp8_input_grad, fp8_joined_input_grad, fp8_repeated_input_grad,
+                     row_amax_scale=lambda layer: layer.fp8.scale)
 
 __all__ = ["E4M3_MAX", "FP8Linear", "FP8Weight", "dequantize_fp8", "fp8_alignable", "quantize_fp8"]

@@ -309,6 +309,11 @@ def test_layers_the_fp8_gemm_cannot_take_stay_dense(device):
     model(input_ids=ids, labels=ids).loss.backward()
 
 
+def part_maxima(x, parts):
+    """Each row's largest magnitude in `parts` column blocks (rows, parts), float32: a quantiser's row_amax."""
+    return torch.stack([block.abs().amax(1) for block in x.tensor_split(parts, dim=1)], dim=1).float().contiguous()
+
+
 # (6, 300): sixteen rows a program, read once; (37, 1024): eight (k/v-sized rows); (5, 9000): a row in three
 # blocks, read twice, its largest element in the last block.
 @pytest.mark.parametrize("shape", [(6, 300), (37, 1024), (5, 9000)])
@@ -329,6 +334,14 @@ def test_the_triton_quantiser_gives_torchs_codes_and_scales_bit_for_bit(shape, d
     expected_codes, expected_scale = quantize_rows_torch(x, column_scale)
     assert torch.equal(scale, expected_scale)
     assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
+    # the rows' largest magnitudes given in parts (as the GLU kernel finds them): each row read once, the same bits
+    row_amax = part_maxima(x.float() * (1 if column_scale is None else column_scale), 3)
+    for quantise in (quantize_rows_triton, quantize_rows_torch):
+        given_codes, given_scale = quantise(x, column_scale, row_amax)
+        assert torch.equal(given_scale, expected_scale)
+        assert torch.equal(given_codes.view(torch.uint8), expected_codes.view(torch.uint8))
+        nonzero = row_amax.amax(1) > 0  # the maxima read, not found again
+        assert torch.equal(quantise(x, column_scale, 2 * row_amax)[1][nonzero], 2 * expected_scale[nonzero])
 
 
 @pytest.mark.parametrize("family, deferred", [("llama", True), ("gemma2", True), ("qwen3", False)])
@@ -667,6 +680,10 @@ def test_the_joined_quantiser_gives_the_codes_of_the_joined_rows_bit_for_bit(wid
     expected_codes, expected_scale = quantize_rows_torch(torch.cat(parts, dim=1), torch.cat(scales))
     assert torch.equal(scale, expected_scale)
     assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
+    row_amax = part_maxima(torch.cat(parts, dim=1).float() * torch.cat(scales), 5)
+    codes, scale = quantize_joined_rows_triton(parts, scales, row_amax)
+    assert torch.equal(scale, expected_scale)
+    assert torch.equal(codes.view(torch.uint8), expected_codes.view(torch.uint8))
 
 
 def test_the_transposed_buffer_is_reserved_for_the_largest_product_before_backward(monkeypatch, device):
@@ -691,3 +708,42 @@ def test_the_transposed_buffer_is_reserved_for_the_largest_product_before_backwa
     step_grads(model, token_batches(1, 2, 6, model.config.vocab_size, device=device)[0])
     assert [b.data_ptr() for b in shared_buffers()] == [reserved.data_ptr()]
     release_buffers()
+
+
+def test_the_glu_kernel_finds_the_row_maxima_the_mlp_s_fp8_quantisers_read(monkeypatch):
+    """Over FP8 bases the MLP's GLU backward finds the row maxima of gate's and up's gradients times their column
+    scales, so that the quantiser of their joined input gradient reads each row once: the gradients are those of a
+    quantiser that finds the maxima itself, bit for bit (the GLU in dh tiles: each fills its rows' maxima)."""
+    from lanner.kernels.ops import fp8_matmul as ops
+
+    g = torch.Generator().manual_seed(8)
+
+    def projection(n_in, n_out):
+        base = FP8Linear.from_linear(torch.nn.Linear(n_in, n_out, bias=False)).to(torch.bfloat16)
+        return lora.LoRAProjection(base, torch.randn(4, n_in, generator=g).bfloat16(),
+                                   torch.randn(n_out, 4, generator=g).bfloat16(), 0.5)
+
+    projections = (projection(64, 272), projection(64, 272), projection(272, 64))  # ragged GLU tiles
+    x, dout = wide_rows(24, 64, seed=9).bfloat16(), wide_rows(24, 64, seed=10).bfloat16()
+    given = []
+    quantize_rows_torch = ops.quantize_rows_torch
+    monkeypatch.setattr(ops, "quantize_rows_torch",
+                        lambda x, scale=None, row_amax=None: given.append(row_amax is not None and x.shape[1])
+                        or quantize_rows_torch(x, scale, row_amax))
+    results = []
+    for row_amax_scale in (lambda layer: layer.fp8.scale, None):
+        matmul = lora._BASE_MATMULS[FP8Linear]
+        monkeypatch.setitem(lora._BASE_MATMULS, FP8Linear, lora.BaseMatmul(
+            matmul.forward, matmul.input_grad, matmul.joined_input_grad, matmul.repeated_input_grad, row_amax_scale))
+        given.clear()
+        xr = x.clone().requires_grad_()
+        weights = [w.clone().requires_grad_() for p in projections for w in p.lora_weights]
+        out = lora.LoRAMLPFunction.apply(xr, torch.bfloat16, "silu", tuple(
+            lora.LoRAProjection(p.base, a, b, p.scaling) for p, a, b in zip(projections, weights[::2], weights[1::2])),
+            None, True, None, 8, None, None, *weights)
+        out.backward(dout)
+        results.append([out, xr.grad, *(w.grad for w in weights)])
+        if row_amax_scale is not None:  # gate's and up's 544 columns
+            assert [n for n in given if n] == [544]
+    for got, expected in zip(*results):
+        assert torch.equal(got, expected)

@@ -175,3 +175,34 @@ def test_rank_r_terms_inside_the_kernel_equal_addmm_then_glu(dtype, activation, 
     glu_module.glu_backward_in_place(*got, activation, gate_term, up_term, dout_term)
     for g, r in zip(got, ref):  # h, d_gate, d_up
         assert_close_scaled(g, r, rtol)
+
+
+def _tile_maxima(magnitude):
+    # each row's largest magnitude in each column tile of the backward kernel's (the last one ragged)
+    width = glu_module._RANK_R_TILES["backward"][1]
+    parts = glu_module.glu_row_amax_parts(magnitude.shape[1])
+    return F.pad(magnitude, (0, parts * width - magnitude.shape[1])).view(magnitude.shape[0], parts, width).amax(-1)
+
+
+@pytest.mark.parametrize("with_terms", [True, False])
+def test_the_backward_gives_the_row_maxima_of_the_gradients_it_writes_tile_by_tile(with_terms, device):
+    # For FP8's quantiser of gate's and up's joined input gradient (quantize_joined_rows(row_amax=)): the maxima of
+    # d_gate and d_up times gate's and up's column scales, as stored. The outputs are those without maxima.
+    torch.manual_seed(1)
+    rows, cols, rank = 37, 300, 8  # ragged tiles both ways
+    gate, up = (_inputs((rows, cols), torch.bfloat16, device)[i].detach() for i in (0, 1))
+    terms = [((torch.randn(rows, rank, device=device) / 4).bfloat16(),
+              (torch.randn(cols, rank, device=device) / 4).bfloat16().t()) if with_terms else None for _ in range(3)]
+    scales = [torch.rand(cols, device=device) + 0.5 for _ in range(2)]
+    dh = torch.randn(rows, cols, device=device).bfloat16()
+    plain = [dh.clone(), gate.clone(), up.clone()]
+    glu_module.glu_backward_in_place(*plain, "silu", *terms)
+    got = [dh.clone(), gate.clone(), up.clone()]
+    amax = torch.full((rows + 3, glu_module.glu_row_amax_parts(cols)), -1.0, device=device)[3:]  # as a dh tile's
+    glu_module.glu_backward_in_place(*got, "silu", *terms, row_amax=amax, column_scales=scales)
+    for g, p in zip(got, plain):
+        assert torch.equal(g, p)
+    magnitude = torch.maximum(got[1].float().abs() * scales[0], got[2].float().abs() * scales[1])
+    assert torch.equal(amax, _tile_maxima(magnitude))
+    with pytest.raises(ValueError, match="column scales"):
+        glu_module.glu_backward_in_place(*got, "silu", *terms, row_amax=amax)
