@@ -62,8 +62,6 @@ def register_base_matmul(layer_type: type, forward, input_grad, joined_input_gra
                                            row_amax_scale)
 
 
-
-
 def supports_base_layer(layer: nn.Module) -> bool:
     return type(layer) in _WEIGHT_READERS or type(layer) in _BASE_MATMULS
 
