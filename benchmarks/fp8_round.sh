@@ -8,7 +8,8 @@
 #             bf16, Unsloth 4-bit; a summary line with the ratios against the bar
 #   13b:      the same on the Llama-2 13B shape (hidden 5120): lanner8, Lanner bf16, Unsloth bf16
 #   fidelity: benchmarks/fp8_fidelity.py, 300 steps of SmolLM2 (the built-in model: run
-#             `source tools/device/env.sh` with the smollm2 parts carried, docs/device-runs.md)
+#             `source tools/device/env.sh` with the smollm2 parts carried, docs/device-runs.md; without the
+#             bundle, benchmarks/fidelity_parts.sh)
 #   all:      8b, 13b, fidelity in that order while the time lasts (each skipped run is written as such)
 # Every process starts from the same weights (--same-weights) and data, so losses compare step by step.
 # Usage, from the repository root, with .peers carried (and the .device bundle for fidelity):
