@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import signal
 
+from lanner.core.messages.device import Device
 from lanner.core.models import Job, JobStatus
 from lanner.core.streams import job_stream, read_after
+from lanner.core.worker_registry import WORKER_KEY_PREFIX, announce_worker, retire_worker
 
 from test_worker_e2e import _has_checkpoint, wake
 from worker_helpers import pid_gone, qa_rows, training_pid
@@ -27,13 +29,19 @@ def test_a_worker_stops_a_job_taken_from_it_and_a_draining_worker_requeues_its_j
     wake(studio)
     studio.wait_for(taken, lambda j: j.status == JobStatus.running and j.step >= 1, 180, "its first step")
     pid = training_pid(studio, taken)
-    with studio.sessions() as session:  # another host's sweep requeued it and a worker there claimed it
+    # another host's sweep requeued it and a worker there claimed it; that worker is alive (its record in Redis,
+    # kept past the check: host A's own sweep would otherwise requeue a job of a worker without a heartbeat)
+    announce_worker(studio.redis, "cpu0@host-b", Device(kind="cpu", name="cpu", memory_total_bytes=2**34,
+                                                        host="host-b"), "b-instance")
+    studio.redis.expire(WORKER_KEY_PREFIX + "cpu0@host-b", 120)
+    with studio.sessions() as session:
         job = session.get(Job, taken)
         job.worker, job.host, job.worker_instance = "cpu0@host-b", "host-b", "b-instance"
         session.commit()
     assert pid_gone(pid, 15), "the training process of a job taken from its worker went on"
     job = studio.get_job(taken)
     assert (job.status, job.worker, job.error) == (JobStatus.running, "cpu0@host-b", None)  # A wrote nothing
+    retire_worker(studio.redis, "cpu0@host-b")
     with studio.sessions() as session:
         session.get(Job, taken).status = JobStatus.cancelled  # out of the way of the drain below
         session.commit()
