@@ -4,7 +4,8 @@
 #   here:        bash benchmarks/kernels_ab.sh export REF        # -> .kernels-ab/REF/kernels (git-ignored)
 #   the device:  OUT=$OUT bash benchmarks/kernels_ab.sh run REF [MODE] [MODEL] [ROUNDS] [peer_bench options]
 #                (carry .kernels-ab; MODE lanner8, MODEL llama-8b, ROUNDS 2 by default)
-# Each row of $OUT/ab.jsonl is peer_bench's JSON line with "kernels": REF or "tree".
+# Each row of $OUT/ab.jsonl is peer_bench's JSON line with "kernels": REF or "tree"; each run's whole output (the
+# memory plan among it) is in $OUT/ab-WHICH-ROUND.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 action=${1:?export or run}; ref=${2:?a commit}
@@ -21,6 +22,6 @@ for (( i = 0; i < rounds; i++ )); do
     root=$(mktemp -d); mkdir "$root/lanner"
     if [[ $which == tree ]]; then ln -s "$PWD/kernels" "$root/lanner/kernels"; else ln -s "$PWD/.kernels-ab/$ref/kernels" "$root/lanner/kernels"; fi
     (cd benchmarks && PYTHONPATH=$root:$PYTHONPATH timeout 150 python3 peer_bench.py "$mode" "$model" --steps 4 --warmup 2 \
-      --same-weights "$@" | tail -1 | sed "s/^{/{\"kernels\": \"$which\", /" | tee -a "${OUT:?}/ab.jsonl")
+      --same-weights "$@" | tee "${OUT:?}/ab-$which-$i.log" | tail -1 | sed "s/^{/{\"kernels\": \"$which\", /" | tee -a "${OUT:?}/ab.jsonl")
   done
 done

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from .flash import TILES, flash_attention
+from .sdpa_flash import flash_chosen, kept_flash_attention
 
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -145,8 +146,12 @@ def _say_once(message: str) -> None:
 def causal_attention(q, k, v, *, scale: float | None = None, window: int | None = None,
                      softcap: float | None = None, padding: torch.Tensor | None = None,
                      segments: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
-                     block_mask_cache: dict | None = None, backend: str | None = None) -> torch.Tensor:
+                     block_mask_cache: dict | None = None, backend: str | None = None, kept=None,
+                     recomputing: bool = False) -> torch.Tensor:
     """Causal attention with the module docstring's options; returns (B, Hq, T, D) like SDPA.
+
+    kept: where a checkpointed layer's forward leaves its attention output for the recompute (`recomputing`) to take
+    (sdpa_flash.py); used on the plain causal path where SDPA runs its flash kernel, ignored elsewhere.
 
     block_mask_cache: where FlexAttention block masks built from padding/segments (and the Triton kernel's
     sample bounds) are kept, so that every layer (and each layer's recompute) of one step shares one; window-only
@@ -161,6 +166,8 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
     backend = call_backend(q, window, softcap, padding, segments, sinks, backend)
     gqa = q.shape[1] != k.shape[1]
     if backend == "sdpa" and window is None and softcap is None and padding is None and segments is None:
+        if kept is not None and flash_chosen(q, k, v, scale):
+            return kept_flash_attention(q, k, v, scale, kept, recomputing)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     if backend == "triton":
         return flash_attention(q, k, v, scale, window, softcap, sinks, segments, cache=block_mask_cache)

@@ -128,11 +128,13 @@ def lanner_attention_forward(module, query, key, value, attention_mask, dropout=
     """The "lanner" attention function: transformers' calling convention, output (B, T, H, D)."""
     layout = attention_mask if isinstance(attention_mask, AttentionLayout) else None
     sinks = kwargs.get("s_aux")  # gpt-oss's attention sinks
+    # (From patching/attention.py, under the memory engine: see causal_attention.)
+    kept, recomputing = kwargs.pop("kept_attention", None), kwargs.pop("recomputing", False)
     if (layout is not None and layout.whole_sequence and dropout == 0.0 and not kwargs.get("output_attentions")
             and query.shape[2] == key.shape[2] == layout.q_length and getattr(module, "is_causal", True)):
         out = causal_attention(query, key, value, scale=scaling, window=layout.window, softcap=softcap,
                                padding=layout.padding, segments=layout.segments, sinks=sinks,
-                               block_mask_cache=layout.block_masks)
+                               block_mask_cache=layout.block_masks, kept=kept, recomputing=recomputing)
         return out.transpose(1, 2).contiguous(), None
     eager = _eager_forward(module)
     if (softcap is not None or sinks is not None or kwargs.get("output_attentions")) and eager is not None:

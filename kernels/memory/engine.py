@@ -133,7 +133,8 @@ class MemoryEngine:
         self.planned_tokens = tokens
         self.graphs_allowed = self.plan.graphed
         if self.graphs is not None:
-            self.graphs.new_plan([i for i, layer in enumerate(self.plan.layers) if layer.offload_input])
+            self.graphs.new_plan([i for i, layer in enumerate(self.plan.layers) if layer.offload_input],
+                                 [i for i, layer in enumerate(self.plan.layers) if layer.offload_attention])
         print(self.plan.describe(), flush=True)
         if not self.plan.fits:
             logger.warning("lanner.kernels: the memory budget is below the smallest plan's predicted peak")
@@ -151,7 +152,8 @@ class MemoryEngine:
             # C++ that Python's collector cannot break, keeping this forward alive for the whole run.
             return t.detach()
 
-        run = LayerRun(MLPStash(("gate", "up")), skip_mlp_output=False)
+        attention = _AttentionBytes()
+        run = LayerRun(MLPStash(("gate", "up")), skip_mlp_output=False, attention_keep=attention)
         x = hidden_states.detach().requires_grad_(hidden_states.requires_grad)
         # The random state is put back afterwards: a forward that draws (LoRA or attention dropout) must draw
         # in the step what it would have drawn without this extra forward, as plain PEFT does.
@@ -168,6 +170,7 @@ class MemoryEngine:
             saved_bytes=sum(saved.values()),
             tokens=tokens,
             dense_mlp=not run.moe_experts_ran,
+            attention_bytes=attention.bytes,
             **_recompute_flops(self.model.config, hidden_states),
         )
 
@@ -187,6 +190,18 @@ class MemoryEngine:
         if device.type == "cuda":
             return torch.cuda.memory_allocated(device) + missing
         return sum(p.numel() * p.element_size() for p in params) + missing
+
+
+class _AttentionBytes:
+    """The measuring forward's store for the attention output (attention/sdpa_flash.py): what it would keep, counted."""
+
+    bytes = 0
+
+    def store(self, out, lse, extras) -> None:
+        self.bytes = sum(t.numel() * t.element_size() for t in (out, lse))
+
+    def take(self):
+        return None
 
 
 @contextmanager

@@ -33,6 +33,12 @@ while it computes, and layer i+1's backward graph copies it back into the same b
 i's own backward copies it in first where that did not happen). The first layer's input stays in its buffer.
 A forward whose layer still waits for the backward of the previous one (two forwards before a backward, as some
 preference trainers run) takes the ordinary path for that call.
+
+Kept attention: where the plan also puts a layer's attention output in host memory (LayerPlan.offload_attention, a
+subset of the offloaded inputs), the layer's forward graph copies that output and its log-sum-exp there on the same
+side stream, and the backward graph of the layer above brings them back beside the input, into one of two buffers
+the layers alternate in; the layer's recompute then takes them instead of running the attention forward
+(attention/sdpa_flash.py).
 """
 from __future__ import annotations
 
@@ -161,7 +167,9 @@ class _ShapeGraphs:
         # their inputs alternate in, each one's host copy, the stream of the copies and the layer whose input the
         # last backward graph brought back.
         self.offloaded = owner.offloaded
+        self.attention_offloaded = owner.attention_offloaded
         self.ring: list[torch.Tensor] = []
+        self.attention_ring: list[tuple] = []  # two (output, log-sum-exp) buffers for kept attention
         self.host: dict[int, torch.Tensor] = {}
         self.copy_stream = torch.cuda.Stream()
         self.prefetched: int | None = None
@@ -199,9 +207,68 @@ class _ShapeGraphs:
 
     def host_copy(self, index: int, like: torch.Tensor) -> torch.Tensor:
         if index not in self.host:
-            self.host[index] = (pinned_empty(like.numel(), like.dtype).view(like.shape) if like.is_cuda
-                                else torch.empty_like(like, memory_format=torch.contiguous_format))
+            self.host[index] = _host_like(like)
         return self.host[index]
+
+    def attention_buffers(self, like: tuple, which: int, device: torch.device) -> tuple:
+        """The `which`th of the two buffers on `device` kept attention comes back into, shaped and strided like
+        `like`."""
+        while len(self.attention_ring) <= which:
+            self.attention_ring.append(tuple(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+                                             for t in like))
+        return self.attention_ring[which]
+
+
+def _host_like(like: torch.Tensor) -> torch.Tensor:
+    """A host buffer shaped and strided like `like` (a dense layout, such as the attention output's heads-major view
+    of a tokens-major tensor, is copied in one piece): pinned for a CUDA tensor."""
+    stride = torch.empty_like(like, device="meta").stride()  # like's own where dense, else contiguous
+    if not like.is_cuda:
+        return torch.empty_strided(like.shape, stride, dtype=like.dtype)
+    return pinned_empty(like.numel(), like.dtype).as_strided(like.shape, stride)
+
+
+class _KeptAttention:
+    """One graphed layer's attention output and log-sum-exp, from its forward to its recompute by way of host memory
+    (the module docstring; the `kept` of attention/sdpa_flash.py)."""
+
+    def __init__(self, shape: "_ShapeGraphs", index: int):
+        self.shape, self.index = shape, index
+        self.host: tuple = ()  # (output, log-sum-exp) in pinned host memory
+        self.extras = None  # the kernel's other outputs (sizes, empty random-state tensors) of the captured forward
+        self.device: torch.device | None = None
+        self.held: tuple = ()  # the forward's tensors, until the layer's forward has waited for their copies
+
+    def store(self, out: torch.Tensor, lse: torch.Tensor, extras) -> None:
+        if not self.host:
+            self.host = tuple(_host_like(t) for t in (out, lse))
+        self.extras, self.held, self.device = extras, (out, lse), out.device
+        stream = self.shape.copy_stream
+        if stream is None:  # (the tests' CPU stand-in)
+            for host, tensor in zip(self.host, self.held):
+                host.copy_(tensor)
+            return
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for host, tensor in zip(self.host, self.held):
+                host.copy_(tensor, non_blocking=True)
+
+    def copied(self) -> None:
+        """The layer's forward has waited for the copies: the forward's tensors may go."""
+        self.held = ()
+
+    def take(self):
+        """(output, log-sum-exp, extras) where they come back, or None before any forward stored them."""
+        if self.extras is None:
+            return None
+        return (*self.buffers(), self.extras)
+
+    def buffers(self) -> tuple:
+        return self.shape.attention_buffers(self.host, self.index % 2, self.device)
+
+    def copies_back(self) -> list:
+        """[(GPU buffer, host copy)] that bring them back; none before any forward stored them."""
+        return list(zip(self.buffers(), self.host)) if self.host else []
 
 
 def _nth_buffer(buffers: list, like: torch.Tensor, which: int) -> torch.Tensor:
@@ -271,6 +338,8 @@ class _LayerGraph:
         self.offloaded = index in shape.offloaded  # its input goes to host memory between forward and backward
         # Its output goes into one of the two alternating buffers where the next layer's input is offloaded.
         self.output_in_ring = index + 1 in shape.offloaded
+        # Its attention output goes to host memory too (recomputed layers whose input does: see new_plan).
+        self.attention = _KeptAttention(shape, index) if index in shape.attention_offloaded and not self.kept else None
         self.autocast = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
         # The trainable parameters, where each lives, and an alias of each (same memory) for the backward's capture:
         # differentiating the parameters themselves there would meet the accumulators autograd made for them on
@@ -318,13 +387,15 @@ class _LayerGraph:
                     self._record = x, self.call(x)
                 out = self._record[1].detach() if isinstance(self._record[1], torch.Tensor) else self._record[1]
             else:
-                with torch.no_grad(), self.run_factory().contexts()[0]:
+                with torch.no_grad(), self.run_factory(attention_keep=self.attention).contexts()[0]:
                     out = self.call(self.static_in)
             if self.output_in_ring and isinstance(out, torch.Tensor):
                 ring = self.shape.ring_buffer(out, self.index % 2)
                 with torch.no_grad():
                     ring.copy_(out)
                 out = ring
+        if self.attention is not None:
+            self.attention.copied()
         return out
 
     def _backward(self, recorded: bool = True, grad_out: torch.Tensor | None = None, bring_back_below: bool = True):
@@ -335,7 +406,7 @@ class _LayerGraph:
         beside it (not in the warm-up at the forward, where that buffer holds the next layer's input)."""
         grad_out = self.static_grad_out if grad_out is None else grad_out
         below = self.shape.layers.get(self.index - 1) if self.index - 1 in self.shape.offloaded else None
-        back = [(below.static_in, self.shape.host[below.index])] if below is not None and bring_back_below else []
+        back = below.copies_back() if below is not None and bring_back_below else []
         # (Autocast as in the forward: backward runs on autograd's thread, which does not carry it.)
         with self._autocast(), factor_casts_uncached(), _copying_beside(self.shape.copy_stream, back):
             if self.kept and recorded:
@@ -344,7 +415,8 @@ class _LayerGraph:
                 # (retain_graph: every replay of the forward graph rewrites what this record saved, in place.)
                 grads = torch.autograd.grad(out, inputs, grad_out, retain_graph=True, allow_unused=True)
             else:
-                contexts = (nullcontext(),) * 2 if self.kept else self.run_factory().contexts()
+                contexts = ((nullcontext(),) * 2 if self.kept
+                            else self.run_factory(attention_keep=self.attention).contexts())
                 with torch.enable_grad(), contexts[1], self._aliased():
                     x = self.static_in.detach().requires_grad_(self.needs_input_grad)
                     out = self.call(x)
@@ -355,11 +427,18 @@ class _LayerGraph:
             grads = grads[1:]
         return grads
 
+    def copies_back(self) -> list:
+        """[(GPU buffer, host copy)] that bring back what this layer's forward put in host memory."""
+        copies = [(self.static_in, self.shape.host[self.index])] if self.offloaded else []
+        return copies + (self.attention.copies_back() if self.attention is not None else [])
+
     def bring_back_input(self) -> None:
-        """Before its backward: an offloaded input, unless the layer above's backward graph brought it back."""
-        if self.offloaded and self.shape.prefetched != self.index:
+        """Before its backward: an offloaded input (and kept attention), unless the layer above's backward graph
+        brought it back."""
+        if self.shape.prefetched != self.index:
             with torch.no_grad():
-                self.static_in.copy_(self.shape.host[self.index], non_blocking=True)
+                for buffer, host in self.copies_back():
+                    buffer.copy_(host, non_blocking=True)
         self.shape.prefetched = None
 
     def brought_back(self) -> None:
@@ -396,10 +475,14 @@ class _LayerGraph:
         layers' checkpoints are held, not before its backward capture, where all are: there its working memory (a
         layer's backward, outside the graphs' pool) set the capture step's peak. A zero gradient; what it leaves
         cached for the capture stream goes back to the device."""
-        kind = (self.kept, self.signature, self.needs_input_grad)
+        kind = (self.kept, self.signature, self.needs_input_grad, self.attention is not None)
         if kind in self.shape.warmed_backwards:
             return
         self.shape.warmed_backwards.append(kind)
+        if self.attention is not None:  # (its buffer is free while the forwards run)
+            with torch.no_grad():
+                for buffer, host in self.attention.copies_back():
+                    buffer.copy_(host)
         _warm_up(self.shape, lambda: self._backward(recorded=False, grad_out=torch.zeros_like(self.static_out),
                                                     bring_back_below=False))
 
@@ -519,6 +602,7 @@ class LayerGraphs:
         self.graphed_forwards = 0  # forwards whose first layer ran from its graph (or was captured)
         self.lora_modules: dict[int, list] = {}  # by layer index
         self.offloaded: frozenset[int] = frozenset()  # the layers whose input the plan puts in host memory
+        self.attention_offloaded: frozenset[int] = frozenset()  # and those whose attention output too
 
     def off(self, reason: str) -> None:
         if self.off_reason is None:
@@ -526,13 +610,14 @@ class LayerGraphs:
             logger.warning("lanner.kernels: CUDA graphs of the decoder layers are off for this run: %s", reason)
         self._drop()
 
-    def new_plan(self, offloaded=()) -> None:
+    def new_plan(self, offloaded=(), attention_offloaded=()) -> None:
         """The engine planned anew (a longer batch): graphs captured under the old plan's options are let go of.
         offloaded: the layers whose input the new plan puts in host memory (the first layer's stays in the graphs'
-        buffer for it, which exists anyway)."""
+        buffer for it, which exists anyway); attention_offloaded: those of them whose attention output too."""
         self._drop()
         self.candidate, self.candidate_count = None, 0
         self.offloaded = frozenset(index for index in offloaded if index > 0)
+        self.attention_offloaded = self.offloaded.intersection(attention_offloaded)
 
     def _drop(self) -> None:
         """Lets go of the current shape's graphs and buffers (a layer whose backward is still to come keeps its own

@@ -27,17 +27,21 @@ class LayerRun:
     stash (lora.LoRAMLPFunction): long sequences then hold one tile's intermediates at a time.
     mlp_dh_tile_rows: the MLP's backward builds its dh this many rows at a time.
     after_mlp_backward: called when the MLP's backward has let go of its tensors.
+    attention_keep: where the forward leaves the attention's output for the recompute to take instead of running
+    the attention again (attention/sdpa_flash.py), or None.
     moe_experts_ran: set by a mixture of experts' experts, which take the stash and skip_mlp_output only
     (no tiles, no up projection in host memory), so that the planner counts on nothing more.
     """
 
     def __init__(self, mlp_stash: MLPStash | None, skip_mlp_output: bool, mlp_tile_rows: int | None = None,
-                 mlp_dh_tile_rows: int | None = None, after_mlp_backward: Callable[[], None] | None = None):
+                 mlp_dh_tile_rows: int | None = None, after_mlp_backward: Callable[[], None] | None = None,
+                 attention_keep=None):
         self.mlp_stash = mlp_stash
         self.skip_mlp_output = skip_mlp_output
         self.mlp_tile_rows = mlp_tile_rows
         self.mlp_dh_tile_rows = mlp_dh_tile_rows
         self.after_mlp_backward = after_mlp_backward
+        self.attention_keep = attention_keep
         self.recomputing = False
         self.moe_experts_ran = False
 

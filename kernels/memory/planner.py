@@ -11,7 +11,9 @@ The planner first offloads (inputs and up projections) if the budget needs it or
 of the budget on layers, the best seconds-saved-per-byte upgrade first, last layers first (their
 backward comes first, which gives offloaded copies of earlier layers time to come back).
 A plan for layers run from CUDA graphs (memory/graphs.py) offloads inputs only and keeps whole layers only: the
-graphs hold neither an MLP stash nor an up projection in host memory.
+graphs hold neither an MLP stash nor an up projection in host memory. Their recomputed layers that offload their input
+send their attention output there too where the copies hide under the forward (HOST_COPY_FLOPS_PER_BYTE): the
+recompute then skips the attention forward.
 """
 from __future__ import annotations
 
@@ -26,6 +28,11 @@ ATTENTION_BACKWARD_INPUTS = 3.5
 # The CUDA graphs' pool over one layer's predicted backward: it holds that layer's working memory and the blocks
 # its captures left apart (Qwen3-1.7B at 8,192 tokens on the H100: 0.71 GiB against 0.55 predicted).
 GRAPH_POOL_OVER_WORKING = 1.3
+# A layer's forward FLOPs per byte it sends to host memory, at least, for its attention output to go beside its input:
+# the copies (55 GB/s from an H200 to pinned host memory, docs/benchmarks.md) then take no longer than the forward's
+# GEMMs at ~1 PFLOP/s (FP8; twice as long at bf16's rate). Llama-3 8B's layer at any length: ~28k; Qwen2.5-1.5B's:
+# ~15k at 2,048 tokens a row, ~19k at 8,192 (attention's FLOPs grow with the row).
+HOST_COPY_FLOPS_PER_BYTE = 18_000
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,16 @@ class LayerCosts:
     # The MLP takes the dense MLP's options: row tiles, dh tiles, its up projection in host memory. A
     # mixture of experts takes none of them (it keeps and skips GEMMs as the dense MLP does, nothing more).
     dense_mlp: bool = True
+    # The attention output and log-sum-exp its recompute can take instead of computing them (0: its attention path
+    # keeps none: attention/sdpa_flash.py).
+    attention_bytes: int = 0
+
+    @property
+    def attention_to_host(self) -> bool:
+        """Whether the attention output may go to host memory beside an offloaded input (HOST_COPY_FLOPS_PER_BYTE)."""
+        forward_flops = self.mlp_flops * 3 / 2 + self.rest_flops  # (mlp_flops: gate and up, of three GEMMs)
+        sent = self.input_bytes + self.attention_bytes
+        return self.attention_bytes > 0 and forward_flops >= HOST_COPY_FLOPS_PER_BYTE * sent
 
     def tiled_by(self, mlp_tile_rows: int | None) -> bool:
         """Whether tiles of this many rows split the measured batch (None: no tiles)."""
@@ -74,7 +91,7 @@ class LayerCosts:
         def scale(n):
             return n * tokens // self.tokens
         return LayerCosts(scale(self.input_bytes), scale(self.mlp_bytes), scale(self.saved_bytes), mlp_flops,
-                          rest_flops, tokens, self.dense_mlp)
+                          rest_flops, tokens, self.dense_mlp, scale(self.attention_bytes))
 
 
 @dataclass(frozen=True)
@@ -82,9 +99,11 @@ class LayerPlan:
     mode: str
     offload_input: bool = False
     offload_up: bool = False  # recompute only: the up projection waits in host memory
+    offload_attention: bool = False  # graphed, recomputed and offloading its input: the attention output goes too
 
     def host_bytes(self, costs: LayerCosts) -> int:
-        return costs.input_bytes * self.offload_input + costs.up_bytes * self.offload_up
+        return (costs.input_bytes * self.offload_input + costs.up_bytes * self.offload_up
+                + costs.attention_bytes * self.offload_attention)
 
     def held_bytes(self, costs: LayerCosts) -> int:
         if self.mode == "keep":
@@ -115,13 +134,15 @@ class MemoryPlan:
         # meanwhile; its up projection starts coming back only once this MLP backward is over.
         # Graphed layers do their work in the graphs' own pool, held apart from everything else: the peak is
         # then all the layers hold, the pool, and the graphs' buffers (the head's work among them); an offloaded
-        # input comes back into one of the two buffers their outputs alternate in.
+        # input comes back into one of the two buffers their outputs alternate in, an attention output into one of
+        # two of its own.
         offloading = any(layer.offload_input for layer in self.layers)
         prefetch = self.costs.input_bytes * (1 + self.graphed) if offloading else 0
         if self.graphed:
             held = sum(layer.held_bytes(self.costs) for layer in self.layers)
             pool = GRAPH_POOL_OVER_WORKING * max(self.working_bytes(layer) for layer in self.layers)
-            return self.base_bytes + held + int(pool) + prefetch + self.graph_bytes
+            attention = 2 * self.costs.attention_bytes if any(layer.offload_attention for layer in self.layers) else 0
+            return self.base_bytes + held + int(pool) + prefetch + attention + self.graph_bytes
         held = backward = 0
         for layer in self.layers:
             backward = max(backward, held + self.working_bytes(layer))
@@ -145,6 +166,7 @@ class MemoryPlan:
         counts = {mode: sum(layer.mode == mode for layer in self.layers) for mode in MODES}
         offloaded = sum(layer.offload_input for layer in self.layers)
         up_offloaded = sum(layer.offload_up for layer in self.layers)
+        attention_offloaded = sum(layer.offload_attention for layer in self.layers)
         budget = "none" if self.budget_bytes is None else f"{self.budget_bytes / GIB:.2f} GiB"
         lines = [
             f"lanner.kernels memory plan ({len(self.layers)} layers, budget {budget}): "
@@ -155,7 +177,8 @@ class MemoryPlan:
             f"+{self.costs.mlp_bytes / GIB:.3f} GiB each",
             f"  recompute: {counts['recompute']} layers; in host memory: {offloaded} layer inputs "
             f"({self.costs.input_bytes / GIB:.3f} GiB each), {up_offloaded} up projections "
-            f"({self.costs.up_bytes / GIB:.3f} GiB each), {self.host_bytes / GIB:.2f} GiB in all",
+            f"({self.costs.up_bytes / GIB:.3f} GiB each), {attention_offloaded} attention outputs "
+            f"({self.costs.attention_bytes / GIB:.3f} GiB each), {self.host_bytes / GIB:.2f} GiB in all",
             f"  base (weights, LoRA + optimizer, head) {self.base_bytes / GIB:.2f} GiB, "
             f"one layer's backward {self.working_bytes(self.layers[0]) / GIB:.2f} GiB"
             + (f" (MLP in tiles of {self.mlp_tile_rows} tokens)" if self.tiled else "")
@@ -173,7 +196,7 @@ def _within_host_memory(layers: list[LayerPlan], costs: LayerCosts, host_bytes: 
     for layer in layers:
         offload_input = layer.offload_input and inputs_room > 0
         inputs_room -= offload_input
-        limited.append(replace(layer, offload_input=offload_input, offload_up=False))
+        limited.append(replace(layer, offload_input=offload_input, offload_up=False, offload_attention=False))
     return tuple(limited)
 
 
@@ -182,7 +205,8 @@ def _short(layer: LayerPlan) -> str:
 
 
 LayerPlan.code = property(lambda self: {"keep": "K", "keep_mlp": "M", "recompute": "R"}[self.mode]
-                          + ("o" if self.offload_input else "") + ("u" if self.offload_up else ""))
+                          + ("o" if self.offload_input else "") + ("u" if self.offload_up else "")
+                          + ("a" if self.offload_attention else ""))
 
 
 def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes: int | None = None,
@@ -206,7 +230,8 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
     host_bytes: the host memory offloading may take (None: no limit). Beyond it the up projections
     stay on the GPU, then the inputs of the last layers that would offload.
     graph_bytes: not None, a plan for layers run from CUDA graphs, whose own buffers take this many bytes: no up
-    projection in host memory, no keep_mlp.
+    projection in host memory, no keep_mlp; recomputed layers that offload their input send their attention output
+    too where LayerCosts.attention_to_host.
     """
     if n_layers < 1:
         raise ValueError("plan_memory: a model with no decoder layers")
@@ -217,8 +242,10 @@ def plan_memory(n_layers: int, costs: LayerCosts, base_bytes: int, budget_bytes:
 
     def layer_plan(i, mode, offload_inputs, tiled):
         offload_here = offload_inputs and i < n_layers - 1
+        recomputed = offload_here and mode == "recompute"
         return LayerPlan(mode, offload_here and mode != "keep",
-                         offload_here and mode == "recompute" and not tiled and costs.dense_mlp and not graphed)
+                         recomputed and not tiled and costs.dense_mlp and not graphed,
+                         recomputed and graphed and costs.attention_to_host)
 
     def plan_of(modes, offload_inputs, tile_rows):
         tiled = costs.tiled_by(tile_rows)

@@ -12,7 +12,9 @@ import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..attention.transformers_glue import ATTENTION_NAME
 from ..lora import lora_linear, lora_qkv
+from ..memory.layer_run import current_layer_run
 from ..ops.rope import apply_rope
 from ..peft_projections import first_blocker, lora_projection
 from .binding import bind_forward, plain_forward
@@ -72,6 +74,9 @@ def _attend(attention: nn.Module, q, k, v, input_shape, position_embeddings, att
         kwargs["softcap"] = attention.attn_logit_softcapping
     if getattr(attention, "sinks", None) is not None:
         kwargs["s_aux"] = attention.sinks
+    run = current_layer_run()
+    if run is not None and run.attention_keep is not None and config._attn_implementation == ATTENTION_NAME:
+        kwargs["kept_attention"], kwargs["recomputing"] = run.attention_keep, run.recomputing
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(
         config._attn_implementation, _modeling_module(attention).eager_attention_forward
     )

@@ -14,6 +14,8 @@ from lanner.kernels.memory.planner import LayerPlan
 from lora_twins import lora_weights, max_relative_error, randomise_lora, tiny_model, token_batches
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+# Sizes in multiples of 16: FP8 GEMMs take no others, SDPA's flash kernel (kept attention) no head dim of 12.
+_SIXTEENS = dict(hidden_size=64, intermediate_size=128)
 
 
 def test_a_padded_or_packed_batch_is_not_graphed():
@@ -118,15 +120,17 @@ def test_the_graphs_bookkeeping_on_the_cpu(monkeypatch, graphs_device):
     assert max_relative_error(weights, plain_weights) < 1e-5
 
 
-def _trained(family, batches, monkeypatch, graphs: bool, two_forwards_at=(), hook=None, layers=3, fp8=False):
+def _trained(family, batches, monkeypatch, graphs: bool, two_forwards_at=(), hook=None, layers=3, fp8=False,
+             sizes=None):
     """Losses, final LoRA weights, the memory engine and the bytes allocated as each step starts, of SGD steps on
     `batches` (float32, on the batches' device); at the steps in two_forwards_at, two forwards (this batch and the
-    next) before one backward. fp8: over FP8 base weights (whose layers run patching/layers.py's forward)."""
+    next) before one backward. fp8: over FP8 base weights (whose layers run patching/layers.py's forward). sizes: the
+    model's hidden and intermediate sizes, when not the tiny ones (FP8's multiples of 16 for FP8)."""
     monkeypatch.setenv("LANNER_CUDA_GRAPHS", "1" if graphs else "0")
     layer_types = dict(layer_types=["sliding_attention", "full_attention", "sliding_attention"]) \
         if family == "gemma3" else {}
     device = batches[0].device
-    sizes = dict(hidden_size=64, intermediate_size=128) if fp8 else {}  # FP8 GEMMs: multiples of 16
+    sizes = sizes or (_SIXTEENS if fp8 else {})
     model = get_lora_model(tiny_model(family, device=device, num_hidden_layers=layers, **layer_types, **sizes),
                            r=8, lora_alpha=8, load_in_fp8=fp8)
     randomise_lora(model)
@@ -275,34 +279,50 @@ def test_a_first_layer_whose_input_needs_no_gradient(monkeypatch):
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["16-bit", "fp8"])
 def test_offloaded_inputs_and_kept_layers_run_graphed_as_the_ordinary_path(fp8, monkeypatch, graphs_device):
-    """A plan of five layers, R Ro Ro K Ro (o: input in host memory; the planner never offloads the last layer's,
-    graphs take it all the same): inputs go out from their layer's forward graph and come back in the backward graph
-    of the layer above (a kept one's too), or in their own where none did; outputs alternate in two buffers; kept
-    layers' graphs record autograd and differentiate it. Every loss and the final weights as the same plan gives
-    them without graphs (the layers on patching/layers.py's forward, its norms passing their inputs on), over FP8
-    bases too (their o and down terms in the residual adds)."""
+    """A plan of five layers, R Roa Ro K Roa (o: input in host memory, a: attention output too; the planner never
+    offloads the last layer's, graphs take it all the same): inputs go out from their layer's forward graph and come
+    back in the backward graph of the layer above (a kept one's too), or in their own where none did; outputs
+    alternate in two buffers; attention outputs go and come back with their inputs, and the recomputes take them
+    instead of running the attention forward; kept layers' graphs record autograd and differentiate it. Every loss
+    and the final weights as the same plan gives them without graphs (the layers on patching/layers.py's forward,
+    its norms passing their inputs on), over FP8 bases too (their o and down terms in the residual adds)."""
+    from lanner.kernels.attention import sdpa_flash
     from lanner.kernels.memory import engine as engine_module
 
     from lanner.kernels.patching import layers as layers_module
 
-    codes = ["R", "Ro", "Ro", "K", "Ro"]
-    layers = tuple(LayerPlan("keep" if code == "K" else "recompute", code.endswith("o")) for code in codes)
+    codes = ["R", "Roa", "Ro", "K", "Roa"]
+    layers = tuple(LayerPlan("keep" if code == "K" else "recompute", "o" in code, offload_attention="a" in code)
+                   for code in codes)
     planned = engine_module.plan_memory
     monkeypatch.setattr(engine_module, "plan_memory",
                         lambda *args, **kwargs: dataclasses.replace(planned(*args, **kwargs), layers=layers))
     unread = []  # the recomputes differentiate the layers' output without making their last residual add
     unread_sum = layers_module.unread_sum
     monkeypatch.setattr(layers_module, "unread_sum", lambda *args: unread.append(1) or unread_sum(*args))
+    attention_forwards = []  # per step, the attention forwards on the path that keeps their output
+    flash_forward = sdpa_flash._forward
+    monkeypatch.setattr(sdpa_flash, "_forward", lambda *args: attention_forwards.append(1) or flash_forward(*args))
+    step_starts = []
+
+    def count_steps(model):
+        model.register_forward_pre_hook(lambda *args: step_starts.append(len(attention_forwards)))
+
     batches = token_batches(4, 1, 8, 96, device=graphs_device)
-    losses, weights, engine, held = _trained("llama", batches, monkeypatch, graphs=True, layers=len(codes), fp8=fp8)
+    losses, weights, engine, held = _trained("llama", batches, monkeypatch, graphs=True, layers=len(codes), fp8=fp8,
+                                             hook=count_steps, sizes=_SIXTEENS)
     assert unread
+    if graphs_device == "cpu":  # (a real graph's replays run no Python) the two layers' forwards only, no recompute
+        assert len(attention_forwards) - step_starts[-1] == 2
     plain_losses, plain_weights, plain, _ = _trained("llama", batches, monkeypatch, graphs=False, layers=len(codes),
-                                                     fp8=fp8)
+                                                     fp8=fp8, sizes=_SIXTEENS)
     assert plain.graphs is None and [layer.code for layer in plain.plan.layers] == codes
     graphs = engine.graphs
     assert engine.plan.graphed and graphs.off_reason is None and graphs.graphed_forwards == 3
     shape = graphs.current
     assert sorted(shape.layers) == list(range(len(codes))) and sorted(shape.host) == [1, 2, 4]
+    assert [i for i, layer in shape.layers.items() if layer.attention is not None] == [1, 4]
+    assert len(shape.attention_ring) == 2 and all(shape.layers[i].attention.host for i in (1, 4))
     assert [layer.kept for layer in shape.layers.values()] == [code == "K" for code in codes]
     assert len(shape.ring) == 2 and held[2] == held[3]
     torch.testing.assert_close(losses, plain_losses, rtol=1e-5, atol=0)
@@ -339,7 +359,8 @@ def test_each_kind_of_layer_warms_its_backward_up_at_its_forward_capture(monkeyp
             out = forward(*args, **kwargs)
             shape = graphs.current
             if shape is not None and shape.layers and not any(layer.backward_graph for layer in shape.layers.values()):
-                kinds = {(layer.kept, layer.signature, layer.needs_input_grad) for layer in shape.layers.values()}
+                kinds = {(layer.kept, layer.signature, layer.needs_input_grad, layer.attention is not None)
+                         for layer in shape.layers.values()}
                 warmed_before_backward.append(set(shape.warmed_backwards) == kinds)
             return out
         model.forward = forward_then_check

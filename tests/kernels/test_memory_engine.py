@@ -16,7 +16,7 @@ from torch import nn
 from lanner.kernels import get_lora_model, lora
 from lanner.kernels.memory import LayerCosts, LayerPlan, MemoryPlan, memory_engine_of, plan_memory
 from lanner.kernels.memory.graphs import device_peak_bytes
-from lanner.kernels.memory.planner import ATTENTION_BACKWARD_INPUTS, GRAPH_POOL_OVER_WORKING
+from lanner.kernels.memory.planner import ATTENTION_BACKWARD_INPUTS, GRAPH_POOL_OVER_WORKING, HOST_COPY_FLOPS_PER_BYTE
 from lora_twins import lora_grads, max_relative_error, randomise_lora, tiny_model, token_batches
 
 LOSS_RTOL, GRAD_RTOL = 1e-6, 1e-5
@@ -367,6 +367,28 @@ def test_a_plan_for_graphs_offloads_inputs_only_keeps_whole_layers_and_counts_th
     assert "keep_mlp" in _modes(plan_memory(32, COSTS, BASE, budget))  # (the ordinary plan would keep MLPs)
 
 
+def test_graphed_layers_send_their_attention_output_beside_their_input_where_the_forward_hides_the_copies():
+    """A graphed plan's offloaded recomputed layers send their attention output to host memory too (the recompute
+    then takes it) where the layer's forward has HOST_COPY_FLOPS_PER_BYTE for the bytes sent; the two buffers it
+    comes back into count in the peak, and host memory runs out before inputs do. Ungraphed plans never send it."""
+    costs = dataclasses.replace(COSTS, attention_bytes=COSTS.input_bytes + 2**20)  # output + log-sum-exp
+    graph_bytes = 5 * COSTS.input_bytes
+    plan = plan_memory(32, costs, BASE, graph_bytes=graph_bytes)
+    assert [layer.code for layer in plan.layers] == ["Roa"] * 31 + ["R"]
+    assert plan.host_bytes == 31 * (costs.input_bytes + costs.attention_bytes)
+    assert "31 attention outputs" in plan.describe()
+    without = plan_memory(32, COSTS, BASE, graph_bytes=graph_bytes)
+    assert plan.predicted_peak_bytes == without.predicted_peak_bytes + 2 * costs.attention_bytes
+    assert not any(layer.offload_attention for layer in plan_memory(32, costs, BASE, offload=True).layers)
+    forward_flops = costs.mlp_flops * 3 / 2 + costs.rest_flops
+    thin = dataclasses.replace(costs, rest_flops=costs.rest_flops - forward_flops / 2)  # half the FLOPs per byte
+    assert forward_flops / (costs.input_bytes + costs.attention_bytes) >= HOST_COPY_FLOPS_PER_BYTE > \
+        (forward_flops / 2) / (costs.input_bytes + costs.attention_bytes)
+    assert [layer.code for layer in plan_memory(32, thin, BASE, graph_bytes=graph_bytes).layers] == ["Ro"] * 31 + ["R"]
+    short = plan_memory(32, costs, BASE, graph_bytes=graph_bytes, host_bytes=31 * costs.input_bytes)
+    assert [layer.code for layer in short.layers] == ["Ro"] * 31 + ["R"]
+
+
 def test_dh_tiles_take_most_of_one_up_projection_off_checkpointed_layers():
     costs = dataclasses.replace(COSTS, tokens=8192)
     whole = plan_memory(32, costs, BASE)
@@ -461,6 +483,16 @@ def test_the_measured_costs_say_whether_the_mlp_takes_the_dense_options(family, 
     model = _model(family, device, layers=2)
     _step(model, token_batches(1, 1, 5, model.config.vocab_size, device=device)[0])
     assert memory_engine_of(model).plan.costs.dense_mlp is dense_mlp
+
+
+@pytest.mark.parametrize("hidden, kept", [(64, True), (48, False)], ids=["head-dim-16", "head-dim-12"])
+def test_the_measured_costs_count_the_attention_output_a_recompute_could_take(hidden, kept, device):
+    """The attention output and log-sum-exp (float32: B, H, T) where SDPA's flash kernel runs unpadded; none with a
+    head dimension it pads (12)."""
+    model = get_lora_model(tiny_model("llama", device=device, hidden_size=hidden, num_hidden_layers=2))
+    _step(model.train(), token_batches(1, 2, 5, model.config.vocab_size, device=device)[0])
+    heads = model.config.num_attention_heads
+    assert memory_engine_of(model).plan.costs.attention_bytes == (2 * 5 * (hidden + heads) * 4 if kept else 0)
 
 
 def test_a_long_batch_peaks_in_the_attention_backward():

@@ -1,0 +1,75 @@
+"""torch's flash SDPA kernels called directly, so that a layer's recompute can take its forward's attention output
+instead of computing it again.
+
+The memory engine recomputes checkpointed layers in backward; the attention backward needs q, k, v (recomputed
+cheaply), the output and the log-sum-exp of the softmax rows. Where the engine keeps the last two from the forward
+(memory/graphs.py, in host memory beside the layer's input), the recompute skips the attention forward: a fifth of
+the attention's time a step (~0.3 ms a layer at 8,192 tokens of the 8B shape). `kept` is that store:
+
+    kept.store(out, lse, extras)    in the forward: what the backward will need (extras: the kernel's other outputs)
+    kept.take() -> (out, lse, extras) or None    in the recompute: the forward's, or None to compute them here
+
+Only where SDPA itself would run the flash kernel (torch._fused_sdp_choice), with the same arguments, so the
+numbers are the ones F.scaled_dot_product_attention gives, on CUDA as on the CPU (its flash kernel for the CPU).
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn.attention import SDPBackend
+
+_aten = torch.ops.aten
+
+
+def flash_chosen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> bool:
+    """Whether causal SDPA without a mask runs its flash kernel on these tensors, on a head dimension it takes
+    unpadded (SDPA pads others to a multiple of 8 around the kernel)."""
+    if q.shape[-1] % 8:
+        return False
+    choice = torch._fused_sdp_choice(q, k, v, None, 0.0, True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return choice == int(SDPBackend.FLASH_ATTENTION)
+
+
+def _forward(q, k, v, scale):
+    if q.is_cuda:
+        out, lse, *extras = _aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False, scale=scale)
+        return out, lse, tuple(extras[:6])  # (cum_seq_q, cum_seq_k, max_q, max_k, philox seed, philox offset)
+    out, lse = _aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+    return out, lse, ()
+
+
+def _backward(grad_out, q, k, v, out, lse, extras, scale):
+    if grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()
+    if q.is_cuda:
+        cum_q, cum_k, max_q, max_k, seed, offset = extras
+        return _aten._scaled_dot_product_flash_attention_backward(grad_out, q, k, v, out, lse, cum_q, cum_k, max_q,
+                                                                  max_k, 0.0, True, seed, offset, scale=scale)
+    return _aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, lse, 0.0, True,
+                                                                      scale=scale)
+
+
+class _KeptFlash(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, kept, recomputing):
+        stored = kept.take() if recomputing else None
+        if stored is None:
+            out, lse, extras = _forward(q, k, v, scale)
+            if not recomputing:
+                kept.store(out, lse, extras)
+        else:
+            out, lse, extras = stored
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.extras, ctx.scale = extras, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(grad_out, q, k, v, out, lse, ctx.extras, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+def kept_flash_attention(q, k, v, scale: float, kept, recomputing: bool) -> torch.Tensor:
+    """Causal attention (B, Hq, T, D), as F.scaled_dot_product_attention(is_causal=True, enable_gqa=...) gives it
+    where flash_chosen; its output and log-sum-exp stored in `kept` in a forward, taken from it in a recompute."""
+    return _KeptFlash.apply(q, k, v, scale, kept, recomputing)
