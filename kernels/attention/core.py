@@ -151,7 +151,8 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
     """Causal attention with the module docstring's options; returns (B, Hq, T, D) like SDPA.
 
     kept: where a checkpointed layer's forward leaves its attention output for the recompute (`recomputing`) to take
-    (sdpa_flash.py); used on the plain causal path where SDPA runs its flash kernel, ignored elsewhere.
+    (sdpa_flash.py); used on the plain causal path where SDPA runs its flash kernel and by our Triton kernel, ignored
+    on the others (FlexAttention, the reference).
 
     block_mask_cache: where FlexAttention block masks built from padding/segments (and the Triton kernel's
     sample bounds) are kept, so that every layer (and each layer's recompute) of one step shares one; window-only
@@ -170,7 +171,8 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
             return kept_flash_attention(q, k, v, scale, kept, recomputing)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     if backend == "triton":
-        return flash_attention(q, k, v, scale, window, softcap, sinks, segments, cache=block_mask_cache)
+        return flash_attention(q, k, v, scale, window, softcap, sinks, segments, cache=block_mask_cache, kept=kept,
+                               recomputing=recomputing)
     if backend == "flex":
         compiled = q.is_cuda
         block_mask = _block_mask(q, window, padding, segments, block_mask_cache, compiled)

@@ -402,20 +402,15 @@ def _sample_bounds(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, starts, ends, scale, window, softcap):
+    def forward(ctx, q, k, v, sinks, starts, ends, scale, window, softcap, kept, recomputing):
         q, k, v = (_inner_contiguous(x) for x in (q, k, v))
-        batch, n_heads, seq_len, head_dim = q.shape
-        groups = n_heads // k.shape[1]
-        block_m, block_n, warps, stages = _tiles(head_dim)["fwd"]
-        out = new_output(q.shape, q.dtype, q.device)
-        lse = new_output((batch * n_heads, seq_len), torch.float32, q.device)
-        flags = _flags(q, window, softcap, starts)
-        _fwd_kernel[(triton.cdiv(seq_len, block_m), batch * n_heads)](
-            q, k, v, out, lse, sinks if sinks is not None else lse, starts if starts is not None else lse,
-            *_strides(q), *_strides(k), *_strides(v),
-            *_strides(out), n_heads, groups, seq_len, scale, softcap or 1.0, window or seq_len,
-            BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, **flags, HAS_SINKS=sinks is not None,
-            num_warps=warps, num_stages=stages)
+        stored = kept.take() if kept is not None and recomputing else None
+        if stored is not None:
+            out, lse, _ = stored
+        else:
+            out, lse = _forward(q, k, v, sinks, starts, scale, window, softcap)
+            if kept is not None and not recomputing:
+                kept.store(out, lse, ())
         ctx.save_for_backward(q, k, v, out, lse, sinks, starts, ends)
         ctx.options = (scale, window, softcap)
         return out
@@ -456,7 +451,22 @@ class _FlashAttention(torch.autograd.Function):
             # d sink_h = -sum over the head's rows of P_sink * delta, P_sink = 2^(sink log2 e - lse)
             p_sink = torch.exp2(sinks.float().repeat(batch)[:, None] * LOG2_E.value - lse)
             d_sinks = -(p_sink * delta).view(batch, n_heads, seq_len).sum((0, 2)).to(sinks.dtype)
-        return dq, dk, dv, d_sinks, None, None, None, None, None
+        return dq, dk, dv, d_sinks, None, None, None, None, None, None, None
+
+
+def _forward(q, k, v, sinks, starts, scale, window, softcap):
+    """(output, log-sum-exp of each softmax row, float32 (B * Hq, T))."""
+    batch, n_heads, seq_len, head_dim = q.shape
+    block_m, block_n, warps, stages = _tiles(head_dim)["fwd"]
+    out = new_output(q.shape, q.dtype, q.device)
+    lse = new_output((batch * n_heads, seq_len), torch.float32, q.device)
+    _fwd_kernel[(triton.cdiv(seq_len, block_m), batch * n_heads)](
+        q, k, v, out, lse, sinks if sinks is not None else lse, starts if starts is not None else lse,
+        *_strides(q), *_strides(k), *_strides(v),
+        *_strides(out), n_heads, n_heads // k.shape[1], seq_len, scale, softcap or 1.0, window or seq_len,
+        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, **_flags(q, window, softcap, starts),
+        HAS_SINKS=sinks is not None, num_warps=warps, num_stages=stages)
+    return out, lse
 
 
 def _flags(q, window, softcap, starts):
@@ -466,10 +476,11 @@ def _flags(q, window, softcap, starts):
 
 def flash_attention(q, k, v, scale: float, window: int | None = None, softcap: float | None = None,
                     sinks: torch.Tensor | None = None, segments: torch.Tensor | None = None,
-                    cache: dict | None = None) -> torch.Tensor:
+                    cache: dict | None = None, kept=None, recomputing: bool = False) -> torch.Tensor:
     """Causal attention (B, Hq, T, D) with the module docstring's options; window None or < T, softcap None or > 0,
     sinks None or (Hq,) logits, segments None or (B, T) sample ids in contiguous runs. cache: a dict that lives as
-    long as these segments (one forward's), where their sample bounds are computed once for every layer."""
+    long as these segments (one forward's), where their sample bounds are computed once for every layer. kept,
+    recomputing: the output and log-sum-exp stored in a forward, taken in a recompute (sdpa_flash.py's `kept`)."""
     if q.shape[1] % k.shape[1] or k.shape != v.shape or q.shape[2] != k.shape[2]:
         raise ValueError(f"flash_attention: q {tuple(q.shape)} with k {tuple(k.shape)}, v {tuple(v.shape)}")
     if sinks is not None and sinks.shape != (q.shape[1],):
@@ -485,4 +496,4 @@ def flash_attention(q, k, v, scale: float, window: int | None = None, softcap: f
                 cache[_SAMPLE_BOUNDS] = bounds
         starts, ends = bounds
     return _FlashAttention.apply(q, k, v, None if sinks is None else sinks.contiguous(), starts, ends, float(scale),
-                                 window, softcap)
+                                 window, softcap, kept, recomputing)

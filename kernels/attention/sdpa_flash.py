@@ -10,7 +10,8 @@ the attention's time a step (~0.3 ms a layer at 8,192 tokens of the 8B shape). `
     kept.take() -> (out, lse, extras) or None    in the recompute: the forward's, or None to compute them here
 
 Only where SDPA itself would run the flash kernel (torch._fused_sdp_choice), with the same arguments, so the
-numbers are the ones F.scaled_dot_product_attention gives, on CUDA as on the CPU (its flash kernel for the CPU).
+numbers are the ones F.scaled_dot_product_attention gives, on CUDA as on the CPU (its flash kernel for the CPU). Our
+Triton kernel (flash.py: windows and soft-capping at head dim 256) takes the same `kept`.
 """
 from __future__ import annotations
 

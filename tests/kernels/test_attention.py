@@ -306,28 +306,34 @@ class _Store:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_a_recompute_takes_the_forwards_attention_output_and_differentiates_as_sdpa(dtype, device):
+@pytest.mark.parametrize("path", ["sdpa", "triton-window-softcap"])
+def test_a_recompute_takes_the_forwards_attention_output_and_differentiates_as_without(path, dtype, device):
     """With a store for the attention output (the memory engine's graphed layers), the causal path runs SDPA's own
-    flash kernel: the forward stores its output and log-sum-exp, the recompute takes them instead of computing, and
-    the gradients are SDPA's bit for bit (GQA unexpanded). With nothing stored yet the recompute computes."""
+    flash kernel (and a window with a soft-cap our Triton kernel): the forward stores its output and log-sum-exp,
+    the recompute takes them instead of computing, and the gradients are those of the path without a store, bit for
+    bit (GQA unexpanded). With nothing stored yet the recompute computes."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, h, 40, 16, device=device, dtype=dtype) for h in (HQ, HK, HK))
     grad = torch.randn(B, HQ, 40, 16, device=device, dtype=dtype)
+    options = dict(scale=0.3) if path == "sdpa" else dict(scale=0.3, window=20, softcap=5.0, backend="triton")
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    expected = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True, scale=0.3, enable_gqa=True)
+    if path == "sdpa":
+        expected = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True, scale=0.3, enable_gqa=True)
+    else:
+        expected = causal_attention(*leaves, **options)
     expected_grads = torch.autograd.grad(expected, leaves, grad)
 
     store = _Store()
     with torch.no_grad():  # the forward (graphed recomputed layers run it without autograd)
-        out = causal_attention(q, k, v, scale=0.3, kept=store, recomputing=False)
+        out = causal_attention(q, k, v, **options, kept=store, recomputing=False)
     assert store.stored is not None and torch.equal(out, expected.detach())
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    again = causal_attention(*leaves, scale=0.3, kept=store, recomputing=True)
+    again = causal_attention(*leaves, **options, kept=store, recomputing=True)
     assert store.taken == 1 and torch.equal(again.detach(), expected.detach())
     for actual, wanted in zip(torch.autograd.grad(again, leaves, grad), expected_grads):
         assert torch.equal(actual, wanted)
     store.stored = (store.stored[0] * 2, *store.stored[1:])  # what the store holds is what the recompute returns
-    assert torch.equal(causal_attention(q, k, v, scale=0.3, kept=store, recomputing=True), expected.detach() * 2)
+    assert torch.equal(causal_attention(q, k, v, **options, kept=store, recomputing=True), expected.detach() * 2)
     fresh = _Store()
-    computed = causal_attention(q, k, v, scale=0.3, kept=fresh, recomputing=True)
+    computed = causal_attention(q, k, v, **options, kept=fresh, recomputing=True)
     assert fresh.taken == 0 and fresh.stored is None and torch.equal(computed, expected.detach())
