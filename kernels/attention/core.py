@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from .flash import TILES, flash_attention
-from .sdpa_flash import flash_chosen, kept_flash_attention
+from .kept_sdpa import fused_kernel, kept_sdpa
 
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -151,8 +151,8 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
     """Causal attention with the module docstring's options; returns (B, Hq, T, D) like SDPA.
 
     kept: where a checkpointed layer's forward leaves its attention output for the recompute (`recomputing`) to take
-    (sdpa_flash.py); used on the plain causal path where SDPA runs its flash kernel and by our Triton kernel, ignored
-    on the others (FlexAttention, the reference).
+    (kept_sdpa.py); used on the plain causal path where SDPA runs its flash or cuDNN kernel, and by our Triton kernel;
+    ignored on the others (FlexAttention, the reference).
 
     block_mask_cache: where FlexAttention block masks built from padding/segments (and the Triton kernel's
     sample bounds) are kept, so that every layer (and each layer's recompute) of one step shares one; window-only
@@ -167,8 +167,9 @@ def causal_attention(q, k, v, *, scale: float | None = None, window: int | None 
     backend = call_backend(q, window, softcap, padding, segments, sinks, backend)
     gqa = q.shape[1] != k.shape[1]
     if backend == "sdpa" and window is None and softcap is None and padding is None and segments is None:
-        if kept is not None and flash_chosen(q, k, v, scale):
-            return kept_flash_attention(q, k, v, scale, kept, recomputing)
+        kernel = fused_kernel(q, k, v, scale) if kept is not None else None
+        if kernel is not None:
+            return kept_sdpa(q, k, v, scale, kernel, kept, recomputing)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     if backend == "triton":
         return flash_attention(q, k, v, scale, window, softcap, sinks, segments, cache=block_mask_cache, kept=kept,

@@ -480,7 +480,7 @@ def flash_attention(q, k, v, scale: float, window: int | None = None, softcap: f
     """Causal attention (B, Hq, T, D) with the module docstring's options; window None or < T, softcap None or > 0,
     sinks None or (Hq,) logits, segments None or (B, T) sample ids in contiguous runs. cache: a dict that lives as
     long as these segments (one forward's), where their sample bounds are computed once for every layer. kept,
-    recomputing: the output and log-sum-exp stored in a forward, taken in a recompute (sdpa_flash.py's `kept`)."""
+    recomputing: the output and log-sum-exp stored in a forward, taken in a recompute (kept_sdpa.py's `kept`)."""
     if q.shape[1] % k.shape[1] or k.shape != v.shape or q.shape[2] != k.shape[2]:
         raise ValueError(f"flash_attention: q {tuple(q.shape)} with k {tuple(k.shape)}, v {tuple(v.shape)}")
     if sinks is not None and sinks.shape != (q.shape[1],):

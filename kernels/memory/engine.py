@@ -193,7 +193,7 @@ class MemoryEngine:
 
 
 class _AttentionBytes:
-    """The measuring forward's store for the attention output (attention/sdpa_flash.py): what it would keep, counted."""
+    """The measuring forward's store for the attention output (attention/kept_sdpa.py): what it would keep, counted."""
 
     bytes = 0
 

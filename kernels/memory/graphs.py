@@ -38,7 +38,7 @@ Kept attention: where the plan also puts a layer's attention output in host memo
 subset of the offloaded inputs), the layer's forward graph copies that output and its log-sum-exp there on the same
 side stream, and the backward graph of the layer above brings them back beside the input, into one of two buffers
 the layers alternate in; the layer's recompute then takes them instead of running the attention forward
-(attention/sdpa_flash.py).
+(attention/kept_sdpa.py).
 """
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ def _host_like(like: torch.Tensor) -> torch.Tensor:
 
 class _KeptAttention:
     """One graphed layer's attention output and log-sum-exp, from its forward to its recompute by way of host memory
-    (the module docstring; the `kept` of attention/sdpa_flash.py)."""
+    (the module docstring; the `kept` of attention/kept_sdpa.py)."""
 
     def __init__(self, shape: "_ShapeGraphs", index: int):
         self.shape, self.index = shape, index

@@ -28,7 +28,7 @@ class LayerRun:
     mlp_dh_tile_rows: the MLP's backward builds its dh this many rows at a time.
     after_mlp_backward: called when the MLP's backward has let go of its tensors.
     attention_keep: where the forward leaves the attention's output for the recompute to take instead of running
-    the attention again (attention/sdpa_flash.py), or None.
+    the attention again (attention/kept_sdpa.py), or None.
     moe_experts_ran: set by a mixture of experts' experts, which take the stash and skip_mlp_output only
     (no tiles, no up projection in host memory), so that the planner counts on nothing more.
     """

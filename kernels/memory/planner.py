@@ -49,7 +49,7 @@ class LayerCosts:
     # mixture of experts takes none of them (it keeps and skips GEMMs as the dense MLP does, nothing more).
     dense_mlp: bool = True
     # The attention output and log-sum-exp its recompute can take instead of computing them (0: its attention path
-    # keeps none: attention/sdpa_flash.py).
+    # keeps none: attention/kept_sdpa.py).
     attention_bytes: int = 0
 
     @property

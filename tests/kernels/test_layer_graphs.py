@@ -285,8 +285,10 @@ def test_offloaded_inputs_and_kept_layers_run_graphed_as_the_ordinary_path(fp8, 
     alternate in two buffers; attention outputs go and come back with their inputs, and the recomputes take them
     instead of running the attention forward; kept layers' graphs record autograd and differentiate it. Every loss
     and the final weights as the same plan gives them without graphs (the layers on patching/layers.py's forward,
-    its norms passing their inputs on), over FP8 bases too (their o and down terms in the residual adds)."""
-    from lanner.kernels.attention import sdpa_flash
+    its norms passing their inputs on), over FP8 bases too (their o and down terms in the residual adds). On the GPU
+    the 16-bit model trains under bf16 autocast: SDPA's fused kernels, which the kept attention calls, take no
+    float32 (an FP8 model's float32 attention keeps nothing there)."""
+    from lanner.kernels.attention import kept_sdpa
     from lanner.kernels.memory import engine as engine_module
 
     from lanner.kernels.patching import layers as layers_module
@@ -301,32 +303,37 @@ def test_offloaded_inputs_and_kept_layers_run_graphed_as_the_ordinary_path(fp8, 
     unread_sum = layers_module.unread_sum
     monkeypatch.setattr(layers_module, "unread_sum", lambda *args: unread.append(1) or unread_sum(*args))
     attention_forwards = []  # per step, the attention forwards on the path that keeps their output
-    flash_forward = sdpa_flash._forward
-    monkeypatch.setattr(sdpa_flash, "_forward", lambda *args: attention_forwards.append(1) or flash_forward(*args))
+    fused_forward = kept_sdpa._forward
+    monkeypatch.setattr(kept_sdpa, "_forward", lambda *args: attention_forwards.append(1) or fused_forward(*args))
     step_starts = []
 
     def count_steps(model):
         model.register_forward_pre_hook(lambda *args: step_starts.append(len(attention_forwards)))
 
     batches = token_batches(4, 1, 8, 96, device=graphs_device)
-    losses, weights, engine, held = _trained("llama", batches, monkeypatch, graphs=True, layers=len(codes), fp8=fp8,
-                                             hook=count_steps, sizes=_SIXTEENS)
+    on_gpu = graphs_device == "cuda"
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_gpu and not fp8):
+        losses, weights, engine, held = _trained("llama", batches, monkeypatch, graphs=True, layers=len(codes),
+                                                 fp8=fp8, hook=count_steps, sizes=_SIXTEENS)
+        last_step_attention_forwards = len(attention_forwards) - step_starts[-1]
+        plain_losses, plain_weights, plain, _ = _trained("llama", batches, monkeypatch, graphs=False,
+                                                         layers=len(codes), fp8=fp8, sizes=_SIXTEENS)
     assert unread
-    if graphs_device == "cpu":  # (a real graph's replays run no Python) the two layers' forwards only, no recompute
-        assert len(attention_forwards) - step_starts[-1] == 2
-    plain_losses, plain_weights, plain, _ = _trained("llama", batches, monkeypatch, graphs=False, layers=len(codes),
-                                                     fp8=fp8, sizes=_SIXTEENS)
+    if not on_gpu:  # (a real graph's replays run no Python) the two layers' forwards only, no recompute
+        assert last_step_attention_forwards == 2
     assert plain.graphs is None and [layer.code for layer in plain.plan.layers] == codes
     graphs = engine.graphs
     assert engine.plan.graphed and graphs.off_reason is None and graphs.graphed_forwards == 3
     shape = graphs.current
     assert sorted(shape.layers) == list(range(len(codes))) and sorted(shape.host) == [1, 2, 4]
     assert [i for i, layer in shape.layers.items() if layer.attention is not None] == [1, 4]
-    assert len(shape.attention_ring) == 2 and all(shape.layers[i].attention.host for i in (1, 4))
+    if not (on_gpu and fp8):
+        assert len(shape.attention_ring) == 2 and all(shape.layers[i].attention.host for i in (1, 4))
     assert [layer.kept for layer in shape.layers.values()] == [code == "K" for code in codes]
     assert len(shape.ring) == 2 and held[2] == held[3]
-    torch.testing.assert_close(losses, plain_losses, rtol=1e-5, atol=0)
-    assert max_relative_error(weights, plain_weights) < 1e-5
+    tolerance = 1e-3 if on_gpu and not fp8 else 1e-5  # (bf16 autocast: as test_graphed_layers_under_autocast...)
+    torch.testing.assert_close(losses, plain_losses, rtol=tolerance, atol=0)
+    assert max_relative_error(weights, plain_weights) < 10 * tolerance
 
 
 def test_the_engine_plans_for_graphs_only_where_the_batch_could_be_graphed(monkeypatch, graphs_device):

@@ -239,11 +239,13 @@ def test_offloaded_inputs_do_not_outlive_their_step(device):
     assert [(ref() is None, leaf_requiring_grad) for ref, *leaf_requiring_grad in embedded] == [(True, [True, True])] * 3
 
 
-def test_the_planning_forward_leaves_nothing_behind(device):
+def test_the_planning_forward_leaves_nothing_behind(monkeypatch, device):
     """The planner measures the first layer in a forward under saved_tensors_hooks. Its pack hook once
     returned each tensor itself: an output saved that way holds its own grad_fn, a cycle through
     autograd's C++ that Python's collector cannot break, so the measured layer's attention and its
-    input stayed alive for the whole run (0.35 GiB at the 8B shape)."""
+    input stayed alive for the whole run (0.35 GiB at the 8B shape). (Without graphs, which on the GPU would run
+    the kept layers' forwards more often at their capture and hold their record.)"""
+    monkeypatch.setenv("LANNER_CUDA_GRAPHS", "0")
     model = _model("llama", device, layers=2, memory_budget_gib=64.0)
     inputs = []
     first_norm = model.base_model.model.model.layers[0].input_layernorm
@@ -278,8 +280,11 @@ def test_a_longer_batch_is_planned_from_the_first_measurement(device):
 def test_a_new_plan_frees_the_host_buffers_of_the_old_one(monkeypatch, device):
     """Host buffers are kept by item number. Once a longer batch tiles the MLP, the up projections
     stay on the GPU and the layer inputs take the first numbers: the old plan's other buffers were
-    left page-locked (4 GiB of host memory at 376k tokens after a first step at 8,192)."""
+    left page-locked (4 GiB of host memory at 376k tokens after a first step at 8,192). (Without graphs, whose plans
+    on the GPU offload no up projection.)"""
     from lanner.kernels.memory import engine as engine_module, offload
+
+    monkeypatch.setenv("LANNER_CUDA_GRAPHS", "0")
 
     monkeypatch.setattr(offload, "_SMALLEST_OFFLOADED", 1)
     monkeypatch.setattr(engine_module, "MLP_TILE_ROWS", 6)
@@ -487,12 +492,13 @@ def test_the_measured_costs_say_whether_the_mlp_takes_the_dense_options(family, 
 
 @pytest.mark.parametrize("hidden, kept", [(64, True), (48, False)], ids=["head-dim-16", "head-dim-12"])
 def test_the_measured_costs_count_the_attention_output_a_recompute_could_take(hidden, kept, device):
-    """The attention output and log-sum-exp (float32: B, H, T) where SDPA's flash kernel runs unpadded; none with a
-    head dimension it pads (12)."""
-    model = get_lora_model(tiny_model("llama", device=device, hidden_size=hidden, num_hidden_layers=2))
+    """The attention output and log-sum-exp (float32: B, H, T) where SDPA's fused kernel runs unpadded; none with a
+    head dimension it pads (12). (bf16 on the GPU, whose fused kernels take no float32.)"""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = get_lora_model(tiny_model("llama", dtype=dtype, device=device, hidden_size=hidden, num_hidden_layers=2))
     _step(model.train(), token_batches(1, 2, 5, model.config.vocab_size, device=device)[0])
-    heads = model.config.num_attention_heads
-    assert memory_engine_of(model).plan.costs.attention_bytes == (2 * 5 * (hidden + heads) * 4 if kept else 0)
+    heads, size = model.config.num_attention_heads, dtype.itemsize
+    assert memory_engine_of(model).plan.costs.attention_bytes == (2 * 5 * (hidden * size + heads * 4) if kept else 0)
 
 
 def test_a_long_batch_peaks_in_the_attention_backward():

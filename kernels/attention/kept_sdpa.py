@@ -1,0 +1,87 @@
+"""SDPA's fused kernels (flash, cuDNN) called directly, so that a layer's recompute can take its forward's attention
+output instead of computing it again.
+
+The memory engine recomputes checkpointed layers in backward; the attention backward needs q, k, v (recomputed
+cheaply), the output and the log-sum-exp of the softmax rows. Where the engine keeps the last two from the forward
+(memory/graphs.py, in host memory beside the layer's input), the recompute skips the attention forward: a fifth of
+the attention's time a step (~0.3 ms a layer at 8,192 tokens of the 8B shape). `kept` is that store:
+
+    kept.store(out, lse, extras)    in the forward: what the backward will need (extras: the kernel's other outputs)
+    kept.take() -> (out, lse, extras) or None    in the recompute: the forward's, or None to compute them here
+
+Only where SDPA itself would run one of these kernels (torch._fused_sdp_choice), with the arguments SDPA gives it,
+so the numbers are the ones F.scaled_dot_product_attention gives, on CUDA (flash or cuDNN, whichever torch prefers
+there: cuDNN on the H100 with torch 2.11) as on the CPU (SDPA's flash kernel for the CPU). Our Triton kernel
+(flash.py: windows and soft-capping at head dim 256) takes the same `kept`.
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn.attention import SDPBackend
+
+_aten = torch.ops.aten
+_KERNELS = {int(SDPBackend.FLASH_ATTENTION): "flash", int(SDPBackend.CUDNN_ATTENTION): "cudnn"}
+
+
+def fused_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> str | None:
+    """"flash" or "cudnn" where causal SDPA without a mask runs that kernel on these tensors, on a head dimension it
+    takes unpadded (SDPA pads others to a multiple of 8 around the kernel); else None."""
+    if q.shape[-1] % 8:
+        return None
+    choice = torch._fused_sdp_choice(q, k, v, None, 0.0, True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return _KERNELS.get(int(choice))
+
+
+def _forward(q, k, v, scale, kernel):
+    if kernel == "cudnn":
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = _aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, True, False, scale=scale)
+        return out, lse, (seed, offset, cum_q, cum_k, max_q, max_k)
+    if q.is_cuda:
+        out, lse, *extras = _aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False, scale=scale)
+        return out, lse, tuple(extras[:6])  # (cum_seq_q, cum_seq_k, max_q, max_k, philox seed, philox offset)
+    out, lse = _aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+    return out, lse, ()
+
+
+def _backward(grad_out, q, k, v, out, lse, extras, scale, kernel):
+    if grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()
+    if kernel == "cudnn":
+        seed, offset, cum_q, cum_k, max_q, max_k = extras
+        return _aten._scaled_dot_product_cudnn_attention_backward(grad_out, q, k, v, out, lse, seed, offset, None,
+                                                                  cum_q, cum_k, max_q, max_k, 0.0, True, scale=scale)
+    if q.is_cuda:
+        cum_q, cum_k, max_q, max_k, seed, offset = extras
+        return _aten._scaled_dot_product_flash_attention_backward(grad_out, q, k, v, out, lse, cum_q, cum_k, max_q,
+                                                                  max_k, 0.0, True, seed, offset, scale=scale)
+    return _aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, lse, 0.0, True,
+                                                                      scale=scale)
+
+
+class _KeptSDPA(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, kernel, kept, recomputing):
+        stored = kept.take() if recomputing else None
+        if stored is None:
+            out, lse, extras = _forward(q, k, v, scale, kernel)
+            if not recomputing:
+                kept.store(out, lse, extras)
+        else:
+            out, lse, extras = stored
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.extras, ctx.scale, ctx.kernel = extras, scale, kernel
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(grad_out, q, k, v, out, lse, ctx.extras, ctx.scale, ctx.kernel)
+        return dq, dk, dv, None, None, None, None
+
+
+def kept_sdpa(q, k, v, scale: float, kernel: str, kept, recomputing: bool) -> torch.Tensor:
+    """Causal attention (B, Hq, T, D), as F.scaled_dot_product_attention(is_causal=True, enable_gqa=...) gives it
+    where fused_kernel says `kernel`; its output and log-sum-exp stored in `kept` in a forward, taken from it in a
+    recompute."""
+    return _KeptSDPA.apply(q, k, v, scale, kernel, kept, recomputing)
