@@ -16,20 +16,70 @@ there: cuDNN on the H100 with torch 2.11) as on the CPU (SDPA's flash kernel for
 """
 from __future__ import annotations
 
-import torch
-from torch.nn.attention import SDPBackend
+import functools
+import logging
 
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+logger = logging.getLogger("lanner.kernels")
 _aten = torch.ops.aten
-_KERNELS = {int(SDPBackend.FLASH_ATTENTION): "flash", int(SDPBackend.CUDNN_ATTENTION): "cudnn"}
+_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+_KERNELS = {int(backend): kernel for kernel, backend in _BACKENDS.items()}
 
 
 def fused_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> str | None:
     """"flash" or "cudnn" where causal SDPA without a mask runs that kernel on these tensors, on a head dimension it
-    takes unpadded (SDPA pads others to a multiple of 8 around the kernel); else None."""
+    takes unpadded (SDPA pads others to a multiple of 8 around the kernel), and the direct calls work (_works); else
+    None."""
     if q.shape[-1] % 8:
         return None
     choice = torch._fused_sdp_choice(q, k, v, None, 0.0, True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-    return _KERNELS.get(int(choice))
+    kernel = _KERNELS.get(int(choice))
+    if kernel is None or not _works(kernel, q.device, q.dtype, q.shape[-1], q.shape[1] // k.shape[1]):
+        return None
+    return kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _works(kernel: str, device: torch.device, dtype: torch.dtype, head_dim: int, groups: int) -> bool:
+    """Whether a small causal attention through the direct calls gives, forward and backward, what SDPA gives on the
+    same kernel. The aten functions and their arguments are torch's internals, which a torch version may change
+    (this path was written against 2.11-2.13); where they do, the attention is recomputed as before, said once.
+    Checked before any CUDA graph is captured: the memory engine's measuring forward asks first."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return False
+    generator = torch.Generator(device).manual_seed(0)
+    q, k, v = (torch.randn(2, heads, 96, head_dim, generator=generator, device=device, dtype=dtype)
+               for heads in (groups, 1, 1))
+    grad = torch.randn(2, groups, 96, head_dim, generator=generator, device=device, dtype=dtype)
+    try:
+        with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            out = kept_sdpa(*leaves, 0.125, kernel, _Unkept(), recomputing=False)
+            got = (out, *torch.autograd.grad(out, leaves, grad))
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            with sdpa_kernel([_BACKENDS[kernel]]):
+                out = F.scaled_dot_product_attention(*leaves, is_causal=True, scale=0.125, enable_gqa=groups > 1)
+            wanted = (out, *torch.autograd.grad(out, leaves, grad))
+        same = all(a.shape == b.shape and torch.allclose(a.float(), b.float(), rtol=0.02, atol=0.02)
+                   for a, b in zip(got, wanted))
+        reason = "" if same else "results differ from SDPA's"
+    except RuntimeError as error:  # (an aten function that takes other arguments)
+        same, reason = False, f"{type(error).__name__}: {str(error)[:200]}"
+    if not same:
+        logger.warning("lanner.kernels: SDPA's %s kernel called directly does not work with this torch (%s); "
+                       "recomputed layers recompute their attention", kernel, reason)
+    return same
+
+
+class _Unkept:
+    def store(self, out, lse, extras) -> None:
+        pass
+
+    def take(self):
+        return None
 
 
 def _forward(q, k, v, scale, kernel):

@@ -341,3 +341,32 @@ def test_a_recompute_takes_the_forwards_attention_output_and_differentiates_as_w
     fresh = _Store()
     computed = causal_attention(q, k, v, **options, kept=fresh, recomputing=True)
     assert fresh.taken == 0 and fresh.stored is None and torch.equal(computed, expected.detach())
+
+
+@pytest.mark.parametrize("broken", ["raises", "wrong"])
+def test_a_torch_whose_fused_kernels_take_other_arguments_recomputes_the_attention(broken, device, monkeypatch, caplog):
+    """The direct calls are torch's internals: checked once per kernel, dtype and head shape against SDPA's own,
+    they turn the kept attention off (one log line) where they fail or differ, and the attention is computed as
+    without a store."""
+    q, k, v = (torch.randn(B, h, 40, 16, device=device, dtype=torch.bfloat16) for h in (HQ, HK, HK))
+    if kept_sdpa.fused_kernel(q, k, v, 0.3) is None:
+        pytest.skip("no fused kernel here to call directly")
+    forward = kept_sdpa._forward
+
+    def broken_forward(*args):
+        if broken == "raises":
+            raise RuntimeError("expected at most 8 argument(s)")
+        out, lse, extras = forward(*args)
+        return out * 2, lse, extras
+
+    monkeypatch.setattr(kept_sdpa, "_forward", broken_forward)
+    kept_sdpa._works.cache_clear()
+    try:
+        assert kept_sdpa.fused_kernel(q, k, v, 0.3) is None
+        store = _Store()
+        out = causal_attention(q, k, v, scale=0.3, kept=store)
+        assert store.stored is None and torch.equal(
+            out, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3, enable_gqa=True))
+        assert "recompute their attention" in caplog.text
+    finally:
+        kept_sdpa._works.cache_clear()
