@@ -261,7 +261,8 @@ class _KeptAttention:
         """(output, log-sum-exp, extras) where they come back, or None before any forward stored them."""
         if self.extras is None:
             return None
-        return (*self.buffers(), self.extras)
+        # (Aliases: autograd marks what the attention returns as its output, which the buffers must not become.)
+        return (*(buffer.detach() for buffer in self.buffers()), self.extras)
 
     def buffers(self) -> tuple:
         return self.shape.attention_buffers(self.host, self.index % 2, self.device)

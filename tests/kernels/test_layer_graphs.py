@@ -329,6 +329,8 @@ def test_offloaded_inputs_and_kept_layers_run_graphed_as_the_ordinary_path(fp8, 
     assert [i for i, layer in shape.layers.items() if layer.attention is not None] == [1, 4]
     if not (on_gpu and fp8):
         assert len(shape.attention_ring) == 2 and all(shape.layers[i].attention.host for i in (1, 4))
+        # (the buffers are no recompute's output: an autograd history on them would hold a layer's saved tensors)
+        assert not any(t.requires_grad for buffers in shape.attention_ring for t in buffers)
     assert [layer.kept for layer in shape.layers.values()] == [code == "K" for code in codes]
     assert len(shape.ring) == 2 and held[2] == held[3]
     tolerance = 1e-3 if on_gpu and not fp8 else 1e-5  # (bf16 autocast: as test_graphed_layers_under_autocast...)
