@@ -31,7 +31,7 @@ GRAPH_POOL_OVER_WORKING = 1.3
 # A layer's forward FLOPs per byte it sends to host memory, at least, for its attention output to go beside its input:
 # the copies (55 GB/s from an H200 to pinned host memory, docs/benchmarks.md) then take no longer than the forward's
 # GEMMs at ~1 PFLOP/s (FP8; twice as long at bf16's rate). Llama-3 8B's layer at any length: ~28k; Qwen2.5-1.5B's:
-# ~15k at 2,048 tokens a row, ~19k at 8,192 (attention's FLOPs grow with the row).
+# ~16k at 2,048 tokens a row, ~19k at 8,192 (attention's FLOPs grow with the row).
 HOST_COPY_FLOPS_PER_BYTE = 18_000
 
 
