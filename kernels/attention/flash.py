@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from ..ops._utils import dot_precision, new_output, tanh, tile_dot
+from .kept_sdpa import stored_or_computed
 
 # Tiles by head dimension, per kernel: (BLOCK_M queries, BLOCK_N keys, num_warps, num_stages). D 256 measured
 # on the H200 (attention_bench.py --tune-triton, docs/benchmarks.md sixteenth round): of the candidates, a
@@ -404,13 +405,8 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sinks, starts, ends, scale, window, softcap, kept, recomputing):
         q, k, v = (_inner_contiguous(x) for x in (q, k, v))
-        stored = kept.take() if kept is not None and recomputing else None
-        if stored is not None:
-            out, lse, _ = stored
-        else:
-            out, lse = _forward(q, k, v, sinks, starts, scale, window, softcap)
-            if kept is not None and not recomputing:
-                kept.store(out, lse, ())
+        out, lse, _ = stored_or_computed(
+            kept, recomputing, lambda: (*_forward(q, k, v, sinks, starts, scale, window, softcap), ()))
         ctx.save_for_backward(q, k, v, out, lse, sinks, starts, ends)
         ctx.options = (scale, window, softcap)
         return out

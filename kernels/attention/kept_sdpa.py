@@ -111,16 +111,22 @@ def _backward(grad_out, q, k, v, out, lse, extras, scale, kernel):
                                                                       scale=scale)
 
 
+def stored_or_computed(kept, recomputing: bool, compute) -> tuple:
+    """(output, log-sum-exp, extras): in a recompute, the forward's from `kept` where it has them; else compute()'s,
+    which a forward stores in `kept` (None: no store)."""
+    stored = kept.take() if kept is not None and recomputing else None
+    if stored is not None:
+        return stored
+    out, lse, extras = compute()
+    if kept is not None and not recomputing:
+        kept.store(out, lse, extras)
+    return out, lse, extras
+
+
 class _KeptSDPA(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, scale, kernel, kept, recomputing):
-        stored = kept.take() if recomputing else None
-        if stored is None:
-            out, lse, extras = _forward(q, k, v, scale, kernel)
-            if not recomputing:
-                kept.store(out, lse, extras)
-        else:
-            out, lse, extras = stored
+        out, lse, extras = stored_or_computed(kept, recomputing, lambda: _forward(q, k, v, scale, kernel))
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.extras, ctx.scale, ctx.kernel = extras, scale, kernel
         return out
