@@ -8,7 +8,7 @@
 #             bf16, Unsloth 4-bit; a summary line with the ratios against the bar
 #   bar:      what the bar judges, alone (~300 s): Unsloth bf16, lanner8 on the default plan twice, lanner8 with a
 #             60 GiB budget, the summary
-#   13b:      the same on the Llama-2 13B shape (hidden 5120): lanner8, Lanner bf16, Unsloth bf16
+#   13b:      the same on the Llama-2 13B shape (hidden 5120): lanner8, Lanner bf16, Unsloth bf16, Unsloth 4-bit
 #   fidelity: benchmarks/fp8_fidelity.py, 300 steps of SmolLM2 (the built-in model: run
 #             `source tools/device/env.sh` with the smollm2 parts carried, docs/device-runs.md; without the
 #             bundle, benchmarks/fidelity_parts.sh)
@@ -92,6 +92,7 @@ if [[ $part == 13b || $part == all ]]; then
   bench 180 lanner llama2-13b
   save_weights llama2-13b 150
   bench 240 unsloth llama2-13b
+  bench 240 unsloth4 llama2-13b
   summary
 fi
 if [[ $part == fidelity || $part == all ]]; then
