@@ -111,19 +111,35 @@ def test_rows_the_chat_template_refuses_are_left_out_with_its_reason(smollm2_dir
         rows_the_template_takes([twice], tokenizer, [])
 
 
-def test_rows_cut_at_max_seq_len_are_counted_in_the_log(smollm2_dir, tmp_path):
-    # raw text for pretrain (and long conversations): the tail past max_seq_len is not trained on, and said so
+def test_pretraining_splits_long_texts_into_rows_and_other_methods_count_the_cut_ones(smollm2_dir, tmp_path):
+    # pretrain: every token of a text past max_seq_len is trained on, in rows of up to max_seq_len (it was cut
+    # and lost); full fine-tuning on text rows still cuts them, and says so
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from lanner.worker.training.sft import build_trainer
 
-    options = training_options_of("pretrain", {"hyperparameters": {"max_seq_len": 64, "eval_fraction": 0,
-                                                                   "before_after_eval": False}})
-    tokenizer = load_tokenizer(str(smollm2_dir), options)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
-    events = Events()
-    build_trainer(model, tokenizer, [{"text": LONG}, {"text": "Short text."}, {"text": LONG}], options,
-                  str(tmp_path / "run"), [MetricsCallback(events, 1)])
+    texts = [{"text": LONG}, {"text": "Short text."}, {"text": LONG + " end"}]
+    built = {}
+    for method in ("pretrain", "full"):
+        options = training_options_of(method, {"hyperparameters": {"max_seq_len": 64, "eval_fraction": 0,
+                                                                    "before_after_eval": False}})
+        tokenizer = load_tokenizer(str(smollm2_dir), options)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+        events = Events()
+        trainer = build_trainer(model, tokenizer, texts, options, str(tmp_path / method), [MetricsCallback(events, 1)])
+        built[method] = trainer, events.lines
+    whole = [tokenizer(row["text"])["input_ids"] + [tokenizer.eos_token_id] for row in texts]
+    assert [len(ids) > 64 for ids in whole] == [True, False, True]
+
+    trainer, lines = built["pretrain"]
+    pieces = [ids[start:start + 64] for ids in whole for start in range(0, len(ids), 64) if len(ids) - start > 1]
+    assert sorted(trainer.train_dataset["input_ids"]) == sorted(pieces)  # (not packed: a row a piece, shuffled)
+    split = len(pieces) - 1  # (the short text's row is its own)
+    assert ("info", f"2 of 3 training texts are longer than max_seq_len (64 tokens): split into {split} rows of up "
+                    "to 64 tokens, every token trained on") in lines
+    assert not any("reach max_seq_len" in line for _, line in lines)
+
+    _, lines = built["full"]
     assert ("warning", "2 of 3 training rows reach max_seq_len (64 tokens): what is past it is not trained on") \
-        in events.lines
+        in lines

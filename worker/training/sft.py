@@ -11,6 +11,7 @@ path, and lanner.kernels' RoPE rotates each sample by its own positions: no samp
 (tests/worker/test_memory_engine_jobs.py checks it on the kernels)."""
 from __future__ import annotations
 
+import copy
 import random
 
 import pyarrow.compute as pc
@@ -35,7 +36,8 @@ def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, 
                      packing=options.packing, packing_strategy="bfd", padding_free=options.packing,
                      completion_only_loss=options.completion_only_loss)
     trainer = KernelLossSFTTrainer(model=model, args=args, train_dataset=train, eval_dataset=evaluation,
-                         processing_class=tokenizer, callbacks=callbacks)
+                                   processing_class=tokenizer, callbacks=callbacks,
+                                   split_long_texts=options.method == "pretrain")
     metrics = next((cb for cb in callbacks if isinstance(cb, MetricsCallback)), None)
     # The rows with no label left to learn (an answer cut off whole by max_seq_len) are dropped, packed or not
     rows_in, kept = trainer.kept_rows.get("train", (len(train), len(trainer.train_dataset)))
@@ -48,6 +50,11 @@ def build_trainer(model, tokenizer, rows: list[dict], options: TrainingOptions, 
                     in (("training", rows_in, kept), ("validation", eval_in, eval_kept)) if taken < total]
         metrics.events.log(f"{' and '.join(left_out)} were left out: none of their answer fits within max_seq_len "
                            f"({options.max_seq_length} tokens)", level="warning")
+    if metrics is not None and trainer.split_rows.get("train"):
+        texts, pieces = trainer.split_rows["train"]
+        metrics.events.log(f"{texts} of {rows_in} training texts are longer than max_seq_len ({options.max_seq_length} "
+                           f"tokens): split into {pieces} rows of up to {options.max_seq_length} tokens, every token "
+                           "trained on")
     if metrics is not None and trainer.cut_rows.get("train"):
         metrics.events.log(f"{trainer.cut_rows['train']} of {kept} training rows reach max_seq_len "
                            f"({options.max_seq_length} tokens): what is past it is not trained on", level="warning")
@@ -72,19 +79,38 @@ class KernelLossSFTTrainer(LateLogging, SFTTrainer):
 
     kept_rows: dict[str, tuple[int, int]] = {}  # dataset name -> (rows in, rows kept); replaced, never changed
     cut_rows: dict[str, int] = {}  # dataset name -> kept rows that max_length cut short; replaced, never changed
+    split_rows: dict[str, tuple[int, int]] = {}  # dataset name -> (texts split, rows made of them); the same
+
+    def __init__(self, *args, split_long_texts: bool = False, **kwargs):
+        self.split_long_texts = split_long_texts  # (read while SFTTrainer's __init__ prepares the datasets)
+        super().__init__(*args, **kwargs)
 
     def _prepare_dataset(self, dataset, processing_class, args, packing, formatting_func, dataset_name):
         """Rows are tokenised, truncated to max_length and rid of those with no label left to learn (TRL's
         preparation without packing) before they are packed: TRL's packing truncates without dropping them,
         so a row whose answer max_length cuts off whole would train on nothing. `kept_rows[dataset_name]` is
         (rows in, rows kept), `cut_rows[dataset_name]` how many of those max_length cut short (a row of exactly
-        max_length tokens counts too: the tokeniser's output does not tell the two apart)."""
+        max_length tokens counts too: the tokeniser's output does not tell the two apart). With
+        `split_long_texts` (continued pretraining), a text longer than max_length is split into rows of
+        max_length instead, as language-model pretraining reads a corpus: `split_rows[dataset_name]`."""
         if args.max_length is None or "input_ids" in dataset.column_names:  # already prepared: TRL's way
             return super()._prepare_dataset(dataset, processing_class, args, packing, formatting_func, dataset_name)
-        prepared = super()._prepare_dataset(dataset, processing_class, args, False, formatting_func, dataset_name)
-        self.kept_rows = {**self.kept_rows, dataset_name: (len(dataset), len(prepared))}
-        lengths = pc.list_value_length(prepared.with_format("arrow")["input_ids"])  # not every id as a Python int
-        self.cut_rows = {**self.cut_rows, dataset_name: pc.sum(pc.greater_equal(lengths, args.max_length)).as_py() or 0}
+        if self.split_long_texts:
+            whole = copy.copy(args)
+            whole.max_length = None  # (TRL then truncates nothing)
+            prepared = super()._prepare_dataset(dataset, processing_class, whole, False, formatting_func, dataset_name)
+            lengths = pc.list_value_length(prepared.with_format("arrow")["input_ids"]).to_pylist()
+            long = [n for n in lengths if n > args.max_length]  # each in rows of max_length, less a last lone token
+            self.split_rows = {**self.split_rows,
+                               dataset_name: (len(long), sum(-(-(n - 1) // args.max_length) for n in long))}
+            kept, cut = sum(n > 1 for n in lengths), 0
+            prepared = _split_rows(prepared, args.max_length)
+        else:
+            prepared = super()._prepare_dataset(dataset, processing_class, args, False, formatting_func, dataset_name)
+            lengths = pc.list_value_length(prepared.with_format("arrow")["input_ids"])  # not every id as a Python int
+            kept, cut = len(prepared), pc.sum(pc.greater_equal(lengths, args.max_length)).as_py() or 0
+        self.kept_rows = {**self.kept_rows, dataset_name: (len(dataset), kept)}
+        self.cut_rows = {**self.cut_rows, dataset_name: cut}
         if not packing or len(prepared) == 0:
             return prepared
         return super()._prepare_dataset(prepared, processing_class, args, True, formatting_func, dataset_name)
@@ -116,6 +142,17 @@ class KernelLossSFTTrainer(LateLogging, SFTTrainer):
     def late_logged_metrics(self, tokens: int) -> None:
         self._total_train_tokens = tokens
         self._metrics["train"]["num_tokens"] = [tokens]
+
+
+def _split_rows(dataset, length: int):
+    """The dataset with each row longer than `length` tokens split into rows of `length` (the last shorter), and rows
+    of one token, which have no next token to learn, dropped."""
+    def pieces(batch):
+        return {column: [row[start:start + length] for row, ids in zip(batch[column], batch["input_ids"])
+                         for start in range(0, len(ids), length) if len(ids) - start > 1]
+                for column in ("input_ids", "labels")}
+
+    return dataset.map(pieces, batched=True, remove_columns=dataset.column_names, desc="Splitting long texts")
 
 
 def packing_report(seq_lengths: list[list[int]], options: TrainingOptions) -> str:

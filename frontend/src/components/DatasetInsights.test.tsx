@@ -32,6 +32,11 @@ describe('DatasetInsights', () => {
 
     rerender(<DatasetInsights dataset={dataset} model="builtin/SmolLM2-135M-Instruct" maxSeqLen={128} />)
     expect(screen.getByTestId('truncation')).toHaveTextContent('1 of 3 rows are longer than 128 tokens and would be cut.')
+
+    // continued pretraining trains on a long row whole, in rows of the max length
+    rerender(<DatasetInsights dataset={dataset} model="builtin/SmolLM2-135M-Instruct" maxSeqLen={128} splitsLongRows />)
+    expect(screen.getByTestId('truncation')).toHaveTextContent(
+      '1 of 3 rows are longer than 128 tokens: each is split into rows of 128, every token trained on.')
   })
 
   it('says the preview needs the tokenizer when the server has none (409)', async () => {

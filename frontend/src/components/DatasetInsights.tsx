@@ -12,6 +12,8 @@ interface Props {
   dataset: Dataset
   model: string
   maxSeqLen: number | null
+  /** Continued pretraining: rows longer than the max length are split into rows of it, not cut. */
+  splitsLongRows?: boolean
 }
 
 /**
@@ -20,7 +22,7 @@ interface Props {
  * tokens highlighted, and the token lengths as a histogram with the rows the max sequence length
  * would cut.
  */
-export function DatasetInsights({ dataset, model, maxSeqLen }: Props) {
+export function DatasetInsights({ dataset, model, maxSeqLen, splitsLongRows = false }: Props) {
   const [preview, setPreview] = useState<DatasetPreview | null>(null)
   const [stats, setStats] = useState<TokenStats | null>(null)
   const [error, setError] = useState<string | null>(null)
@@ -88,13 +90,13 @@ export function DatasetInsights({ dataset, model, maxSeqLen }: Props) {
       )}
       {error && <p className="error-text">Could not render the preview: {error}</p>}
       {!preview && !unavailable && !error && <p className="muted small">Rendering the first rows through the model’s chat template…</p>}
-      {stats && length && <LengthHistogramView stats={stats} maxSeqLen={length} />}
-      {preview && <PreviewView preview={preview} onPage={(offset) => void showPage(offset)} />}
+      {stats && length && <LengthHistogramView stats={stats} maxSeqLen={length} splitsLongRows={splitsLongRows} />}
+      {preview && <PreviewView preview={preview} onPage={(offset) => void showPage(offset)} splitsLongRows={splitsLongRows} />}
     </div>
   )
 }
 
-function LengthHistogramView({ stats, maxSeqLen }: { stats: TokenStats; maxSeqLen: number }) {
+function LengthHistogramView({ stats, maxSeqLen, splitsLongRows }: { stats: TokenStats; maxSeqLen: number; splitsLongRows: boolean }) {
   const histogram = useMemo(() => (stats.lengths ? lengthHistogram(stats.lengths, maxSeqLen) : null), [stats.lengths, maxSeqLen])
   const truncated = histogram ? histogram.truncated : (stats.over_max_seq_len ?? 0)
   const sequences = stats.sequences
@@ -102,10 +104,12 @@ function LengthHistogramView({ stats, maxSeqLen }: { stats: TokenStats; maxSeqLe
   return (
     <section className="report" aria-label="Token lengths" data-testid="token-stats">
       <h3 className="report__title">Token lengths</h3>
-      <p data-testid="truncation" className={truncated > 0 ? 'warning-text' : undefined}>
-        {truncated > 0
-          ? `${truncated} of ${sequences} ${unit} are longer than ${maxSeqLen} tokens and would be cut.`
-          : `All ${sequences} ${unit} fit in ${maxSeqLen} tokens.`}
+      <p data-testid="truncation" className={truncated > 0 && !splitsLongRows ? 'warning-text' : undefined}>
+        {truncated === 0
+          ? `All ${sequences} ${unit} fit in ${maxSeqLen} tokens.`
+          : splitsLongRows
+            ? `${truncated} of ${sequences} ${unit} are longer than ${maxSeqLen} tokens: each is split into rows of ${maxSeqLen}, every token trained on.`
+            : `${truncated} of ${sequences} ${unit} are longer than ${maxSeqLen} tokens and would be cut.`}
         {stats.rows_total && stats.rows_total > stats.rows_measured ? <span className="muted small"> Measured on the first {stats.rows_measured} of {stats.rows_total} rows.</span> : null}
       </p>
       <dl className="facts facts--row small">
@@ -128,7 +132,7 @@ function LengthHistogramView({ stats, maxSeqLen }: { stats: TokenStats; maxSeqLe
           </div>
           <figcaption className="histogram__axis small muted">
             <span>0</span>
-            <span>tokens per {stats.task === 'preference' ? 'sequence' : 'row'} · <span className="histogram__legend-cut">■</span> cut at {maxSeqLen}</span>
+            <span>tokens per {stats.task === 'preference' ? 'sequence' : 'row'} · <span className="histogram__legend-cut">■</span> {splitsLongRows ? 'split' : 'cut'} at {maxSeqLen}</span>
             <span>{histogram.bins.at(-1)!.to - 1}</span>
           </figcaption>
         </figure>
@@ -142,7 +146,7 @@ function previewPath(datasetId: number, query: URLSearchParams, offset: number):
 }
 
 /** The usable rows of one page, each named by its line in the file, and the way to every other page. */
-export function PreviewView({ preview, onPage }: { preview: DatasetPreview; onPage: (offset: number) => void }) {
+export function PreviewView({ preview, onPage, splitsLongRows = false }: { preview: DatasetPreview; onPage: (offset: number) => void; splitsLongRows?: boolean }) {
   const unit = numberedByName(preview.numbered_by)
   const shown = new Set(preview.rows.map((seq) => seq.line)).size
   const first = preview.offset + 1
@@ -177,7 +181,9 @@ export function PreviewView({ preview, onPage }: { preview: DatasetPreview; onPa
         <article key={i} className="sample" aria-label={`${unit} ${seq.line} ${seq.sequence}`}>
           <header className="sample__header small muted">
             {unit} {seq.line}{seq.sequence !== 'completion' && seq.sequence !== 'text' ? ` · ${seq.sequence}` : ''} · {seq.tokens} tokens, {seq.trained_tokens} trained
-            {seq.truncated && <span className="warning-text"> · cut at the max length</span>}
+            {seq.truncated && (splitsLongRows
+              ? <span> · longer than the max length: trained in rows of it (the first shown)</span>
+              : <span className="warning-text"> · cut at the max length</span>)}
           </header>
           <pre className="sample__text">
             {seq.segments.map((s, j) => (s.trained ? <mark key={j} className="trained">{s.text}</mark> : <span key={j}>{s.text}</span>))}

@@ -335,7 +335,8 @@ export function NewJobPage() {
                   <summary>Validation report of “{dataset.name}”: {formatName(dataset.format)}, {dataset.usable_rows} of {dataset.rows} rows usable</summary>
                   <DatasetReport report={dataset.report} />
                 </details>
-                <DatasetInsights dataset={dataset} model={form.model.trim()} maxSeqLen={Number(form.values['hyperparameters.max_seq_len']) || null} />
+                <DatasetInsights dataset={dataset} model={form.model.trim()} maxSeqLen={Number(form.values['hyperparameters.max_seq_len']) || null}
+                  splitsLongRows={form.method === 'pretrain'} />
               </>
             )}
           </div>
