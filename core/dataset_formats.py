@@ -11,6 +11,8 @@ Detected formats and what they become (the canonical shapes TRL's trainers take)
 - prompt_completion (prompt, completion)             -> sft
 - text (text)                                        -> text: {"text": str}
 - preference (prompt, chosen, rejected)              -> preference: {"prompt": [...], "chosen": [...], "rejected": [...]}
+  (without a prompt: the turns chosen and rejected share, as lists of messages or "Human:" / "Assistant:"
+  transcripts, up to the last user turn among them)
 - kto (prompt, completion, label)                    -> kto: {"prompt": [...], "completion": [...], "label": bool}
 - prompt (prompt, or chat messages, ending with a user turn; other columns kept, e.g. a reference answer)
                                                      -> prompt: {"prompt": [messages], <column>: value, ...} (GRPO)
@@ -45,6 +47,7 @@ import codecs
 import csv
 import io
 import json
+import re
 import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -69,7 +72,7 @@ EXTENSIONS = (".jsonl", ".json", ".csv", ".parquet")
 
 # format -> (task, fields that identify it). Checked in this order: the most specific first.
 FORMATS: dict[str, tuple[str, frozenset[str]]] = {
-    "preference": ("preference", frozenset({"prompt", "chosen", "rejected"})),
+    "preference": ("preference", frozenset({"chosen", "rejected"})),  # without a prompt: the turns both share
     "kto": ("kto", frozenset({"prompt", "completion", "label"})),
     "messages": ("sft", frozenset({"messages"})),
     "sharegpt": ("sft", frozenset({"conversations"})),
@@ -78,7 +81,9 @@ FORMATS: dict[str, tuple[str, frozenset[str]]] = {
     "text": ("text", frozenset({"text"})),
     "prompt": ("prompt", frozenset({"prompt"})),
 }
-OPTIONAL_FIELDS: dict[str, frozenset[str]] = {"alpaca": frozenset({"input", "system"})}
+OPTIONAL_FIELDS: dict[str, frozenset[str]] = {"alpaca": frozenset({"input", "system"}), "preference": frozenset({"prompt"})}
+# A turn of a "Human: ... Assistant: ..." transcript (Anthropic's HH-RLHF writes each answer so)
+TRANSCRIPT_TURN = re.compile(r"(?:\A\s*|\n+)(Human|Assistant):[ \t]*")
 MESSAGE_KEYS = ("role", "content", "from", "value")
 
 
@@ -645,6 +650,42 @@ def _as_question(row: dict, name: str) -> list[dict]:
     return messages
 
 
+def _transcript(text: str) -> list[dict] | None:
+    """A "Human: ... Assistant: ..." transcript's turns as messages; None for other text."""
+    parts = TRANSCRIPT_TURN.split(text)
+    if len(parts) < 3 or parts[0].strip():
+        return None
+    return [{"role": "user" if who == "Human" else "assistant", "content": content.strip()}
+            for who, content in zip(parts[1::2], parts[2::2])]
+
+
+def _with_shared_prompt(row: dict) -> dict:
+    """A preference row without a prompt whose answers are each the whole conversation (lists of messages, or
+    transcripts): the prompt is the turns both share, up to the last user turn among them (TRL's implicit prompt),
+    and each answer what follows it."""
+    conversations, problems = [], []
+    for name in ("chosen", "rejected"):
+        value = row[name]
+        try:
+            conversations.append(_transcript(value) if isinstance(value, str) else _messages(value, name))
+        except BadRow as error:
+            problems.extend(error.problems)
+    if problems:
+        raise BadRow(*problems)
+    chosen, rejected = conversations
+    shared = 0
+    if chosen is not None and rejected is not None:
+        while shared < min(len(chosen), len(rejected)) and _same_turns(chosen[shared:shared + 1],
+                                                                      rejected[shared:shared + 1]):
+            shared += 1
+        shared = max((i + 1 for i in range(shared) if chosen[i]["role"] == "user"), default=0)
+    if not shared:
+        raise BadRow("no 'prompt', and 'chosen' and 'rejected' share no turns to take as one: give a 'prompt', or "
+                     "write both answers as the whole conversation (a list of messages, or a 'Human:' / 'Assistant:' "
+                     "transcript)")
+    return {**row, "prompt": chosen[:shared], "chosen": chosen[shared:], "rejected": rejected[shared:]}
+
+
 def _label(row: dict, name: str) -> bool:
     value = _required(row, name)
     if isinstance(value, bool):
@@ -728,7 +769,13 @@ def _normalise(fmt: str, row: Any) -> tuple[dict, list[str]]:
     if fmt == "prompt" and "prompt" not in row and "messages" in row:  # a conversation to answer
         row = {("prompt" if key == "messages" else key): value for key, value in row.items()}
     values, problems = {}, []
-    for name, check in FIELD_CHECKS[fmt].items():
+    if fmt == "preference" and row.get("prompt") is None and row.get("chosen") is not None \
+            and row.get("rejected") is not None:
+        try:
+            row = _with_shared_prompt(row)
+        except BadRow as error:
+            problems.extend(error.problems)
+    for name, check in FIELD_CHECKS[fmt].items() if not problems else ():
         try:
             values[name] = check(row, name)
         except BadRow as error:

@@ -415,6 +415,32 @@ def test_answers_that_repeat_the_prompt_or_do_not_differ(tmp_path):
                                          "messages (or the whole conversation, starting with the prompt's messages)"}]
 
 
+def test_preference_pairs_without_a_prompt_take_the_turns_both_share_as_it(tmp_path):
+    # Anthropic's HH-RLHF writes each answer as the whole "Human: / Assistant:" transcript, and chat datasets
+    # the whole conversation: the prompt is the turns the two share (TRL's implicit prompt)
+    lyon = {"role": "assistant", "content": "Lyon."}
+    hello = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]
+    rows = [{"chosen": "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Capital of France?\n\nAssistant: Paris.",
+             "rejected": "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Capital of France?\n\nAssistant: Lyon."},
+            {"chosen": [{"from": "human", "value": "Capital of France?"}, {"from": "gpt", "value": "Paris."}],
+             "rejected": [USER, lyon]},
+            {"chosen": "Paris.", "rejected": "Lyon."},
+            {"chosen": "Human: Hi\n\nAssistant: Hello!", "rejected": "Human: Hi\n\nAssistant: Hello!\n\nHuman: "
+                                                                     "Capital of France?\n\nAssistant: Lyon."},
+            {"chosen": [ASSISTANT], "rejected": [lyon]}]
+    fmt, kept, bad = load_rows(write_jsonl(tmp_path / "hh.jsonl", rows))
+    assert fmt == "preference"
+    assert kept == [{"prompt": [*hello, USER], "chosen": [ASSISTANT], "rejected": [lyon]},
+                    {"prompt": [USER], "chosen": [ASSISTANT], "rejected": [lyon]}]
+    no_prompt = ("no 'prompt', and 'chosen' and 'rejected' share no turns to take as one: give a 'prompt', or write "
+                 "both answers as the whole conversation (a list of messages, or a 'Human:' / 'Assistant:' transcript)")
+    assert bad == [{"line": 3, "reason": no_prompt},
+                   {"line": 4, "reason": "'rejected' holds a user message after the prompt: an answer is the "
+                                         "assistant's messages (or the whole conversation, starting with the "
+                                         "prompt's messages)"},
+                   {"line": 5, "reason": no_prompt}]
+
+
 @pytest.mark.parametrize("mark, name", [(";", "semicolons"), ("\t", "tabs")])
 def test_a_csv_separated_by_semicolons_or_tabs_is_read(tmp_path, mark, name):
     path = tmp_path / "data.csv"

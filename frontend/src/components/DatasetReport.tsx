@@ -7,7 +7,7 @@ const FORMAT_NAMES: Record<string, string> = {
   alpaca: 'instruction / input / output (Alpaca)',
   prompt_completion: 'prompt / completion',
   text: 'raw text',
-  preference: 'preference pairs (prompt / chosen / rejected)',
+  preference: 'preference pairs (prompt / chosen / rejected, or two whole conversations)',
   kto: 'labelled answers (prompt / completion / label)',
   unpaired_preference: 'labelled answers (prompt / completion / label)',
   prompt: 'prompts to answer, with reference columns (GRPO)',
