@@ -640,6 +640,8 @@ def _as_answer(row: dict, name: str) -> list[dict]:
     messages = _messages(value, name)
     if messages[-1]["role"] != "assistant":
         raise BadRow(f"'{name}' does not end with an assistant message")
+    if _blank(messages[-1]["content"]):
+        raise BadRow(f"'{name}': the last assistant message is empty")
     return messages
 
 
@@ -683,6 +685,10 @@ def _with_shared_prompt(row: dict) -> dict:
         raise BadRow("no 'prompt', and 'chosen' and 'rejected' share no turns to take as one: give a 'prompt', or "
                      "write both answers as the whole conversation (a list of messages, or a 'Human:' / 'Assistant:' "
                      "transcript)")
+    unanswered = [f"'{name}' has no answer after the turns it shares with the other" for name, conversation
+                  in (("chosen", chosen), ("rejected", rejected)) if len(conversation) == shared]
+    if unanswered:
+        raise BadRow(*unanswered)
     return {**row, "prompt": chosen[:shared], "chosen": chosen[shared:], "rejected": rejected[shared:]}
 
 

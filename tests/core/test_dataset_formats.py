@@ -427,7 +427,9 @@ def test_preference_pairs_without_a_prompt_take_the_turns_both_share_as_it(tmp_p
             {"chosen": "Paris.", "rejected": "Lyon."},
             {"chosen": "Human: Hi\n\nAssistant: Hello!", "rejected": "Human: Hi\n\nAssistant: Hello!\n\nHuman: "
                                                                      "Capital of France?\n\nAssistant: Lyon."},
-            {"chosen": [ASSISTANT], "rejected": [lyon]}]
+            {"chosen": [ASSISTANT], "rejected": [lyon]},
+            {"chosen": "Human: Hi\n\nAssistant:", "rejected": "Human: Hi\n\nAssistant: Hello!"},
+            {"chosen": "Human: Hi", "rejected": "Human: Hi\n\nAssistant: Hello!"}]
     fmt, kept, bad = load_rows(write_jsonl(tmp_path / "hh.jsonl", rows))
     assert fmt == "preference"
     assert kept == [{"prompt": [*hello, USER], "chosen": [ASSISTANT], "rejected": [lyon]},
@@ -438,7 +440,9 @@ def test_preference_pairs_without_a_prompt_take_the_turns_both_share_as_it(tmp_p
                    {"line": 4, "reason": "'rejected' holds a user message after the prompt: an answer is the "
                                          "assistant's messages (or the whole conversation, starting with the "
                                          "prompt's messages)"},
-                   {"line": 5, "reason": no_prompt}]
+                   {"line": 5, "reason": no_prompt},
+                   {"line": 6, "reason": "'chosen': the last assistant message is empty"},
+                   {"line": 7, "reason": "'chosen' has no answer after the turns it shares with the other"}]
 
 
 @pytest.mark.parametrize("mark, name", [(";", "semicolons"), ("\t", "tabs")])
