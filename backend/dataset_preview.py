@@ -72,16 +72,17 @@ def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _rendered(tokenizer, prompt: list[dict] | None, answer: list[dict] | None, text: str | None = None):
-    """(token ids, trained mask) of one sequence."""
+def _rendered(tokenizer, prompt: list[dict] | None, answer: list[dict] | None, text: str | None = None,
+              tools: list[dict] | None = None):
+    """(token ids, trained mask) of one sequence (tools: the functions a conversation's model may call)."""
     if text is not None:
         ids = _ids(tokenizer, text + (tokenizer.eos_token or ""))
         return ids, [True] * len(ids)
-    prompt_text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    prompt_text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, tools=tools)
     if not answer:
         ids = _ids(tokenizer, prompt_text)
         return ids, [False] * len(ids)
-    full_text = tokenizer.apply_chat_template(prompt + answer, tokenize=False)
+    full_text = tokenizer.apply_chat_template(prompt + answer, tokenize=False, tools=tools)
     ids = _ids(tokenizer, full_text)
     if not full_text.startswith(prompt_text):  # a template that rewrites earlier turns: mark it all
         return ids, [True] * len(ids)
@@ -113,11 +114,19 @@ def _segments(tokenizer, ids: list[int], mask: list[bool]) -> list[dict]:
 
 
 def preview(tokenizer, rows: list[tuple[int, dict]], task: str, max_seq_len: int) -> list[dict]:
-    """Each (line, row)'s sequences rendered, named by the row's line in the file."""
+    """Each (line, row)'s sequences rendered, named by the row's line in the file (a sequence the chat template
+    refuses, as a training job's is left out, with the template's reason)."""
+    from jinja2.exceptions import TemplateError
+
     shown = []
     for line, row in rows:
         for label, prompt, answer, text in _sequences(row, task):
-            ids, mask = _rendered(tokenizer, prompt, answer, text)
+            try:
+                ids, mask = _rendered(tokenizer, prompt, answer, text, row.get("tools"))
+            except TemplateError as error:
+                shown.append({"line": line, "sequence": label, "tokens": 0, "trained_tokens": 0, "truncated": False,
+                              "segments": [], "refused": str(error)})
+                continue
             kept, kept_mask = ids[:max_seq_len], mask[:max_seq_len]
             shown.append({"line": line, "sequence": label, "tokens": len(ids), "trained_tokens": sum(kept_mask),
                           "truncated": len(ids) > max_seq_len, "segments": _segments(tokenizer, kept, kept_mask)})
@@ -125,19 +134,25 @@ def preview(tokenizer, rows: list[tuple[int, dict]], task: str, max_seq_len: int
 
 
 def token_stats(tokenizer, rows: list[dict], task: str, max_seq_len: int) -> dict[str, Any]:
+    from jinja2.exceptions import TemplateError
+
     measured = rows[:MAX_ROWS_MEASURED]
-    lengths, trained = [], 0
+    lengths, trained, refused = [], 0, 0
     for row in measured:
         for _, prompt, answer, text in _sequences(row, task):
-            ids, mask = _rendered(tokenizer, prompt, answer, text)
+            try:
+                ids, mask = _rendered(tokenizer, prompt, answer, text, row.get("tools"))
+            except TemplateError:
+                refused += 1
+                continue
             lengths.append(len(ids))
             trained += sum(mask[:max_seq_len])
     if not lengths:
-        return {"rows_measured": 0, "sequences": 0}
+        return {"rows_measured": len(measured), "sequences": 0, "refused": refused}
     ordered = sorted(lengths)
     return {"rows_measured": len(measured), "rows_total": len(rows), "sequences": len(lengths),
             "min": ordered[0], "max": ordered[-1], "mean": round(statistics.fmean(ordered), 1),
             "p50": ordered[len(ordered) // 2], "p95": ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))],
             "total_tokens": sum(ordered), "trained_tokens": trained, "max_seq_len": max_seq_len,
-            "over_max_seq_len": sum(length > max_seq_len for length in ordered),
+            "over_max_seq_len": sum(length > max_seq_len for length in ordered), "refused": refused,
             "lengths": ordered}  # sorted, for the new-job page's length histogram

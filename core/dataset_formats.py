@@ -27,6 +27,12 @@ kind, an image, makes the row unusable). An answer written as the whole conversa
 messages first) keeps the part after the prompt; a preference pair whose answers are the same is
 unusable. Text that is blank but for invisible characters (a zero-width space) is blank.
 
+Conversations that call tools (messages, ShareGPT and prompt/completion rows: TOOL_FORMATS): an assistant
+message may carry OpenAI's "tool_calls" (its content then may be null), each made the chat templates'
+{"type": "function", "function": {"name", "arguments": {...}}} (arguments given as JSON text are parsed); a
+"tool" message answers one (its tool_call_id and name kept); the row's "tools" (the functions' JSON schemas, a
+list or JSON text of one) go to the chat template. Only the SFT methods train them.
+
 The report accounts for every row of the file: `rows` = `usable_rows` + `bad_row_count`. A row is
 a line of a .jsonl file (a blank line, or one holding only whitespace or a carriage return, is a
 row that cannot be used: "blank line"), a record of a .csv file after its header (blank lines
@@ -62,10 +68,9 @@ FIELDS_NAMED = 20
 WARNINGS_REPORTED = 100
 PROBLEMS_NAMED = 10  # per row; the rest are counted
 BLANK_LINE = "blank line"
-ROLES = ("system", "user", "assistant")
 # The role names conversations are written with (ShareGPT's, Gemma's "model") -> the chat template's
 ROLE_NAMES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
-              "assistant": "assistant", "bot": "assistant", "model": "assistant"}
+              "assistant": "assistant", "bot": "assistant", "model": "assistant", "tool": "tool"}
 # a message's (role, content) keys: OpenAI's and ShareGPT's, read whichever a message has
 MESSAGE_KEY_PAIRS = (("role", "content"), ("from", "value"))
 EXTENSIONS = (".jsonl", ".json", ".csv", ".parquet")
@@ -81,10 +86,14 @@ FORMATS: dict[str, tuple[str, frozenset[str]]] = {
     "text": ("text", frozenset({"text"})),
     "prompt": ("prompt", frozenset({"prompt"})),
 }
-OPTIONAL_FIELDS: dict[str, frozenset[str]] = {"alpaca": frozenset({"input", "system"}), "preference": frozenset({"prompt"})}
+OPTIONAL_FIELDS: dict[str, frozenset[str]] = {"alpaca": frozenset({"input", "system"}),
+                                               "preference": frozenset({"prompt"})}
 # A turn of a "Human: ... Assistant: ..." transcript (Anthropic's HH-RLHF writes each answer so)
 TRANSCRIPT_TURN = re.compile(r"(?:\A\s*|\n+)(Human|Assistant):[ \t]*")
 MESSAGE_KEYS = ("role", "content", "from", "value")
+# The formats whose rows may carry "tools" (for their chat template) and assistant turns that call them
+TOOL_FORMATS = ("messages", "sharegpt", "prompt_completion")
+TOOL_RESULT_KEYS = ("tool_call_id", "name")  # what a tool's message may say of the call it answers
 
 
 class DatasetError(ValueError):
@@ -558,6 +567,14 @@ def _messages(value: Any, name: str, role_key: str = "role", content_key: str = 
             problems.append(_missing(message, role_name, where))
         elif not isinstance(role, str) or role not in roles:
             problems.append(f"{where} has role {role!r}; expected one of {', '.join(sorted(set(roles.values())))}")
+        calls = None
+        if message.get("tool_calls") is not None:
+            try:
+                calls = _tool_calls(message["tool_calls"], where, roles.get(role) if isinstance(role, str) else None)
+            except BadRow as error:
+                problems.extend(error.problems)
+            if content is None:
+                content = ""
         if content is None:
             problems.append(f"{where}'s '{content_name}' is null" if content_name in message
                             else _missing(message, content_name, where))
@@ -569,10 +586,56 @@ def _messages(value: Any, name: str, role_key: str = "role", content_key: str = 
         elif not isinstance(content, str):
             problems.append(f"{where}'s '{content_name}' is {_a(content)}, not text")
         if len(problems) == found:
-            messages.append({"role": roles[role], "content": content})
+            messages.append({"role": roles[role], "content": content, **({"tool_calls": calls} if calls else {}),
+                             **{key: message[key] for key in TOOL_RESULT_KEYS
+                                if roles[role] == "tool" and isinstance(message.get(key), str)}})
     if problems:
         raise BadRow(*problems)
     return messages
+
+
+def _tool_calls(value: Any, where: str, role: str | None) -> list[dict]:
+    """An assistant message's tool calls in the chat templates' shape, {"type": "function", "function": {"name",
+    "arguments": {...}}}, from OpenAI's (arguments as a JSON string) or with the function's fields at the top."""
+    if role != "assistant":
+        raise BadRow(f"{where} has tool calls but is not the assistant's message")
+    if not isinstance(value, list) or not value:
+        raise BadRow(f"{where}'s 'tool_calls' is {_a(value)}, not a list of calls")
+    calls, problems = [], []
+    for index, call in enumerate(value):
+        here = f"{where}'s tool_calls[{index}]"
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            function = {}
+        name, arguments = function.get("name"), function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = strict_json.loads(arguments)
+            except (json.JSONDecodeError, strict_json.UnstorableJson):
+                arguments = None
+        if not isinstance(name, str) or not name.strip():
+            problems.append(f"{here} names no function")
+        elif not isinstance(arguments, dict):
+            problems.append(f"{here}'s arguments are not an object (or a JSON text of one)")
+        else:
+            calls.append({"type": "function", "function": {"name": name, "arguments": arguments}})
+    if problems:
+        raise BadRow(*problems)
+    return calls
+
+
+def _tools(row: dict) -> list[dict]:
+    """A conversation's "tools" (the functions its model may call, as JSON schemas): a list of objects, or a JSON
+    text of one."""
+    value = row["tools"]
+    if isinstance(value, str):
+        try:
+            value = strict_json.loads(value)
+        except (json.JSONDecodeError, strict_json.UnstorableJson):
+            raise BadRow("'tools' is text that is not JSON") from None
+    if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
+        raise BadRow(f"'tools' is {_a(value)}, not a list of function schemas")
+    return value
 
 
 def _parts_text(parts: list, where: str) -> str:
@@ -613,7 +676,7 @@ def _split_conversation(messages: list[dict], name: str, skipped: frozenset[int]
         raise BadRow(f"'{name}': every assistant message is marked not to be trained on (weight 0 or loss false)")
     if last == 0:
         raise BadRow(f"'{name}' starts with the assistant's answer; nothing prompts it")
-    if _blank(messages[last]["content"]):
+    if _blank(messages[last]["content"]) and "tool_calls" not in messages[last]:
         raise BadRow(f"'{name}': the last assistant message is empty")
     return {"prompt": messages[:last], "completion": [messages[last]]}
 
@@ -640,7 +703,7 @@ def _as_answer(row: dict, name: str) -> list[dict]:
     messages = _messages(value, name)
     if messages[-1]["role"] != "assistant":
         raise BadRow(f"'{name}' does not end with an assistant message")
-    if _blank(messages[-1]["content"]):
+    if _blank(messages[-1]["content"]) and "tool_calls" not in messages[-1]:
         raise BadRow(f"'{name}': the last assistant message is empty")
     return messages
 
@@ -724,6 +787,7 @@ ANSWERS = ("completion", "chosen", "rejected")  # the fields of prompt_completio
 
 def _same_turns(first: list[dict], second: list[dict]) -> bool:
     return len(first) == len(second) and all(a["role"] == b["role"] and a["content"].strip() == b["content"].strip()
+                                             and a.get("tool_calls") == b.get("tool_calls")
                                              for a, b in zip(first, second))
 
 
@@ -758,13 +822,13 @@ def _canonical(fmt: str, values: dict[str, Any], row: dict) -> dict:
         prompt.append({"role": "user", "content": f"{instruction}\n\n{extra}" if extra.strip() else instruction})
         return {"prompt": prompt, "completion": [{"role": "assistant", "content": values["output"]}]}
     if fmt in ("sharegpt", "messages"):
-        return next(iter(values.values()))
+        return {**next(iter(values.values())), **({"tools": values["tools"]} if values.get("tools") else {})}
     if fmt == "text":
         return {"text": values["text"]}
     if fmt == "prompt":
         return {**{key: value for key, value in row.items() if isinstance(key, str) and isinstance(value, REFERENCE_VALUE)},
                 **values}
-    return values  # prompt_completion, preference and kto: the fields are the canonical row
+    return values  # prompt_completion, preference and kto: the fields are the canonical row (tools too)
 
 
 def _normalise(fmt: str, row: Any) -> tuple[dict, list[str]]:
@@ -786,8 +850,17 @@ def _normalise(fmt: str, row: Any) -> tuple[dict, list[str]]:
             values[name] = check(row, name)
         except BadRow as error:
             problems.extend(error.problems)
+    if fmt in TOOL_FORMATS and row.get("tools") is not None:
+        try:
+            values["tools"] = _tools(row)
+        except BadRow as error:
+            problems.extend(error.problems)
     if not problems and fmt in ("prompt_completion", "preference", "kto"):
         problems.extend(_answers(fmt, values))
+    if not problems and fmt not in TOOL_FORMATS and any("tool_calls" in message for value in values.values()
+                                                        if isinstance(value, list) for message in value):
+        problems.append("tool calls are trained by supervised fine-tuning only (messages, ShareGPT or "
+                        "prompt/completion rows)")
     # A look-alike of a field the row has, or of an optional one, is named here; a missing
     # required field's look-alike is named in its "missing" problem.
     warnings = [f"key {key!r} looks like '{name}' and was ignored: field names must match exactly"

@@ -87,6 +87,8 @@ class PreviewSequence(BaseModel):
     trained_tokens: int = Field(description="Trained tokens within max_seq_len")
     truncated: bool = Field(description="Longer than max_seq_len: the tail is cut off in training")
     segments: list[Segment] = Field(description="The rendered text up to max_seq_len, in runs of trained or not")
+    refused: str | None = Field(default=None, description="Why the model's chat template refuses the row (a job "
+                                                          "leaves it out); it then has no tokens or segments")
 
 
 class DatasetPreview(BaseModel):
@@ -113,6 +115,8 @@ class TokenStats(BaseModel):
     trained_tokens: int | None = Field(default=None, description="Tokens the loss sees, after truncation")
     max_seq_len: int | None = None
     over_max_seq_len: int | None = Field(default=None, description="Sequences longer than max_seq_len")
+    refused: int | None = Field(default=None, description="Sequences the model's chat template refuses (a job leaves "
+                                                         "them out), not in the figures above")
     lengths: list[int] | None = Field(default=None, description="Every measured sequence's length, sorted "
                                                                 "(for a histogram; not kept in upload reports)")
 

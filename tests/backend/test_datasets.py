@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -154,6 +155,29 @@ def test_preview_marks_the_trained_tokens_and_stats_count_them(team, allowed_smo
     pairs = upload(team.alice, "pairs.jsonl", PREFERENCE_ROWS).json()
     both = team.bob.get(f"/api/datasets/{pairs['id']}/preview", params={"model": model, "rows": 1}).json()
     assert [row["sequence"] for row in both["rows"]] == ["chosen", "rejected"]
+
+
+def test_rows_the_chat_template_refuses_are_previewed_as_refused_not_a_500(team, allowed_smollm2, monkeypatch):
+    # a template that refuses roles out of turn (Mistral's, Gemma's system turn): a job leaves such rows out
+    folder = team.api.settings.models_dir / "strict"
+    folder.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(allowed_smollm2 / name, folder / name)
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+        "{{ m.role + ': ' + m.content + '\\n' }}{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    user, answer = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
+    rows = json.dumps({"messages": [user, answer]}) + "\n" + json.dumps({"messages": [user, user, answer]}) + "\n"
+    dataset = upload(team.alice, "turns.jsonl", rows).json()
+    shown = team.bob.get(f"/api/datasets/{dataset['id']}/preview", params={"model": str(folder), "rows": 2})
+    assert shown.status_code == 200, shown.text
+    good, refused = shown.json()["rows"]
+    assert good["refused"] is None and good["segments"]
+    assert refused == {"line": 2, "sequence": "completion", "tokens": 0, "trained_tokens": 0, "truncated": False,
+                       "segments": [], "refused": "Conversation roles must alternate user/assistant/user/assistant/..."}
+    stats = team.bob.get(f"/api/datasets/{dataset['id']}/token-stats", params={"model": str(folder)})
+    assert stats.status_code == 200 and (stats.json()["sequences"], stats.json()["refused"]) == (1, 1)
 
 
 def test_preview_needs_a_tokenizer_on_this_machine(team):

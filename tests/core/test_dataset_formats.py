@@ -270,7 +270,7 @@ def test_a_bad_row_names_every_problem(tmp_path):
     chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [USER, ASSISTANT]},
                                                  {"messages": [{"role": "wizard", "content": 1}, {"content": "x"}]}])
     assert inspect_dataset(chat)["bad_rows"] == [{"line": 2, "reason": (
-        "messages[0] has role 'wizard'; expected one of assistant, system, user; messages[0]'s 'content' is a "
+        "messages[0] has role 'wizard'; expected one of assistant, system, tool, user; messages[0]'s 'content' is a "
         "number, not text; messages[1] has no 'role'")}]
 
 
@@ -413,6 +413,36 @@ def test_answers_that_repeat_the_prompt_or_do_not_differ(tmp_path):
     assert bad == [{"line": 2, "reason": "'chosen' and 'rejected' are the same answer: the pair has nothing to prefer"},
                    {"line": 3, "reason": "'chosen' holds a user message after the prompt: an answer is the assistant's "
                                          "messages (or the whole conversation, starting with the prompt's messages)"}]
+
+
+def test_conversations_that_call_tools(tmp_path):
+    # OpenAI's shape (arguments as JSON text, content null beside the calls, a tool's answer, the tools' schemas)
+    # becomes the chat templates' (arguments as objects); a call of another kind of message, or one whose
+    # arguments are no object, is refused with its place
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    ask = {"role": "user", "content": "Weather in Paris?"}
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    result = {"role": "tool", "tool_call_id": "c1", "content": '{"celsius": 21}'}
+    answer = {"role": "assistant", "content": "21 degrees."}
+    called = {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    rows = [{"messages": [ask, call, result, answer], "tools": [weather]},
+            {"messages": [ask, call], "tools": json.dumps([weather])},
+            {"messages": [{**ask, "tool_calls": call["tool_calls"]}, answer]},
+            {"messages": [ask, {**call, "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}, {"type": "x"}]}]},
+            {"messages": [ask, answer], "tools": "not json"}]
+    fmt, kept, bad = load_rows(write_jsonl(tmp_path / "tools.jsonl", rows))
+    assert fmt == "messages"
+    assert kept == [{"prompt": [ask, called, {"role": "tool", "content": '{"celsius": 21}', "tool_call_id": "c1"}],
+                     "completion": [answer], "tools": [weather]},
+                    {"prompt": [ask], "completion": [called], "tools": [weather]}]
+    assert bad == [
+        {"line": 3, "reason": "messages[0] has tool calls but is not the assistant's message"},
+        {"line": 4, "reason": "messages[1]'s tool_calls[0]'s arguments are not an object (or a JSON text of one); "
+                              "messages[1]'s tool_calls[1] names no function"},
+        {"line": 5, "reason": "'tools' is text that is not JSON"}]
 
 
 def test_preference_pairs_without_a_prompt_take_the_turns_both_share_as_it(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from datasets import Dataset
+from datasets import Dataset, Features, Json
 
 from lanner.core.spec import MIN_ROWS_FOR_VALIDATION
 from lanner.worker.distributed.ranks import trainer_args
@@ -15,11 +15,26 @@ from lanner.worker.training.options import TrainingOptions
 
 def split(rows: list[dict], options: TrainingOptions) -> tuple[Dataset, Dataset | None]:
     """A seeded validation split, when the dataset is big enough for one to mean something."""
-    dataset = Dataset.from_list(rows)
+    dataset = _dataset(rows)
     if len(rows) < MIN_ROWS_FOR_VALIDATION or options.validation_split <= 0:
         return dataset, None
     parts = dataset.train_test_split(test_size=options.validation_split, seed=options.seed)
     return parts["train"], parts["test"]
+
+
+def _dataset(rows: list[dict]) -> Dataset:
+    """The rows as a Dataset. Conversations that call tools are stored as JSON: Arrow would give each call's
+    arguments (and each tool's schema) the keys of every other's, as nulls, which the chat template would render."""
+    if not any("tools" in row or any("tool_calls" in message for message in _messages_of(row)) for row in rows):
+        return Dataset.from_list(rows)
+    columns = dict.fromkeys(key for row in rows for key in row)
+    return Dataset.from_dict({key: [row.get(key) for row in rows] for key in columns},
+                             features=Features({key: Json() for key in columns}))
+
+
+def _messages_of(row: dict) -> list[dict]:
+    return [message for name in ("prompt", "completion", "chosen", "rejected") if isinstance(row.get(name), list)
+            for message in row[name]]
 
 
 def truncate_prompts(rows: list[dict], tokenizer, max_tokens: int | None) -> list[dict]:
@@ -52,7 +67,8 @@ def rows_the_template_takes(rows: list[dict], tokenizer, callbacks: list) -> lis
     (raise_exception: roles that do not alternate, a system turn it has no place for), which would end the
     job at the first such row wherever it is; those rows are left out and counted instead, with the
     template's reason, and none taken fails the job with it. Templates refuse by the roles' order, so one
-    row of each order of roles is rendered."""
+    row of each order of roles is rendered. A template that leaves tool calls or a tool's answers out of the
+    text (one written for plain chat) refuses the rows that have them: trained, they would teach empty turns."""
     from jinja2.exceptions import TemplateError
 
     refused: dict[tuple, str | None] = {}
@@ -62,13 +78,16 @@ def rows_the_template_takes(rows: list[dict], tokenizer, callbacks: list) -> lis
             kept.append(row)
             continue
         answers = [row[name] for name in ("completion", "chosen", "rejected") if isinstance(row.get(name), list)]
-        key = tuple(tuple(message["role"] for message in part) for part in (row["prompt"], *answers))
+        key = (bool(row.get("tools")), *(tuple((message["role"], "tool_calls" in message) for message in part)
+                                         for part in (row["prompt"], *answers)))
         if key not in refused:
             try:
-                tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-                for answer in answers:
-                    tokenizer.apply_chat_template(row["prompt"] + answer, tokenize=False)
+                tools = row.get("tools")
+                tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True, tools=tools)
                 refused[key] = None
+                for answer in answers:
+                    tokenizer.apply_chat_template(row["prompt"] + answer, tokenize=False, tools=tools)
+                    refused[key] = refused[key] or _tool_turns_left_out(tokenizer, row["prompt"] + answer, tools)
             except TemplateError as error:
                 refused[key] = str(error)
         if refused[key] is None:
@@ -84,6 +103,21 @@ def rows_the_template_takes(rows: list[dict], tokenizer, callbacks: list) -> lis
         events.log(f"{len(reasons)} of {len(rows)} rows were left out: the chat template refuses them "
                    f"(first: {reasons[0]})", level="warning")
     return kept
+
+
+def _tool_turns_left_out(tokenizer, conversation: list[dict], tools) -> str | None:
+    """Why the chat template leaves a tool call or a tool's answer of `conversation` out of its text (each replaced
+    by a marker, which the text must show as often); None if it leaves none out."""
+    marker = "lanner-tool-turn"
+    probe = [{**message, "tool_calls": [{"type": "function", "function": {"name": marker, "arguments": {}}}
+                                        for _ in message["tool_calls"]]} if "tool_calls" in message
+             else {**message, "content": marker} if message["role"] == "tool" else message
+             for message in conversation]
+    wanted = sum(len(message.get("tool_calls", ())) + (message["role"] == "tool") for message in conversation)
+    if wanted and tokenizer.apply_chat_template(probe, tokenize=False, tools=tools).count(marker) < wanted:
+        return ("it leaves tool calls or a tool's answers out of the text (a template for plain chat): give one "
+                "that renders them (chat_template)")
+    return None
 
 
 def _template_length(tokenizer, conversation: list[dict], *, ask: bool) -> int:

@@ -1582,6 +1582,11 @@ export interface components {
        * @description The rendered text up to max_seq_len, in runs of trained or not
        */
       segments: components["schemas"]["Segment"][];
+      /**
+       * Refused
+       * @description Why the model's chat template refuses the row (a job leaves it out); it then has no tokens or segments
+       */
+      refused?: string | null;
     };
     /** QueueMove */
     QueueMove: {
@@ -2065,6 +2070,11 @@ export interface components {
        * @description Sequences longer than max_seq_len
        */
       over_max_seq_len?: number | null;
+      /**
+       * Refused
+       * @description Sequences the model's chat template refuses (a job leaves them out), not in the figures above
+       */
+      refused?: number | null;
       /**
        * Lengths
        * @description Every measured sequence's length, sorted (for a histogram; not kept in upload reports)

@@ -39,6 +39,16 @@ describe('DatasetInsights', () => {
       '1 of 3 rows are longer than 128 tokens: each is split into rows of 128, every token trained on.')
   })
 
+  it('says why the chat template refuses a row', async () => {
+    const refused = { ...preview, rows: [{ line: 2, sequence: 'completion', tokens: 0, trained_tokens: 0, truncated: false,
+      segments: [], refused: 'Conversation roles must alternate' }] }
+    vi.stubGlobal('fetch', vi.fn<typeof fetch>().mockImplementation(async (input) =>
+      jsonResponse(String(input).includes('/preview') ? refused : stats)))
+    render(<DatasetInsights dataset={dataset} model="builtin/SmolLM2-135M-Instruct" maxSeqLen={2048} />)
+    expect(await screen.findByRole('article', { name: 'Line 2 completion' })).toHaveTextContent(
+      'the chat template refuses it (a job leaves it out): Conversation roles must alternate')
+  })
+
   it('says the preview needs the tokenizer when the server has none (409)', async () => {
     vi.stubGlobal('fetch', vi.fn<typeof fetch>().mockResolvedValue(jsonResponse({ detail: 'no tokenizer of org/model on this machine' }, 409)))
     render(<DatasetInsights dataset={dataset} model="org/model" maxSeqLen={2048} />)

@@ -181,6 +181,7 @@ export function PreviewView({ preview, onPage, splitsLongRows = false }: { previ
         <article key={i} className="sample" aria-label={`${unit} ${seq.line} ${seq.sequence}`}>
           <header className="sample__header small muted">
             {unit} {seq.line}{seq.sequence !== 'completion' && seq.sequence !== 'text' ? ` · ${seq.sequence}` : ''} · {seq.tokens} tokens, {seq.trained_tokens} trained
+            {seq.refused && <span className="warning-text"> · the chat template refuses it (a job leaves it out): {seq.refused}</span>}
             {seq.truncated && (splitsLongRows
               ? <span> · longer than the max length: trained in rows of it (the first shown)</span>
               : <span className="warning-text"> · cut at the max length</span>)}
