@@ -31,7 +31,9 @@ Conversations that call tools (messages, ShareGPT and prompt/completion rows: TO
 message may carry OpenAI's "tool_calls" (its content then may be null), each made the chat templates'
 {"type": "function", "function": {"name", "arguments": {...}}} (arguments given as JSON text are parsed); a
 "tool" message answers one (its tool_call_id and name kept); the row's "tools" (the functions' JSON schemas, a
-list or JSON text of one) go to the chat template. Only the SFT methods train them.
+list or JSON text of one) go to the chat template. LLaMA-Factory's ShareGPT writes a call as a "function_call"
+turn whose value is the call's JSON and the answer as an "observation" turn: read as the same. Only the SFT
+methods train them.
 
 The report accounts for every row of the file: `rows` = `usable_rows` + `bad_row_count`. A row is
 a line of a .jsonl file (a blank line, or one holding only whitespace or a carriage return, is a
@@ -70,7 +72,8 @@ PROBLEMS_NAMED = 10  # per row; the rest are counted
 BLANK_LINE = "blank line"
 # The role names conversations are written with (ShareGPT's, Gemma's "model") -> the chat template's
 ROLE_NAMES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
-              "assistant": "assistant", "bot": "assistant", "model": "assistant", "tool": "tool"}
+              "assistant": "assistant", "bot": "assistant", "model": "assistant", "tool": "tool",
+              "function_call": "assistant", "observation": "tool"}  # (LLaMA-Factory's ShareGPT with tools)
 # a message's (role, content) keys: OpenAI's and ShareGPT's, read whichever a message has
 MESSAGE_KEY_PAIRS = (("role", "content"), ("from", "value"))
 EXTENSIONS = (".jsonl", ".json", ".csv", ".parquet")
@@ -568,6 +571,12 @@ def _messages(value: Any, name: str, role_key: str = "role", content_key: str = 
         elif not isinstance(role, str) or role not in roles:
             problems.append(f"{where} has role {role!r}; expected one of {', '.join(sorted(set(roles.values())))}")
         calls = None
+        if role == "function_call" and isinstance(content, str):  # the call itself, as JSON text
+            try:
+                call = strict_json.loads(content)
+            except (json.JSONDecodeError, strict_json.UnstorableJson):
+                call = None
+            message, content = {**message, "tool_calls": call if isinstance(call, list) else [call]}, ""
         if message.get("tool_calls") is not None:
             try:
                 calls = _tool_calls(message["tool_calls"], where, roles.get(role) if isinstance(role, str) else None)

@@ -443,6 +443,17 @@ def test_conversations_that_call_tools(tmp_path):
         {"line": 4, "reason": "messages[1]'s tool_calls[0]'s arguments are not an object (or a JSON text of one); "
                               "messages[1]'s tool_calls[1] names no function"},
         {"line": 5, "reason": "'tools' is text that is not JSON"}]
+    # LLaMA-Factory's ShareGPT: the call a "function_call" turn's JSON, the answer an "observation" turn
+    function_call = json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}})
+    sharegpt = [{"conversations": [{"from": "human", "value": "Weather in Paris?"},
+                                   {"from": "function_call", "value": function_call},
+                                   {"from": "observation", "value": '{"celsius": 21}'},
+                                   {"from": "gpt", "value": "21 degrees."}], "tools": json.dumps([weather])},
+                {"conversations": [{"from": "human", "value": "Hi"}, {"from": "function_call", "value": "not json"}]}]
+    fmt, kept, bad = load_rows(write_jsonl(tmp_path / "sharegpt.jsonl", sharegpt))
+    assert (fmt, kept) == ("sharegpt", [{"prompt": [ask, called, {"role": "tool", "content": '{"celsius": 21}'}],
+                                         "completion": [answer], "tools": [weather]}])
+    assert bad == [{"line": 2, "reason": "conversations[1]'s tool_calls[0] names no function"}]
 
 
 def test_preference_pairs_without_a_prompt_take_the_turns_both_share_as_it(tmp_path):
