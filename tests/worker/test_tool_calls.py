@@ -63,3 +63,12 @@ def test_a_template_without_tools_refuses_the_rows_that_call_them(smollm2_dir):
     assert rows_the_template_takes(ROWS, tokenizer, []) == ROWS[2:]
     with pytest.raises(JobFailed, match="leaves tool calls or a tool's answers out of the text"):
         rows_the_template_takes(ROWS[:2], tokenizer, [])
+
+
+def test_the_before_and_after_samples_prompt_with_the_tools_and_compare_with_the_call(smollm2_dir):
+    from lanner.worker.training.evaluation import _prompt_and_reference
+
+    tokenizer = load_tokenizer(str(smollm2_dir), options(TOOLS_TEMPLATE))
+    _, rendered, reference = _prompt_and_reference(ROWS[0], tokenizer)
+    assert rendered.startswith("tools: ") and rendered.endswith("user: Use get_weather.\nassistant: ")
+    assert json.loads(reference) == [{"name": "get_weather", "arguments": {"city": "Paris"}}]

@@ -72,14 +72,21 @@ def _prompt_and_reference(row: dict, tokenizer) -> tuple[str, str, str]:
     if "prompt" in row and "completion" in row:
         messages = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
         completion = row["completion"]
-        reference = completion[-1]["content"] if isinstance(completion, list) else str(completion)
+        reference = _answer_text(completion[-1]) if isinstance(completion, list) else str(completion)
         shown = "\n\n".join(f"{m['role']}: {m['content']}" if m["role"] != "user" else m["content"] for m in messages)
-        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                 tools=row.get("tools"))
         return shown, rendered, reference
     text_words = str(row.get("text", "")).split(" ")  # raw text: continue its first half
     half = max(1, len(text_words) // 2)
     prompt = " ".join(text_words[:half])
     return prompt, prompt, " ".join(text_words[half:])
+
+
+def _answer_text(message: dict) -> str:
+    """An answer's text, or for a turn that calls tools the calls as JSON (what the model should write)."""
+    calls = [call["function"] for call in message.get("tool_calls", ())]
+    return message["content"] or (json.dumps(calls) if calls else "")
 
 
 def _final_eval_loss(state) -> float | None:
