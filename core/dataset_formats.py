@@ -866,10 +866,11 @@ def _normalise(fmt: str, row: Any) -> tuple[dict, list[str]]:
             problems.extend(error.problems)
     if not problems and fmt in ("prompt_completion", "preference", "kto"):
         problems.extend(_answers(fmt, values))
-    if not problems and fmt not in TOOL_FORMATS and any("tool_calls" in message for value in values.values()
-                                                        if isinstance(value, list) for message in value):
-        problems.append("tool calls are trained by supervised fine-tuning only (messages, ShareGPT or "
-                        "prompt/completion rows)")
+    if not problems and fmt not in TOOL_FORMATS and any("tool_calls" in message or message["role"] == "tool"
+                                                        for value in values.values() if isinstance(value, list)
+                                                        for message in value):
+        problems.append("tool calls and tools' answers are trained by supervised fine-tuning only (messages, "
+                        "ShareGPT or prompt/completion rows)")
     # A look-alike of a field the row has, or of an optional one, is named here; a missing
     # required field's look-alike is named in its "missing" problem.
     warnings = [f"key {key!r} looks like '{name}' and was ignored: field names must match exactly"

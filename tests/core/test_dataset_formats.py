@@ -454,6 +454,11 @@ def test_conversations_that_call_tools(tmp_path):
     assert (fmt, kept) == ("sharegpt", [{"prompt": [ask, called, {"role": "tool", "content": '{"celsius": 21}'}],
                                          "completion": [answer], "tools": [weather]}])
     assert bad == [{"line": 2, "reason": "conversations[1]'s tool_calls[0] names no function"}]
+    # the preference methods (and GRPO's prompts) do not take them
+    pairs = [{"prompt": [ask, call, result], "chosen": [answer], "rejected": "Cold."}, {**EXAMPLES["preference"][0]}]
+    assert load_rows(write_jsonl(tmp_path / "pairs.jsonl", pairs))[2] == [{"line": 1, "reason": (
+        "tool calls and tools' answers are trained by supervised fine-tuning only (messages, ShareGPT or "
+        "prompt/completion rows)")}]
 
 
 def test_preference_pairs_without_a_prompt_take_the_turns_both_share_as_it(tmp_path):

@@ -25,7 +25,8 @@ def split(rows: list[dict], options: TrainingOptions) -> tuple[Dataset, Dataset 
 def _dataset(rows: list[dict]) -> Dataset:
     """The rows as a Dataset. Conversations that call tools are stored as JSON: Arrow would give each call's
     arguments (and each tool's schema) the keys of every other's, as nulls, which the chat template would render."""
-    if not any("tools" in row or any("tool_calls" in message for message in _messages_of(row)) for row in rows):
+    if not any("tools" in row or any("tool_calls" in message or message["role"] == "tool"
+                                     for message in _messages_of(row)) for row in rows):
         return Dataset.from_list(rows)
     columns = dict.fromkeys(key for row in rows for key in row)
     return Dataset.from_dict({key: [row.get(key) for row in rows] for key in columns},
