@@ -9,7 +9,7 @@ import threading
 from functools import lru_cache
 from typing import Any
 
-from lanner.core import default_model
+from lanner.core import default_model, tool_turns
 from lanner.core.model_paths import NOT_ALLOWED, allowed_model_folder
 from lanner.core.settings import Settings
 
@@ -72,9 +72,16 @@ def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+class _Refused(Exception):
+    """The chat template leaves the row's tool turns out: a job leaves the row out."""
+
+
 def _rendered(tokenizer, prompt: list[dict] | None, answer: list[dict] | None, text: str | None = None,
               tools: list[dict] | None = None):
     """(token ids, trained mask) of one sequence (tools: the functions a conversation's model may call)."""
+    reason = tool_turns.left_out(tokenizer, (prompt or []) + (answer or []), tools) if text is None else None
+    if reason is not None:
+        raise _Refused(reason)
     if text is not None:
         ids = _ids(tokenizer, text + (tokenizer.eos_token or ""))
         return ids, [True] * len(ids)
@@ -123,7 +130,7 @@ def preview(tokenizer, rows: list[tuple[int, dict]], task: str, max_seq_len: int
         for label, prompt, answer, text in _sequences(row, task):
             try:
                 ids, mask = _rendered(tokenizer, prompt, answer, text, row.get("tools"))
-            except TemplateError as error:
+            except (TemplateError, _Refused) as error:
                 shown.append({"line": line, "sequence": label, "tokens": 0, "trained_tokens": 0, "truncated": False,
                               "segments": [], "refused": str(error)})
                 continue
@@ -142,7 +149,7 @@ def token_stats(tokenizer, rows: list[dict], task: str, max_seq_len: int) -> dic
         for _, prompt, answer, text in _sequences(row, task):
             try:
                 ids, mask = _rendered(tokenizer, prompt, answer, text, row.get("tools"))
-            except TemplateError:
+            except (TemplateError, _Refused):
                 refused += 1
                 continue
             lengths.append(len(ids))

@@ -178,6 +178,13 @@ def test_rows_the_chat_template_refuses_are_previewed_as_refused_not_a_500(team,
                        "segments": [], "refused": "Conversation roles must alternate user/assistant/user/assistant/..."}
     stats = team.bob.get(f"/api/datasets/{dataset['id']}/token-stats", params={"model": str(folder)})
     assert stats.status_code == 200 and (stats.json()["sequences"], stats.json()["refused"]) == (1, 1)
+    # a template for plain chat leaves tool calls out: refused too, as the job refuses such rows
+    from lanner.core.tool_turns import LEFT_OUT
+
+    call = {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}
+    calling = upload(team.alice, "calls.jsonl", json.dumps({"messages": [user, call]}) + "\n").json()
+    shown = team.bob.get(f"/api/datasets/{calling['id']}/preview", params={"model": str(allowed_smollm2)}).json()
+    assert [row["refused"] for row in shown["rows"]] == [LEFT_OUT]
 
 
 def test_preview_needs_a_tokenizer_on_this_machine(team):

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 from datasets import Dataset, Features, Json
 
+from lanner.core import tool_turns
 from lanner.core.spec import MIN_ROWS_FOR_VALIDATION
 from lanner.worker.distributed.ranks import trainer_args
 from lanner.worker.job_process import JobFailed
@@ -25,8 +26,7 @@ def split(rows: list[dict], options: TrainingOptions) -> tuple[Dataset, Dataset 
 def _dataset(rows: list[dict]) -> Dataset:
     """The rows as a Dataset. Conversations that call tools are stored as JSON: Arrow would give each call's
     arguments (and each tool's schema) the keys of every other's, as nulls, which the chat template would render."""
-    if not any("tools" in row or any("tool_calls" in message or message["role"] == "tool"
-                                     for message in _messages_of(row)) for row in rows):
+    if not any("tools" in row or tool_turns.has_tool_turns(_messages_of(row)) for row in rows):
         return Dataset.from_list(rows)
     columns = dict.fromkeys(key for row in rows for key in row)
     return Dataset.from_dict({key: [row.get(key) for row in rows] for key in columns},
@@ -88,7 +88,7 @@ def rows_the_template_takes(rows: list[dict], tokenizer, callbacks: list) -> lis
                 refused[key] = None
                 for answer in answers:
                     tokenizer.apply_chat_template(row["prompt"] + answer, tokenize=False, tools=tools)
-                    refused[key] = refused[key] or _tool_turns_left_out(tokenizer, row["prompt"] + answer, tools)
+                    refused[key] = refused[key] or tool_turns.left_out(tokenizer, row["prompt"] + answer, tools)
             except TemplateError as error:
                 refused[key] = str(error)
         if refused[key] is None:
@@ -104,21 +104,6 @@ def rows_the_template_takes(rows: list[dict], tokenizer, callbacks: list) -> lis
         events.log(f"{len(reasons)} of {len(rows)} rows were left out: the chat template refuses them "
                    f"(first: {reasons[0]})", level="warning")
     return kept
-
-
-def _tool_turns_left_out(tokenizer, conversation: list[dict], tools) -> str | None:
-    """Why the chat template leaves a tool call or a tool's answer of `conversation` out of its text (each replaced
-    by a marker, which the text must show as often); None if it leaves none out."""
-    marker = "lanner-tool-turn"
-    probe = [{**message, "tool_calls": [{"type": "function", "function": {"name": marker, "arguments": {}}}
-                                        for _ in message["tool_calls"]]} if "tool_calls" in message
-             else {**message, "content": marker} if message["role"] == "tool" else message
-             for message in conversation]
-    wanted = sum(len(message.get("tool_calls", ())) + (message["role"] == "tool") for message in conversation)
-    if wanted and tokenizer.apply_chat_template(probe, tokenize=False, tools=tools).count(marker) < wanted:
-        return ("it leaves tool calls or a tool's answers out of the text (a template for plain chat): give one "
-                "that renders them (chat_template)")
-    return None
 
 
 def _template_length(tokenizer, conversation: list[dict], *, ask: bool) -> int:
