@@ -65,6 +65,18 @@ def test_a_template_without_tools_refuses_the_rows_that_call_them(smollm2_dir):
         rows_the_template_takes(ROWS[:2], tokenizer, [])
 
 
+def test_a_template_that_takes_one_call_a_turn_refuses_the_rows_with_two(smollm2_dir):
+    # Llama 3.1's template raises on a turn with several calls: a row whose turn has two is left out, not the job
+    from lanner.worker.training.common import rows_the_template_takes
+
+    one_call = ("{% for m in messages %}{% if m.tool_calls and m.tool_calls | length > 1 %}{{ raise_exception("
+                "'This model only supports single tool-calls at once!') }}{% endif %}{% endfor %}" + TOOLS_TEMPLATE)
+    tokenizer = load_tokenizer(str(smollm2_dir), options(one_call))
+    two = conversation("get_weather", {"city": "Paris"})
+    two["completion"][0]["tool_calls"] *= 2
+    assert rows_the_template_takes([ROWS[0], two, ROWS[1]], tokenizer, []) == [ROWS[0], ROWS[1]]
+
+
 def test_the_before_and_after_samples_prompt_with_the_tools_and_compare_with_the_call(smollm2_dir):
     from lanner.worker.training.evaluation import _prompt_and_reference
 

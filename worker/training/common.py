@@ -67,9 +67,10 @@ def rows_the_template_takes(rows: list[dict], tokenizer, callbacks: list) -> lis
     """The conversational rows the chat template renders. A template may refuse a conversation in words
     (raise_exception: roles that do not alternate, a system turn it has no place for), which would end the
     job at the first such row wherever it is; those rows are left out and counted instead, with the
-    template's reason, and none taken fails the job with it. Templates refuse by the roles' order, so one
-    row of each order of roles is rendered. A template that leaves tool calls or a tool's answers out of the
-    text (one written for plain chat) refuses the rows that have them: trained, they would teach empty turns."""
+    template's reason, and none taken fails the job with it. Templates refuse by the roles' order (and the
+    number of tool calls a turn: Llama 3.1's takes one), so one row of each such shape is rendered. A template
+    that leaves tool calls or a tool's answers out of the text (one written for plain chat) refuses the rows
+    that have them: trained, they would teach empty turns."""
     from jinja2.exceptions import TemplateError
 
     refused: dict[tuple, str | None] = {}
@@ -79,8 +80,8 @@ def rows_the_template_takes(rows: list[dict], tokenizer, callbacks: list) -> lis
             kept.append(row)
             continue
         answers = [row[name] for name in ("completion", "chosen", "rejected") if isinstance(row.get(name), list)]
-        key = (bool(row.get("tools")), *(tuple((message["role"], "tool_calls" in message) for message in part)
-                                         for part in (row["prompt"], *answers)))
+        key = (bool(row.get("tools")), *(tuple((message["role"], len(message.get("tool_calls", ())))
+                                               for message in part) for part in (row["prompt"], *answers)))
         if key not in refused:
             try:
                 tools = row.get("tools")
