@@ -13,10 +13,10 @@ import pytest
 
 from lanner.core.models import Artifact, JobMetric, JobStatus
 from lanner.core.messages.signals import cancel_key
-from lanner.core.streams import QUEUE_STREAM, job_stream, read_after
+from lanner.core.streams import job_stream, read_after
 from lanner.core.worker_registry import device_holders
 
-from worker_helpers import pid_gone, qa_rows, training_pid
+from worker_helpers import pid_gone, qa_rows, queue_events, training_pid
 
 FINAL = (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
 FAST = {"before_after_eval": False}  # hyperparameters
@@ -89,7 +89,7 @@ def test_two_ranks_train_like_one_process_at_the_same_global_batch_and_only_rank
     logs = [data["message"] for _, kind, data in events if kind == "log"]
     assert any(message.endswith("on 2 devices (DDP)") for message in logs)
     assert sum(message.startswith("Training for ") for message in logs) == 1
-    queue = [(kind, data["status"]) for _, kind, data in read_after(studio.redis, QUEUE_STREAM) if data["job_id"] == two]
+    queue = [(kind, data["status"]) for kind, data in queue_events(studio, (two,)) if data["job_id"] == two]
     assert queue == [("started", "running"), ("finished", "succeeded")]
 
 

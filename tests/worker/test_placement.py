@@ -25,7 +25,7 @@ from lanner.worker.runner import DeviceLease, _claim, idle_devices
 
 from queue_helpers import GIB, add_job, make_db
 from support import WORKER_REDIS_URL
-from worker_helpers import qa_rows
+from worker_helpers import qa_rows, queue_events
 
 FAST = {"hyperparameters": {"max_steps": 2, "before_after_eval": False}}
 GPU = Device(kind="cuda", name="test gpu", memory_total_bytes=80 * GIB, index=0, id="GPU-a", host="box")
@@ -216,7 +216,7 @@ def test_cpu_workers_standing_in_for_gpus_run_jobs_side_by_side_and_all_show(stu
     assert a.started_at < b.finished_at and b.started_at < a.finished_at  # side by side, not one after the other
     assert studio.get_job(too_big).status == JobStatus.queued  # fits no device's free memory
 
-    queue = [(kind, data["job_id"], data["status"]) for _, kind, data in read_after(studio.redis, QUEUE_STREAM)]
+    queue = [(kind, data["job_id"], data["status"]) for kind, data in queue_events(studio, (first, second))]
     for job_id in (first, second):
         assert [entry for entry in queue if entry[1] == job_id] == [("started", job_id, "running"),
                                                                     ("finished", job_id, "succeeded")]

@@ -18,10 +18,10 @@ from lanner.core.model_catalog import estimate_job_memory
 from lanner.core.queue.claim import wake_workers
 from lanner.core.settings import Settings
 from lanner.core.spec import MAX_REQUEUES, load_spec
-from lanner.core.streams import QUEUE_STREAM, job_stream, read_after
+from lanner.core.streams import job_stream, read_after
 
 from support import free_port
-from worker_helpers import CeleryWorker, pid_gone, qa_rows, training_pid
+from worker_helpers import CeleryWorker, pid_gone, qa_rows, queue_events, training_pid
 
 FINAL = (JobStatus.succeeded, JobStatus.failed, JobStatus.cancelled)
 
@@ -79,7 +79,7 @@ def test_jobs_run_in_priority_order_with_ordered_events_and_clear_failures(studi
     failed = read_after(studio.redis, job_stream(empty), count=100)
     assert failed[-1][1:] == ("status", {"status": "failed", "error": empty_job.error})
     # The queue page hears of every start and end, with the final status, without polling.
-    queue = [(kind, data["job_id"], data["status"]) for _, kind, data in read_after(studio.redis, QUEUE_STREAM)]
+    queue = [(kind, data["job_id"], data["status"]) for kind, data in queue_events(studio, (empty, all_bad, good))]
     assert queue == [("started", empty, "running"), ("finished", empty, "failed"),
                      ("started", all_bad, "running"), ("finished", all_bad, "failed"),
                      ("started", good, "running"), ("finished", good, "succeeded")]
@@ -164,7 +164,7 @@ def test_a_job_whose_worker_is_lost_once_too_often_fails_in_words_within_60_seco
     assert "Its newest checkpoint, checkpoint-" in job.error
     statuses = [data for _, kind, data in read_after(studio.redis, job_stream(job_id), count=10_000) if kind == "status"]
     assert statuses[-1] == {"status": "failed", "error": job.error}
-    assert read_after(studio.redis, QUEUE_STREAM)[-1][1:] == (
+    assert queue_events(studio, (job_id,))[-1] == (
         "finished", {"job_id": job_id, "owner_id": job.owner_id, "name": job.name, "status": "failed",
                      "priority": job.priority, "error": job.error})
 

@@ -35,6 +35,20 @@ def training_options_of(method: str, spec: dict | None = None):
     return training_options(load_spec(stored_spec(method, overrides=spec)))
 
 
+def queue_events(studio, job_ids, timeout: float = 30) -> list[tuple[str, dict]]:
+    """The queue stream's (kind, data) once each of job_ids has its "finished" event there: the runner publishes it
+    after writing the job's final row, so a test that has just seen the row may read the stream a moment early."""
+    from lanner.core.streams import QUEUE_STREAM, read_after
+
+    deadline = time.monotonic() + timeout
+    while True:
+        events = [(kind, data) for _, kind, data in read_after(studio.redis, QUEUE_STREAM)]
+        if {data["job_id"] for kind, data in events if kind == "finished"} >= set(job_ids) \
+                or time.monotonic() > deadline:
+            return events
+        time.sleep(0.2)
+
+
 def qa_rows(count: int) -> list[dict]:
     return [{"instruction": f"What is {i} plus {i}?", "output": f"{i} plus {i} is {2 * i}."} for i in range(count)]
 
