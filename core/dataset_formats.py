@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lanner.core import strict_json
+from lanner.core import strict_json, tool_turns
 
 BAD_ROWS_REPORTED = 100
 # The fields an error message names of rows that match no format (a CSV can have thousands of columns).
@@ -369,12 +369,16 @@ def _delimiter(text: str) -> str:
 def _cell(value: str) -> Any:
     """CSV cells are strings; a cell holding a JSON list or object (a conversation) is parsed."""
     stripped = value.strip()
-    if stripped[:1] in ("[", "{"):
-        try:
-            return strict_json.loads(stripped)
-        except ValueError:  # not JSON, or JSON that cannot be kept: the cell stays text
-            pass
-    return value
+    # (not JSON, or JSON that cannot be kept: the cell stays text)
+    return _json_or(stripped, value) if stripped[:1] in ("[", "{") else value
+
+
+def _json_or(text: str, otherwise: Any) -> Any:
+    """The value of a JSON text, or `otherwise` for text that is not JSON or JSON that cannot be kept."""
+    try:
+        return strict_json.loads(text)
+    except ValueError:  # (json.JSONDecodeError and strict_json.UnstorableJson)
+        return otherwise
 
 
 # Parquet compresses its columns and may store a repeated value once (dictionary and run-length
@@ -572,10 +576,7 @@ def _messages(value: Any, name: str, role_key: str = "role", content_key: str = 
             problems.append(f"{where} has role {role!r}; expected one of {', '.join(sorted(set(roles.values())))}")
         calls = None
         if role == "function_call" and isinstance(content, str):  # the call itself, as JSON text
-            try:
-                call = strict_json.loads(content)
-            except (json.JSONDecodeError, strict_json.UnstorableJson):
-                call = None
+            call = _json_or(content, None)
             message, content = {**message, "tool_calls": call if isinstance(call, list) else [call]}, ""
         if message.get("tool_calls") is not None:
             try:
@@ -618,10 +619,7 @@ def _tool_calls(value: Any, where: str, role: str | None) -> list[dict]:
             function = {}
         name, arguments = function.get("name"), function.get("arguments", {})
         if isinstance(arguments, str):
-            try:
-                arguments = strict_json.loads(arguments)
-            except (json.JSONDecodeError, strict_json.UnstorableJson):
-                arguments = None
+            arguments = _json_or(arguments, None)
         if not isinstance(name, str) or not name.strip():
             problems.append(f"{here} names no function")
         elif not isinstance(arguments, dict):
@@ -638,10 +636,10 @@ def _tools(row: dict) -> list[dict]:
     text of one."""
     value = row["tools"]
     if isinstance(value, str):
-        try:
-            value = strict_json.loads(value)
-        except (json.JSONDecodeError, strict_json.UnstorableJson):
-            raise BadRow("'tools' is text that is not JSON") from None
+        not_json = object()
+        value = _json_or(value, not_json)
+        if value is not_json:
+            raise BadRow("'tools' is text that is not JSON")
     if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
         raise BadRow(f"'tools' is {_a(value)}, not a list of function schemas")
     return value
@@ -866,9 +864,8 @@ def _normalise(fmt: str, row: Any) -> tuple[dict, list[str]]:
             problems.extend(error.problems)
     if not problems and fmt in ("prompt_completion", "preference", "kto"):
         problems.extend(_answers(fmt, values))
-    if not problems and fmt not in TOOL_FORMATS and any("tool_calls" in message or message["role"] == "tool"
-                                                        for value in values.values() if isinstance(value, list)
-                                                        for message in value):
+    if not problems and fmt not in TOOL_FORMATS and tool_turns.has_tool_turns(
+            [message for value in values.values() if isinstance(value, list) for message in value]):
         problems.append("tool calls and tools' answers are trained by supervised fine-tuning only (messages, "
                         "ShareGPT or prompt/completion rows)")
     # A look-alike of a field the row has, or of an optional one, is named here; a missing

@@ -100,11 +100,10 @@ class KernelLossSFTTrainer(LateLogging, SFTTrainer):
             whole.max_length = None  # (TRL then truncates nothing)
             prepared = super()._prepare_dataset(dataset, processing_class, whole, False, formatting_func, dataset_name)
             lengths = pc.list_value_length(prepared.with_format("arrow")["input_ids"]).to_pylist()
-            long = [n for n in lengths if n > args.max_length]  # each in rows of max_length, less a last lone token
-            self.split_rows = {**self.split_rows,
-                               dataset_name: (len(long), sum(-(-(n - 1) // args.max_length) for n in long))}
-            kept, cut = sum(n > 1 for n in lengths), 0
+            long, kept, cut = sum(n > args.max_length for n in lengths), sum(n > 1 for n in lengths), 0
             prepared = _split_rows(prepared, args.max_length)
+            # (every kept text that was not long is one row of the split)
+            self.split_rows = {**self.split_rows, dataset_name: (long, len(prepared) - (kept - long))}
         else:
             prepared = super()._prepare_dataset(dataset, processing_class, args, False, formatting_func, dataset_name)
             lengths = pc.list_value_length(prepared.with_format("arrow")["input_ids"])  # not every id as a Python int
