@@ -7,6 +7,7 @@ import torch
 from datasets import Dataset, Features, Json
 
 from lanner.core import tool_turns
+from lanner.core.dataset_formats import ANSWERS
 from lanner.core.spec import MIN_ROWS_FOR_VALIDATION
 from lanner.worker.distributed.ranks import trainer_args
 from lanner.worker.job_process import JobFailed
@@ -34,7 +35,7 @@ def _dataset(rows: list[dict]) -> Dataset:
 
 
 def _messages_of(row: dict) -> list[dict]:
-    return [message for name in ("prompt", "completion", "chosen", "rejected") if isinstance(row.get(name), list)
+    return [message for name in ("prompt", *ANSWERS) if isinstance(row.get(name), list)
             for message in row[name]]
 
 
@@ -79,7 +80,7 @@ def rows_the_template_takes(rows: list[dict], tokenizer, callbacks: list) -> lis
         if not isinstance(row.get("prompt"), list):  # text rows, and prompts of text: no template
             kept.append(row)
             continue
-        answers = [row[name] for name in ("completion", "chosen", "rejected") if isinstance(row.get(name), list)]
+        answers = [row[name] for name in ANSWERS if isinstance(row.get(name), list)]
         key = (bool(row.get("tools")), *(tuple((message["role"], len(message.get("tool_calls", ())))
                                                for message in part) for part in (row["prompt"], *answers)))
         if key not in refused:
